@@ -1,0 +1,341 @@
+"""``diff``: what changed between two checkpoints, tensor by tensor.
+
+Tensors are matched by name, whatever shard holds them. Unchanged blocks are
+recognised by digest alone; elements are compared only inside blocks whose
+digests differ, and float statistics are computed only for changed tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import manifest
+from .blockio import FdCache, read_base, read_target, scratch, span_digests
+from .checkpoint import KIND_TENSORS, Checkpoint, scan
+from .dtypes import dtype_info, to_float, uint_type
+from .hashing import BLOCK_SIZE, hexd, n_blocks
+from .parallel import default_threads, ordered_map
+from .plan import DEFAULT_CHUNK, Unit, pack_units
+from .progress import SILENT, Reporter
+
+SCHEMA = "wdiff.diff/1"
+
+UNCHANGED, MODIFIED, ADDED, REMOVED, RETYPED = "unchanged", "modified", "added", "removed", "retyped"
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    name: str
+    status: str  # unchanged, modified, added, removed, retyped (dtype or shape changed)
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    old_dtype: str | None = None  # retyped only
+    old_shape: tuple[int, ...] | None = None
+    blocks: int = 0
+    blocks_changed: int = 0
+    elements: int = 0  # codec words: one value, or one component / byte of packed types
+    changed: int = 0
+    max_abs: float | None = None
+    rel_l2: float | None = None
+
+    @property
+    def fraction(self) -> float:
+        return self.changed / self.elements if self.elements else 0.0
+
+    def to_json(self) -> dict:
+        d = {
+            "name": self.name,
+            "status": self.status,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "bytes": self.nbytes,
+        }
+        if self.status == RETYPED:
+            d["old_dtype"] = self.old_dtype
+            d["old_shape"] = list(self.old_shape or ())
+        if self.status in (MODIFIED, UNCHANGED):
+            d.update(
+                blocks=self.blocks,
+                blocks_changed=self.blocks_changed,
+                elements=self.elements,
+                changed_elements=self.changed,
+                changed_fraction=self.fraction,
+                max_abs_change=_finite(self.max_abs),
+                relative_l2=_finite(self.rel_l2),
+            )
+        return d
+
+
+def _finite(x: float | None):
+    if x is None:
+        return None
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf"
+    return x
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    path: str
+    status: str  # added, removed, changed
+    old_size: int | None
+    new_size: int | None
+    note: str | None = None
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "status": self.status, "old_size": self.old_size, "new_size": self.new_size}
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    a: str
+    b: str
+    a_fingerprint: bytes
+    b_fingerprint: bytes
+    tensors: tuple[TensorDiff, ...]  # target order, then removed tensors
+    files: tuple[FileDiff, ...]  # companion files that differ
+    metadata_changed: tuple[str, ...]  # tensor files whose __metadata__ differs
+    layout_changed: bool  # tensors sit in other files or at other offsets
+    a_tensor_files: int = 0
+    b_tensor_files: int = 0
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def identical(self) -> bool:
+        return self.a_fingerprint == self.b_fingerprint
+
+    @property
+    def differs(self) -> bool:
+        """True when tensors, companion files or metadata differ. A change of
+        layout alone (re-sharding) is not a difference of content."""
+        return bool(self.files or self.metadata_changed or any(t.status != UNCHANGED for t in self.tensors))
+
+    def count(self, status: str) -> int:
+        return sum(1 for t in self.tensors if t.status == status)
+
+    @property
+    def totals(self) -> dict:
+        mod = [t for t in self.tensors if t.status in (MODIFIED, UNCHANGED)]
+        elements = sum(t.elements for t in mod)
+        changed = sum(t.changed for t in mod)
+        return {
+            "tensors": len(self.tensors),
+            "unchanged": self.count(UNCHANGED),
+            "modified": self.count(MODIFIED),
+            "added": self.count(ADDED),
+            "removed": self.count(REMOVED),
+            "retyped": self.count(RETYPED),
+            "files_changed": len(self.files),
+            "compared_elements": elements,
+            "changed_elements": changed,
+            "changed_fraction": changed / elements if elements else 0.0,
+            "changed_blocks": sum(t.blocks_changed for t in mod),
+            "blocks": sum(t.blocks for t in mod),
+        }
+
+    def to_json(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "a": {"path": self.a, "fingerprint": hexd(self.a_fingerprint), "tensor_files": self.a_tensor_files},
+            "b": {"path": self.b, "fingerprint": hexd(self.b_fingerprint), "tensor_files": self.b_tensor_files},
+            "identical": self.identical,
+            "differs": self.differs,
+            "layout_changed": self.layout_changed,
+            "metadata_changed": list(self.metadata_changed),
+            "tensors": [t.to_json() for t in self.tensors],
+            "files": [f.to_json() for f in self.files],
+            "totals": self.totals,
+            "warnings": list(self.warnings),
+        }
+
+
+@dataclass
+class _Acc:
+    blocks_changed: int = 0
+    changed: int = 0
+    max_abs: float = 0.0
+    sum_d2: float = 0.0
+    sum_a2: float = 0.0
+    floats: bool = False
+
+
+def diff(a, b, *, threads: int | None = None, reporter: Reporter = SILENT) -> DiffResult:
+    """Compare checkpoint directories ``a`` and ``b``."""
+    threads = threads or default_threads()
+    A, B = scan(a), scan(b)
+    warnings = tuple(f"{c.root}: {f.path}: handled as an opaque file: {f.note}" for c in (A, B) for f in c.files if f.note)
+    for w in warnings:
+        reporter.warn(w)
+    base_tensors = A.tensors
+    da, db = manifest.Digests(), manifest.Digests()
+    acc: dict[str, _Acc] = {}
+    work = [(f, u) for f in B.files if f.kind == KIND_TENSORS for u in pack_units(f.header, base_tensors, DEFAULT_CHUNK)]
+    reporter.phase("compare", sum(u.nbytes for _, u in work))
+    with FdCache() as fds:
+        for unit, a_dig, b_dig, stats in ordered_map(lambda it: _diff_unit(fds, *it), work, threads=threads):
+            db.put_unit(unit, b_dig)
+            if a_dig is not None:
+                da.put_unit(unit, a_dig, base=True)
+                for s, st in zip(unit.spans, stats):
+                    x = acc.setdefault(s.tensor.name, _Acc())
+                    if st is not None:
+                        x.blocks_changed += st[0]
+                        x.changed += st[1]
+                        if st[2] is not None:
+                            x.floats = True
+                            x.max_abs = max(x.max_abs, st[2]) if not math.isnan(st[2]) else x.max_abs
+                            x.sum_d2 += st[3]
+                            x.sum_a2 += st[4]
+            reporter.advance(unit.nbytes)
+    reporter.phase("hash", None)
+    ma = manifest.complete(A, da, threads=threads, reporter=reporter)
+    mb = manifest.complete(B, db, threads=threads, reporter=reporter)
+    return _result(A, B, ma, mb, acc, warnings)
+
+
+def _diff_unit(fds: FdCache, f, unit: Unit):
+    bbuf = scratch("b", unit.nbytes)
+    read_target(fds, f, unit, bbuf)
+    b_dig = span_digests(unit, bbuf)
+    if not unit.delta:
+        return unit, None, b_dig, None
+    abuf = scratch("a", unit.nbytes)
+    read_base(fds, unit, abuf)
+    a_dig = span_digests(unit, abuf)
+    if a_dig == b_dig:
+        return unit, a_dig, b_dig, [None] * len(unit.spans)
+    w = unit.word
+    ut = uint_type(w)
+    av, bv = abuf.view(ut), bbuf.view(ut)
+    mask = scratch("mask", av.size).view(bool)
+    np.not_equal(av, bv, out=mask)
+    pos = np.flatnonzero(mask)
+    bounds = np.cumsum([0] + [s.nbytes // w for s in unit.spans])
+    cuts = np.searchsorted(pos, bounds)
+    stats = []
+    for i, s in enumerate(unit.spans):
+        if a_dig[i] == b_dig[i]:
+            stats.append(None)
+            continue
+        p = pos[cuts[i] : cuts[i + 1]]
+        blocks_changed = _blocks_changed(a_dig[i], b_dig[i])
+        lo, hi = bounds[i], bounds[i + 1]
+        fa = to_float(av[p], s.tensor.dtype)
+        if fa is None:
+            stats.append((blocks_changed, p.size, None, 0.0, 0.0))
+            continue
+        fb = to_float(bv[p], s.tensor.dtype)
+        d = _finite_only(fb.astype(np.float64) - fa.astype(np.float64))
+        max_abs = float(np.abs(d).max()) if d.size else math.nan
+        sum_d2 = float(np.dot(d, d))
+        full = _finite_only(to_float(av[lo:hi], s.tensor.dtype))
+        sum_a2 = float(np.dot(full, full))
+        stats.append((blocks_changed, p.size, max_abs, sum_d2, sum_a2))
+    return unit, a_dig, b_dig, stats
+
+
+def _finite_only(x: np.ndarray) -> np.ndarray:
+    ok = np.isfinite(x)
+    return x if ok.all() else x[ok]
+
+
+def _blocks_changed(a: bytes, b: bytes) -> int:
+    x = np.frombuffer(a, dtype=np.uint8).reshape(-1, 16)
+    y = np.frombuffer(b, dtype=np.uint8).reshape(-1, 16)
+    return int((x != y).any(axis=1).sum())
+
+
+def _result(A: Checkpoint, B: Checkpoint, ma, mb, acc: dict, warnings) -> DiffResult:
+    a_tensors, b_tensors = A.tensors, B.tensors
+    a_digest = _tensor_digests(A, ma)
+    b_digest = _tensor_digests(B, mb)
+    out: list[TensorDiff] = []
+    for f in B.files:
+        if f.kind != KIND_TENSORS:
+            continue
+        for t in f.header.tensors:
+            info = dtype_info(t.dtype)
+            hit = a_tensors.get(t.name)
+            if hit is None:
+                out.append(TensorDiff(t.name, ADDED, t.dtype, t.shape, t.nbytes))
+                continue
+            bt = hit[1]
+            if bt.dtype != t.dtype or bt.shape != t.shape or bt.nbytes != t.nbytes:
+                out.append(TensorDiff(t.name, RETYPED, t.dtype, t.shape, t.nbytes, bt.dtype, bt.shape))
+                continue
+            same = a_digest[t.name] == b_digest[t.name]
+            x = acc.get(t.name, _Acc())
+            floats = info.is_float and x.floats
+            out.append(
+                TensorDiff(
+                    t.name, UNCHANGED if same else MODIFIED, t.dtype, t.shape, t.nbytes,
+                    blocks=n_blocks(t.nbytes), blocks_changed=x.blocks_changed,
+                    elements=t.nbytes // info.word, changed=x.changed,
+                    max_abs=(x.max_abs if floats else (0.0 if same and info.is_float else None)),
+                    rel_l2=(_rel(x) if floats else (0.0 if same and info.is_float else None)),
+                )
+            )
+    for name, (f, t) in a_tensors.items():
+        if name not in b_tensors:
+            out.append(TensorDiff(name, REMOVED, t.dtype, t.shape, t.nbytes))
+    files: list[FileDiff] = []
+    adig = {d.path: d for d in ma.files}
+    bdig = {d.path: d for d in mb.files}
+    for d in mb.files:
+        if d.kind == KIND_TENSORS:
+            continue
+        old = adig.get(d.path)
+        if old is None or old.kind == KIND_TENSORS:
+            files.append(FileDiff(d.path, "added", None, d.size))
+        elif old.digest != d.digest:
+            files.append(FileDiff(d.path, "changed", old.size, d.size))
+    for d in ma.files:
+        if d.kind != KIND_TENSORS and (d.path not in bdig or bdig[d.path].kind == KIND_TENSORS):
+            files.append(FileDiff(d.path, "removed", d.size, None))
+    files.sort(key=lambda x: x.path.encode("utf-8"))
+    meta = []
+    layout_changed = False
+    for f in B.files:
+        if f.kind != KIND_TENSORS:
+            continue
+        old = A.file(f.path)
+        if old is None or old.kind != KIND_TENSORS:
+            layout_changed = True
+            continue
+        if old.header.metadata != f.header.metadata:
+            meta.append(f.path)
+        if [(t.name, t.start) for t in old.header.tensors] != [(t.name, t.start) for t in f.header.tensors]:
+            layout_changed = True
+    if any(A.file(f.path) is None or B.file(f.path) is None for f in A.files if f.kind == KIND_TENSORS):
+        layout_changed = True
+    return DiffResult(
+        a=A.root, b=B.root, a_fingerprint=ma.fingerprint, b_fingerprint=mb.fingerprint,
+        tensors=tuple(out), files=tuple(files), metadata_changed=tuple(meta), layout_changed=layout_changed,
+        a_tensor_files=sum(1 for f in A.files if f.kind == KIND_TENSORS),
+        b_tensor_files=sum(1 for f in B.files if f.kind == KIND_TENSORS),
+        warnings=warnings,
+    )
+
+
+def _rel(x: _Acc) -> float:
+    if x.sum_a2 > 0:
+        return math.sqrt(x.sum_d2) / math.sqrt(x.sum_a2)
+    return math.inf if x.sum_d2 > 0 else 0.0
+
+
+def _tensor_digests(ckpt: Checkpoint, m) -> dict[str, bytes]:
+    out = {}
+    for f, d in zip(ckpt.files, m.files):
+        if f.kind == KIND_TENSORS:
+            for t, blocks in zip(f.header.tensors, d.blocks):
+                out[t.name] = blocks
+    return out
+
+
+__all__ = ["diff", "DiffResult", "TensorDiff", "FileDiff", "BLOCK_SIZE"]

@@ -1,0 +1,109 @@
+"""The error tree. Every error wdiff raises is a :class:`WdiffError`; each class
+carries the process exit code the command line uses for it.
+
+Exit codes are part of the scripting contract (see ``wdiff --help`` and the
+README) and never change meaning once released.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    DIFFERENCES = 1  # only `diff --exit-code`, never an error
+    USAGE = 2  # bad arguments, or an unexpected (unclassified) error
+    NOT_FOUND = 3  # a path, file, tensor or version that does not exist
+    INTEGRITY = 4  # corrupt or malformed bundle or checkpoint, digest mismatch
+    BASE_MISMATCH = 5  # the bundle was made for another base
+    REMOTE = 6  # network or remote store failure
+    AUTH = 7  # the remote refused our credentials
+    BUSY = 8  # locked by another wdiff, or an unfinished operation needs attention
+    IO = 9  # the operating system refused: disk full, permission denied, ...
+    INTERRUPTED = 130  # SIGINT / SIGTERM
+
+
+#: (code, meaning) rows, in the order the docs print them.
+EXIT_CODE_TABLE: tuple[tuple[int, str], ...] = (
+    (ExitCode.OK, "success"),
+    (ExitCode.DIFFERENCES, "differences found (only with diff --exit-code)"),
+    (ExitCode.USAGE, "usage error, or an unexpected error"),
+    (ExitCode.NOT_FOUND, "not found: path, file or version"),
+    (ExitCode.INTEGRITY, "integrity failure: corrupt bundle or checkpoint, digest mismatch"),
+    (ExitCode.BASE_MISMATCH, "base mismatch: the bundle belongs to another base"),
+    (ExitCode.REMOTE, "remote or network failure"),
+    (ExitCode.AUTH, "authentication refused by the remote"),
+    (ExitCode.BUSY, "busy: locked by another wdiff, or an unfinished apply"),
+    (ExitCode.IO, "I/O error: disk full, permission denied, ..."),
+    (ExitCode.INTERRUPTED, "interrupted"),
+)
+
+
+class WdiffError(Exception):
+    """Base of every error wdiff raises on purpose."""
+
+    exit_code: ExitCode = ExitCode.USAGE
+    #: short machine-readable kind, used in --json error documents
+    kind: str = "error"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(WdiffError):
+    exit_code = ExitCode.USAGE
+    kind = "usage"
+
+
+class NotFoundError(WdiffError):
+    exit_code = ExitCode.NOT_FOUND
+    kind = "not-found"
+
+
+class IntegrityError(WdiffError):
+    """Something is not what its digests, magic or structure say it must be."""
+
+    exit_code = ExitCode.INTEGRITY
+    kind = "integrity"
+
+
+class FormatError(IntegrityError):
+    """Malformed input: not a bundle, unsupported version, invalid header."""
+
+    kind = "format"
+
+
+class BaseMismatchError(WdiffError):
+    exit_code = ExitCode.BASE_MISMATCH
+    kind = "base-mismatch"
+
+
+class BusyError(WdiffError):
+    exit_code = ExitCode.BUSY
+    kind = "busy"
+
+
+class WdiffIOError(WdiffError):
+    exit_code = ExitCode.IO
+    kind = "io"
+
+
+class RemoteError(WdiffError):
+    exit_code = ExitCode.REMOTE
+    kind = "remote"
+
+
+class AuthError(RemoteError):
+    exit_code = ExitCode.AUTH
+    kind = "auth"
+
+
+class Interrupted(WdiffError):
+    exit_code = ExitCode.INTERRUPTED
+    kind = "interrupted"

@@ -1,0 +1,183 @@
+"""Parse and validate safetensors headers. Pure: bytes in, objects out.
+
+A safetensors file is ``u64 little-endian N``, then ``N`` bytes of JSON (the
+header), then the data region. wdiff accepts a file as a *tensor file* only if
+its tensors cover the data region exactly, contiguously and without overlap
+(the rule the safetensors library itself enforces on load), so that the file's
+bytes are fully determined by its header and its tensors' bytes. Anything else
+is handled as an opaque file.
+
+Limits of our own protect against hostile headers: the JSON size, the number
+of entries, and the nesting depth are capped before anything big is built.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from .dtypes import dtype_info
+from .errors import FormatError
+
+MAX_HEADER_BYTES = 64 * 1024 * 1024
+MAX_TENSORS = 200_000
+MAX_NDIM = 64
+MAX_NAME_BYTES = 4096
+_PREFIX = struct.Struct("<Q")
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+
+
+class HeaderError(FormatError):
+    """A safetensors header that wdiff cannot use as a tensor file."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # byte offset inside the data region
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    @property
+    def word(self) -> int:
+        return dtype_info(self.dtype).word
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    raw: bytes  # the complete header: 8-byte length prefix and JSON
+    tensors: tuple[TensorInfo, ...]  # in data order (start, end, name)
+    metadata: dict[str, str] | None
+
+    @property
+    def data_start(self) -> int:
+        return len(self.raw)
+
+    @property
+    def data_len(self) -> int:
+        return self.tensors[-1].end if self.tensors else 0
+
+    @property
+    def file_size(self) -> int:
+        return self.data_start + self.data_len
+
+
+def header_length(prefix: bytes, file_size: int, *, where: str) -> int:
+    """Validate the 8-byte prefix and return the JSON length it declares."""
+    if len(prefix) < 8:
+        raise HeaderError(f"{where}: too short to be a safetensors file")
+    (n,) = _PREFIX.unpack_from(prefix)
+    if n < 2 or n > MAX_HEADER_BYTES:
+        raise HeaderError(f"{where}: header length {n} is out of range (2..{MAX_HEADER_BYTES})")
+    if 8 + n > file_size:
+        raise HeaderError(f"{where}: header length {n} runs past the end of the file")
+    return n
+
+
+def _no_duplicates(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise HeaderError(f"duplicate key {k!r} in header")
+        d[k] = v
+    return d
+
+
+def _max_depth_ok(data: bytes, limit: int) -> bool:
+    # A cheap guard before json.loads. Brackets inside strings are counted too,
+    # which can only over-estimate the depth of an honest header (depth 3).
+    brackets = np.frombuffer(data.translate(None, _NOT_BRACKETS), dtype=np.uint8)
+    if brackets.size == 0:
+        return True
+    steps = np.where((brackets == 0x5B) | (brackets == 0x7B), 1, -1)
+    return int(np.cumsum(steps).max()) <= limit
+
+
+def parse_header(raw: bytes, file_size: int, *, where: str) -> Header:
+    """Parse a complete header (prefix + JSON) of a file of ``file_size`` bytes.
+
+    Raises :class:`HeaderError` unless the file is a strict tensor file.
+    """
+    n = header_length(raw, file_size, where=where)
+    if len(raw) != 8 + n:
+        raise HeaderError(f"{where}: header is truncated")
+    body = raw[8:]
+    if body[:1] != b"{":
+        raise HeaderError(f"{where}: header is not a JSON object")
+    if body.count(b'"data_offsets"') > MAX_TENSORS:
+        raise HeaderError(f"{where}: more than {MAX_TENSORS} tensors in one file")
+    if not _max_depth_ok(body, 8):
+        raise HeaderError(f"{where}: header JSON is nested too deeply")
+    try:
+        obj = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except HeaderError as e:
+        raise HeaderError(f"{where}: {e}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise HeaderError(f"{where}: header is not valid JSON ({type(e).__name__})") from None
+    if not isinstance(obj, dict):
+        raise HeaderError(f"{where}: header is not a JSON object")
+    data_len = file_size - 8 - n
+    metadata = obj.pop("__metadata__", None)
+    if metadata is not None:
+        if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+        ):
+            raise HeaderError(f"{where}: __metadata__ must map strings to strings")
+    tensors = [_tensor(name, spec, data_len, where) for name, spec in obj.items()]
+    tensors.sort(key=lambda t: (t.start, t.end, t.name))
+    pos = 0
+    for t in tensors:
+        if t.start != pos:
+            what = "overlaps the previous tensor" if t.start < pos else "leaves a gap before it"
+            raise HeaderError(f"{where}: tensor {t.name!r} {what}")
+        pos = t.end
+    if pos != data_len:
+        raise HeaderError(
+            f"{where}: tensors cover {pos} bytes but the data region holds {data_len}"
+        )
+    return Header(raw=bytes(raw), tensors=tuple(tensors), metadata=metadata)
+
+
+def _tensor(name: str, spec: object, data_len: int, where: str) -> TensorInfo:
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise HeaderError(f"{where}: a tensor name is longer than {MAX_NAME_BYTES} bytes")
+    if not isinstance(spec, dict) or set(spec) != {"dtype", "shape", "data_offsets"}:
+        raise HeaderError(f"{where}: tensor {name!r} needs exactly dtype, shape, data_offsets")
+    dtype, shape, offsets = spec["dtype"], spec["shape"], spec["data_offsets"]
+    if not isinstance(dtype, str) or not dtype or len(dtype) > 32:
+        raise HeaderError(f"{where}: tensor {name!r} has an invalid dtype")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_NDIM
+        or not all(type(d) is int and d >= 0 for d in shape)
+    ):
+        raise HeaderError(f"{where}: tensor {name!r} has an invalid shape")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(type(o) is int for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1] <= data_len
+    ):
+        raise HeaderError(f"{where}: tensor {name!r} has data offsets outside the file")
+    start, end = offsets
+    info = dtype_info(dtype)
+    if info.bits is not None:
+        numel = 1
+        for d in shape:
+            numel *= d
+        if numel * info.bits != (end - start) * 8:
+            raise HeaderError(
+                f"{where}: tensor {name!r} is {end - start} bytes but {dtype}{shape} needs "
+                f"{numel * info.bits / 8:g}"
+            )
+    elif (end - start) % info.word:
+        raise HeaderError(f"{where}: tensor {name!r} has a size that is not whole words")
+    return TensorInfo(name, dtype, tuple(shape), start, end)

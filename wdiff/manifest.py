@@ -1,0 +1,128 @@
+"""Manifests of checkpoints: every file's digest and every tensor's block
+digests, computed in parallel with bounded memory.
+
+The data passes of diff, pack and apply produce most block digests as a by-
+product; :class:`Digests` collects them, and :func:`complete` hashes only
+what those passes did not read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from .blockio import FdCache, read_target, scratch, span_digests
+from .checkpoint import KIND_TENSORS, Checkpoint, FileEntry, read_into
+from .hashing import BLOCK_SIZE, FileDigest, Manifest, block_digests, file_digest_from_blocks, n_blocks
+from .parallel import ordered_map
+from .plan import DEFAULT_CHUNK, Unit, pack_units
+from .progress import SILENT, Reporter
+
+READ_PIECE = 8 * BLOCK_SIZE
+
+
+class Digests:
+    """Block digests of one checkpoint's tensors and companion files, filled
+    in as units are processed (in any order)."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, bytearray] = {}
+        self.files: dict[str, bytes] = {}
+
+    def put_unit(self, unit: Unit, digests: list[bytes], *, base: bool = False) -> None:
+        for s, d in zip(unit.spans, digests):
+            t = s.base.tensor if base else s.tensor
+            arr = self.tensors.get(t.name)
+            if arr is None:
+                arr = self.tensors[t.name] = bytearray(16 * n_blocks(t.nbytes))
+            at = 16 * (s.lo // BLOCK_SIZE)
+            arr[at : at + len(d)] = d
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self.tensors
+
+    def manifest(self, ckpt: Checkpoint) -> Manifest:
+        """The manifest of ``ckpt``; every tensor and file must be present."""
+        out = []
+        for f in ckpt.files:
+            if f.kind == KIND_TENSORS:
+                blocks = [bytes(self.tensors.get(t.name, b"")) for t in f.header.tensors]
+                header_raw = f.header.raw
+            else:
+                blocks = [self.files[f.path]]
+                header_raw = None
+            out.append(
+                FileDigest(
+                    f.path, f.kind, f.size, file_digest_from_blocks(f.kind, header_raw, blocks),
+                    header_digest=_hdr(header_raw), blocks=tuple(blocks),
+                )
+            )
+        return Manifest(tuple(out))
+
+
+def _hdr(raw: bytes | None) -> bytes | None:
+    if raw is None:
+        return None
+    import xxhash
+
+    return xxhash.xxh3_128_digest(raw)
+
+
+def hash_file(path: str, size: int, *, reporter: Reporter = SILENT) -> bytes:
+    """Block digests of a whole (companion) file, read in pieces."""
+    buf = scratch("file", READ_PIECE)
+    parts = []
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        from .fsutil import io_error
+
+        raise io_error(path, e) from None
+    try:
+        for off in range(0, size, READ_PIECE):
+            n = min(READ_PIECE, size - off)
+            read_into(fd, off, memoryview(buf[:n]), where=path)
+            parts.append(block_digests(buf[:n]))
+            reporter.advance(n)
+    finally:
+        os.close(fd)
+    return b"".join(parts)
+
+
+def complete(
+    ckpt: Checkpoint, digests: Digests, *, threads: int, reporter: Reporter = SILENT
+) -> Manifest:
+    """Hash whatever of ``ckpt`` is not in ``digests`` yet; return the manifest."""
+    for f in ckpt.files:
+        if f.kind != KIND_TENSORS and f.path not in digests.files:
+            digests.files[f.path] = hash_file(f.abspath, f.size, reporter=reporter)
+    work = [(f, u) for f in ckpt.files if f.kind == KIND_TENSORS for u in _missing_units(f, digests)]
+    with FdCache() as fds:
+
+        def run(item: tuple[FileEntry, Unit]):
+            f, unit = item
+            buf = scratch("b", unit.nbytes)
+            read_target(fds, f, unit, buf)
+            return unit, span_digests(unit, buf)
+
+        for unit, ds in ordered_map(run, work, threads=threads):
+            digests.put_unit(unit, ds)
+            reporter.advance(unit.nbytes)
+    # empty tensors have no units but a digest all the same
+    for f in ckpt.files:
+        if f.kind == KIND_TENSORS:
+            for t in f.header.tensors:
+                if t.nbytes == 0:
+                    digests.tensors.setdefault(t.name, bytearray())
+    return digests.manifest(ckpt)
+
+
+def _missing_units(f: FileEntry, digests: Digests) -> Iterable[Unit]:
+    for unit in pack_units(f.header, {}, DEFAULT_CHUNK):
+        if not all(digests.has_tensor(s.tensor.name) for s in unit.spans):
+            yield unit
+
+
+def compute(ckpt: Checkpoint, *, threads: int, reporter: Reporter = SILENT) -> Manifest:
+    """Hash a whole checkpoint."""
+    return complete(ckpt, Digests(), threads=threads, reporter=reporter)

@@ -1,0 +1,53 @@
+"""Names that come from checkpoints and bundles: checking them before they
+become paths, and escaping them before they reach a terminal."""
+
+from __future__ import annotations
+
+import unicodedata
+
+from .errors import FormatError
+
+MAX_PATH_BYTES = 4096
+MAX_COMPONENT_BYTES = 255
+
+
+def printable(name: str, limit: int = 200) -> str:
+    """``name`` with every control or unprintable character escaped, so that
+    nothing read from a file can drive a terminal. Long names are shortened."""
+    out = []
+    for ch in name:
+        cat = unicodedata.category(ch)
+        if ch == "\\":
+            out.append("\\\\")
+        elif cat[0] == "C" or cat in ("Zl", "Zp"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    text = "".join(out)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text
+
+
+def validate_relpath(path: str, *, where: str) -> str:
+    """Accept ``path`` only as a plain relative POSIX path that stays inside
+    its directory. Raises :class:`FormatError` otherwise."""
+    if not isinstance(path, str) or not path:
+        raise FormatError(f"{where}: empty file name")
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FormatError(f"{where}: file name {printable(path)!s} is not valid UTF-8") from None
+    if len(encoded) > MAX_PATH_BYTES:
+        raise FormatError(f"{where}: file name is longer than {MAX_PATH_BYTES} bytes")
+    if path.startswith("/") or "\\" in path or "\x00" in path:
+        raise FormatError(f"{where}: file name {printable(path)} is not a plain relative path")
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            raise FormatError(f"{where}: file name {printable(path)} climbs out or is not canonical")
+        if len(part.encode("utf-8")) > MAX_COMPONENT_BYTES:
+            raise FormatError(f"{where}: a component of {printable(path)} is too long")
+        if any(unicodedata.category(c) == "Cc" for c in part):
+            raise FormatError(f"{where}: file name {printable(path)} holds control characters")
+    return path

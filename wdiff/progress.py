@@ -1,0 +1,27 @@
+"""How the library reports what it is doing, without printing.
+
+Operations take a :class:`Reporter`; the command line passes one that draws
+progress bars on a terminal, tests and library users get the silent default.
+"""
+
+from __future__ import annotations
+
+
+class Reporter:
+    """Receives progress and warnings. Every method may be called from the
+    thread that runs the operation only; implementations must be cheap."""
+
+    def phase(self, name: str, total: int | None = None) -> None:
+        """A new phase starts; ``total`` is its amount of work in bytes."""
+
+    def advance(self, n: int) -> None:
+        """``n`` more bytes of the current phase are done."""
+
+    def warn(self, message: str) -> None:
+        """Something the user should know; the operation goes on."""
+
+    def done(self) -> None:
+        """The operation finished (or failed); remove any live display."""
+
+
+SILENT = Reporter()
