@@ -95,7 +95,8 @@ def apply(
         except OSError as e:
             raise io_error(tmp, e) from None
         try:
-            written = build(reader, A, headers, tmp, threads=threads, reporter=reporter)
+            outputs = {i: os.path.join(tmp, f.path) for i, f in enumerate(reader.index.files)}
+            written = build(reader, A, headers, outputs, threads=threads, reporter=reporter)
             fsync_tree(tmp)
             if os.path.isdir(out):
                 os.rmdir(out)  # empty, checked above; fails loudly if that changed
@@ -281,21 +282,37 @@ def apply_unit(fds: FdCache, out_fd: int, data_start: int, unit: Unit, rec: Reco
     return unit, a_dig, t_dig
 
 
-def build(reader: BundleReader, A: Checkpoint | None, headers: dict[int, Header], root: str, *, threads: int, reporter: Reporter) -> int:
-    """Write every target file under ``root`` and verify all of it."""
+def build(
+    reader: BundleReader,
+    A: Checkpoint | None,
+    headers: dict[int, Header],
+    outputs: dict[int, str],
+    *,
+    threads: int,
+    reporter: Reporter,
+    check_base: bool = True,
+) -> int:
+    """Write the target files named in ``outputs`` (file index -> path) and
+    verify each against the target digests; with ``check_base``, also check
+    the base against the bundle's base fingerprint."""
     index = reader.index
     da, dt = manifest.Digests(), manifest.Digests()
     out_fds: dict[int, int] = {}
     written = 0
-    reporter.phase("apply", sum(f.size for f in index.files))
+    reporter.phase("apply", sum(index.files[i].size for i in outputs))
 
     def open_out(i: int) -> int:
-        path = os.path.join(root, index.files[i].path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        path = outputs[i]
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as e:
+            raise io_error(path, e) from None
 
     def on_file(i: int, rec: Record | None) -> None:
         nonlocal written
+        if i not in outputs:
+            return
         f = index.files[i]
         fd = open_out(i)
         try:
@@ -326,6 +343,8 @@ def build(reader: BundleReader, A: Checkpoint | None, headers: dict[int, Header]
 
             def items():
                 for item in _unit_work(reader, index, headers, A, on_file):
+                    if (item[1] if item[0] == "open" else item[0]) not in outputs:
+                        continue
                     if item[0] == "open":
                         i = item[1]
                         fd = out_fds[i] = open_out(i)
@@ -348,8 +367,8 @@ def build(reader: BundleReader, A: Checkpoint | None, headers: dict[int, Header]
         finally:
             for fd in out_fds.values():
                 os.close(fd)
-    check_target_digests(index, headers, dt)
-    if A is not None:
+    check_target_digests(index, headers, dt, only=outputs)
+    if A is not None and check_base:
         reporter.phase("check base", None)
         fp = manifest.complete(A, da, threads=threads).fingerprint
         if fp != index.base_fingerprint:
@@ -359,9 +378,9 @@ def build(reader: BundleReader, A: Checkpoint | None, headers: dict[int, Header]
     return written
 
 
-def check_target_digests(index: fmt.Index, headers: dict[int, Header], dt: manifest.Digests) -> None:
+def check_target_digests(index: fmt.Index, headers: dict[int, Header], dt: manifest.Digests, *, only) -> None:
     for i, f in enumerate(index.files):
-        if f.kind != KIND_TENSORS:
+        if f.kind != KIND_TENSORS or i not in only:
             continue
         for t, want in zip(headers[i].tensors, f.tensor_digests):
             got = tree(bytes(dt.tensors.get(t.name, b""))) if t.nbytes else tree(b"")

@@ -15,7 +15,7 @@ import stat as stat_mod
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from .errors import FormatError, NotFoundError, UsageError, WdiffIOError
+from .errors import BusyError, FormatError, NotFoundError, UsageError, WdiffIOError
 from .header import Header, HeaderError, TensorInfo, header_length, parse_header
 from .paths import printable, validate_relpath
 
@@ -83,8 +83,13 @@ def path_sort_key(path: str) -> bytes:
     return path.encode("utf-8")
 
 
-def scan(root: str | os.PathLike) -> Checkpoint:
-    """Scan a checkpoint directory. Reads only headers, never tensor data."""
+#: where an in-place apply keeps its journal while it runs
+TXN_JOURNAL = os.path.join(".wdiff", "txn", "journal.json")
+
+
+def scan(root: str | os.PathLike, *, allow_unfinished: bool = False) -> Checkpoint:
+    """Scan a checkpoint directory. Reads only headers, never tensor data.
+    Refuses a directory that holds an unfinished in-place apply."""
     root = os.fspath(root)
     try:
         st = os.stat(root)
@@ -94,6 +99,11 @@ def scan(root: str | os.PathLike) -> Checkpoint:
         raise WdiffIOError(f"{root}: {e.strerror}") from None
     if not stat_mod.S_ISDIR(st.st_mode):
         raise UsageError(f"{root}: not a directory (a checkpoint is a directory)")
+    if not allow_unfinished and os.path.exists(os.path.join(root, TXN_JOURNAL)):
+        raise BusyError(
+            f"{root}: an in-place apply was interrupted here; the checkpoint is between two versions",
+            hint="run the same `wdiff apply BUNDLE DIR --in-place` again to finish it, or add --abort to roll it back",
+        )
     found: list[FileEntry] = []
     _walk(root, "", 0, found)
     found.sort(key=lambda f: path_sort_key(f.path))

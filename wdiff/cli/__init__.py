@@ -1,0 +1,88 @@
+"""The ``wdiff`` command line. :func:`main` is the console script: it runs the
+Typer app and turns every outcome into a documented exit code. No exception
+escapes as a traceback unless WDIFF_DEBUG=1; nothing ever exits 1 but
+``diff --exit-code`` finding differences."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ENV_DEBUG = "WDIFF_DEBUG"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    import typer
+
+    from ..errors import ExitCode, WdiffError
+    from ..paths import printable
+    from . import output
+    from .app import app
+    from .state import STATE
+
+    STATE.out = None
+    command = typer.main.get_command(app)
+    debug = os.environ.get(ENV_DEBUG, "") not in ("", "0")
+
+    def fail(code: int, kind: str, message: str, hint: str | None = None) -> int:
+        message = printable(message, 4000)
+        output.error(message, printable(hint, 1000) if hint else None)
+        if STATE.out is not None and STATE.out.json:
+            STATE.out.document({"schema": "wdiff.error/1", "error": {"kind": kind, "message": message, "hint": hint, "exit_code": code}})
+        return code
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        rv = command.main(args=argv, prog_name="wdiff", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
+    except typer.Exit as e:
+        code = e.exit_code
+    except typer.Abort:
+        code = fail(ExitCode.INTERRUPTED, "interrupted", "interrupted")
+    except typer.TyperException as e:
+        show = getattr(e, "show", None)
+        if show is not None:
+            show()
+        else:
+            output.error(printable(e.format_message(), 4000))
+        code = ExitCode.USAGE
+    except WdiffError as e:
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        code = fail(int(e.exit_code), e.kind, e.message, e.hint)
+    except KeyboardInterrupt:
+        code = fail(ExitCode.INTERRUPTED, "interrupted", "interrupted")
+    except BrokenPipeError:
+        # the reader went away (| head): not our failure; keep quiet
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        code = ExitCode.OK
+    except MemoryError:
+        code = fail(ExitCode.USAGE, "internal", "out of memory")
+    except Exception as e:  # noqa: BLE001 - the last line of defence
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        code = fail(ExitCode.USAGE, "internal", f"unexpected error: {type(e).__name__}: {e}",
+                    f"this is a bug; rerun with {ENV_DEBUG}=1 for a traceback and report it")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        pass
+    return int(code)
+
+
+def run() -> None:  # pragma: no cover - thin shim for the console script
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""The Typer application: thin wrappers over the library. Each command parses
+its options, calls one library function, and renders the result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .. import __version__
+from ..errors import EXIT_CODE_TABLE, ExitCode, UsageError
+from . import output as o
+from .state import STATE
+
+EXIT_STATUS = "\n".join(f"  {int(code):>3}  {text}" for code, text in EXIT_CODE_TABLE)
+
+app = typer.Typer(
+    name="wdiff",
+    help=(
+        "Diff, pack, ship and apply model checkpoint deltas: bit-exact, verified, streaming.\n\n"
+        "wdiff finds what changed between two checkpoint directories (sharded safetensors "
+        "plus companion files), packs only that into a small verified bundle, and rebuilds "
+        "the new checkpoint bit for bit from the old one."
+    ),
+    epilog="Exit status (every command):\n\n\b\n" + EXIT_STATUS + "\n\nEnvironment: WDIFF_THREADS (worker threads), WDIFF_DEBUG=1 (tracebacks), NO_COLOR.",
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80},
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+# -- options shared by every command, defined once -------------------------------------
+
+Json = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")]
+Verbose = Annotated[int, typer.Option("--verbose", "-v", count=True, help="More detail (repeatable).")]
+Threads = Annotated[
+    Optional[int],
+    typer.Option("--threads", "-j", min=1, max=256, help="Worker threads [default: all cores, or WDIFF_THREADS]."),
+]
+Ckpt = Annotated[Path, typer.Argument(metavar="DIR", help="Checkpoint directory.", show_default=False)]
+
+
+def _setup(json_mode: bool, quiet: bool, verbose: int) -> o.Out:
+    out = o.Out(quiet=quiet, verbose=verbose, json_mode=json_mode)
+    STATE.out = out
+    return out
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"wdiff {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    pass
+
+
+# -- diff --------------------------------------------------------------------------------
+
+
+@app.command(
+    epilog="Examples:\n\n\b\n"
+    "  wdiff diff ckpt/step-100 ckpt/step-101\n"
+    "  wdiff diff --stat ckpt/step-100 ckpt/step-101\n"
+    "  wdiff diff --json A B | jq .totals.changed_fraction\n"
+    "  wdiff diff -q --exit-code A B || echo 'weights moved'\n\n"
+    "Exit status: 0 done (and, with --exit-code, no differences); 1 only with --exit-code when "
+    "the checkpoints differ; 2 and above are errors (see wdiff --help).",
+)
+def diff(
+    a: Annotated[Path, typer.Argument(metavar="A", help="Old checkpoint directory.", show_default=False)],
+    b: Annotated[Path, typer.Argument(metavar="B", help="New checkpoint directory.", show_default=False)],
+    stat: Annotated[bool, typer.Option("--stat", help="Short form: one line per changed tensor, then totals.")] = False,
+    exit_code: Annotated[
+        bool, typer.Option("--exit-code", help="Exit 1 when the checkpoints differ, 0 when they do not.")
+    ] = False,
+    all_: Annotated[bool, typer.Option("--all", "-a", help="List unchanged tensors too.")] = False,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Show what changed between two checkpoints, tensor by tensor.
+
+    Tensors are matched by name, whatever shard holds them. Unchanged tensors
+    are recognised from block digests alone; for modified ones wdiff counts
+    changed blocks and elements and, for float types, reports the largest
+    absolute change and the L2 norm of the change relative to A's. Companion
+    files (config, tokenizer, ...) are compared whole.
+    """
+    from ..diffing import diff as run_diff
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_diff(a, b, threads=threads, reporter=o.TerminalReporter(out))
+    if out.json:
+        out.document(res.to_json())
+    elif stat:
+        _diff_stat(out, res)
+    else:
+        _diff_table(out, res, all_ or verbose > 0)
+    if exit_code and res.differs:
+        raise typer.Exit(int(ExitCode.DIFFERENCES))
+
+
+def _diff_table(out: o.Out, res, show_all: bool) -> None:
+    out.result(f"a: {o.name(res.a)}  fingerprint {res.a_fingerprint.hex()[:16]}")
+    out.result(f"b: {o.name(res.b)}  fingerprint {res.b_fingerprint.hex()[:16]}")
+    rows = [["status", "tensor", "dtype", "shape", "blocks", "changed", "elements", "max|d|", "rel-L2"]]
+    for t in res.tensors:
+        if t.status == "unchanged" and not show_all:
+            continue
+        dtype = t.dtype if t.status != "retyped" else f"{t.old_dtype}->{t.dtype}"
+        shp = o.shape(t.shape) if t.status != "retyped" else f"{o.shape(t.old_shape)}->{o.shape(t.shape)}"
+        if t.status in ("modified", "unchanged"):
+            rows.append([
+                t.status, o.name(t.name, 60), dtype, shp, f"{t.blocks_changed}/{t.blocks}",
+                o.pct(t.fraction), o.count(t.changed), o.sci(t.max_abs), o.sci(t.rel_l2),
+            ])
+        else:
+            rows.append([t.status, o.name(t.name, 60), dtype, shp, "", "", "", "", ""])
+    if len(rows) > 1:
+        out.result("")
+        for line in o.table(rows, right={4, 5, 6, 7, 8}):
+            out.result(line)
+    if res.files:
+        out.result("")
+        for f in res.files:
+            sizes = f"{o.size(f.old_size)} -> {o.size(f.new_size)}" if f.status == "changed" else o.size(f.new_size or f.old_size)
+            out.result(f"{f.status:<9} file {o.name(f.path)}  ({sizes})")
+    for path in res.metadata_changed:
+        out.result(f"metadata  {o.name(path)}: __metadata__ changed")
+    if res.layout_changed:
+        out.result(f"layout    tensor files laid out differently ({res.a_tensor_files} -> {res.b_tensor_files} files); tensors matched by name")
+    out.result("")
+    out.result(_diff_summary(res))
+
+
+def _diff_summary(res) -> str:
+    t = res.totals
+    parts = [f"{t[k]} {k}" for k in ("modified", "added", "removed", "retyped") if t[k]]
+    head = ", ".join(parts) if parts else "no tensor changed"
+    line = f"{head}; {t['unchanged']} unchanged of {t['tensors']} tensors"
+    if t["compared_elements"]:
+        line += f"; {o.count(t['changed_elements'])} of {o.count(t['compared_elements'])} elements changed ({o.pct(t['changed_fraction'])})"
+    if t["files_changed"]:
+        line += f"; {t['files_changed']} companion file{'s' if t['files_changed'] != 1 else ''} differ"
+    if res.identical:
+        line = "identical: " + line
+    return line
+
+
+def _diff_stat(out: o.Out, res) -> None:
+    rows = []
+    for t in res.tensors:
+        if t.status == "unchanged":
+            continue
+        what = f"{o.pct(t.fraction)} changed" if t.status == "modified" else t.status
+        rows.append([o.name(t.name, 70), "|", what])
+    for f in res.files:
+        rows.append([o.name(f.path, 70), "|", f"file {f.status}"])
+    for line in o.table(rows):
+        out.result(" " + line)
+    out.result(" " + _diff_summary(res))
+
+
+# -- pack --------------------------------------------------------------------------------
+
+
+@app.command(
+    epilog="Examples:\n\n\b\n"
+    "  wdiff pack ckpt/step-100 ckpt/step-101 -o step-101.wdb\n"
+    "  wdiff pack --anchor ckpt/step-100 -o step-100.anchor.wdb\n"
+    "  # at the end of every training step:\n"
+    "  wdiff pack -q \"$PREV\" \"$CUR\" -o \"deltas/$STEP.wdb\" && PREV=$CUR\n\n"
+    "Exit status: 0 bundle written; 2 and above are errors (see wdiff --help).",
+)
+def pack(
+    paths: Annotated[
+        list[Path],
+        typer.Argument(metavar="A B", help="Base and target checkpoint directories (only B with --anchor).", show_default=False),
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Bundle file to write.", show_default=False)],
+    anchor: Annotated[bool, typer.Option("--anchor", help="Pack B whole, as a bundle that needs no base.")] = False,
+    level: Annotated[int, typer.Option("--level", "-l", min=1, max=22, help="zstd level.")] = 3,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Write a bundle that turns checkpoint A into checkpoint B.
+
+    Unchanged blocks are skipped by digest; changed tensors are encoded element
+    by element (positions and the XOR of old and new values), the encoding
+    chosen per chunk by density, and compressed with zstd. The bundle records
+    the fingerprints of A and B and every digest apply needs to verify its
+    work. The same inputs and options always give the same bytes. The file
+    appears only when complete.
+    """
+    from ..packing import pack as run_pack
+
+    out = _setup(json_mode, quiet, verbose)
+    if anchor:
+        if len(paths) != 1:
+            raise UsageError("--anchor takes exactly one checkpoint directory (B)")
+        a, b = None, paths[0]
+    else:
+        if len(paths) != 2:
+            raise UsageError("pack takes two checkpoint directories, A and B (or --anchor B)")
+        a, b = paths
+    res = run_pack(a, b, output, level=level, threads=threads, reporter=o.TerminalReporter(out))
+    if out.json:
+        out.document(res.to_json())
+        return
+    per = f", {res.bytes_per_changed:.2f} bytes per changed element" if res.bytes_per_changed else ""
+    out.result(
+        f"wrote {o.name(str(output))}: {o.size(res.bundle_bytes)} for a {o.size(res.target_bytes)} checkpoint "
+        f"({res.ratio:,.1f}x smaller{per})"
+    )
+    out.result(f"  {res.tensors_changed} of {res.tensors} tensors changed, {o.count(res.changed_elements)} elements; "
+               f"{res.files_stored} files stored whole")
+    if out.verbose:
+        for name, c in res.codecs.items():
+            out.result(f"  {name:<7} {c.records:>7} records {o.size(c.bytes):>10}  {o.count(c.changed)} elements")
+    base = res.base_fingerprint.hex()[:16] if res.base_fingerprint else "(none: anchor)"
+    out.result(f"  base {base}  target {res.target_fingerprint.hex()[:16]}  bundle {res.bundle_id.hex()[:16]}")
+
+
+# -- apply -------------------------------------------------------------------------------
+
+
+@app.command(
+    epilog="Examples:\n\n\b\n"
+    "  wdiff apply step-101.wdb ckpt/step-100 -o ckpt/step-101\n"
+    "  wdiff apply step-101.wdb /models/live --in-place\n"
+    "  wdiff apply step-100.anchor.wdb -o ckpt/step-100\n"
+    "  wdiff apply step-101.wdb /models/live --in-place --abort   # roll back an interrupted run\n\n"
+    "Exit status: 0 the target was rebuilt and verified; 5 the base is not the bundle's; "
+    "4 the bundle is corrupt; 8 an interrupted in-place apply must be finished first; "
+    "other codes: see wdiff --help.",
+)
+def apply(
+    bundle: Annotated[Path, typer.Argument(metavar="BUNDLE", help="Bundle file.", show_default=False)],
+    base: Annotated[
+        Optional[Path], typer.Argument(metavar="BASE", help="Base checkpoint directory (omit for an anchor).", show_default=False)
+    ] = None,
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", help="New directory to create (must not exist, or be empty).", show_default=False)
+    ] = None,
+    in_place: Annotated[bool, typer.Option("--in-place", help="Update BASE itself (journaled, resumable).")] = False,
+    abort: Annotated[bool, typer.Option("--abort", help="With --in-place: roll back an interrupted apply.")] = False,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Rebuild the target checkpoint of BUNDLE from BASE.
+
+    wdiff checks the bundle's digests and that BASE is the bundle's base (by
+    fingerprint) and refuses anything else. With -o the target is built in a
+    hidden temporary directory beside OUT, verified tensor by tensor against
+    the target digests, synced, and renamed into place: OUT appears complete
+    or not at all. With --in-place, BASE is updated inside its own directory
+    for checkpoints too large to copy: a journal and an undo log make the
+    change finish, or roll back with --abort, after any interruption.
+    """
+    from ..applying import apply as run_apply
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_apply(bundle, base, output, in_place=in_place, abort=abort, threads=threads, reporter=o.TerminalReporter(out))
+    if out.json:
+        out.document(res.to_json())
+        return
+    if abort:
+        out.result(f"rolled back {o.name(res.output)} to the base {res.target_fingerprint.hex()[:16]}")
+        return
+    how = "updated in place" if res.in_place else "wrote"
+    again = " (finished an interrupted apply)" if res.resumed else ""
+    out.result(f"{how} {o.name(res.output)}{again}: {res.files} files verified, target {res.target_fingerprint.hex()[:16]}")
+
+
+# -- info --------------------------------------------------------------------------------
+
+
+@app.command(
+    epilog="Examples:\n\n\b\n  wdiff info step-101.wdb\n  wdiff info --json step-101.wdb | jq .records\n\n"
+    "Exit status: 0 the bundle is intact; 4 it is corrupt; see wdiff --help.",
+)
+def info(
+    bundle: Annotated[Path, typer.Argument(metavar="BUNDLE", help="Bundle file.", show_default=False)],
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+) -> None:
+    """Describe a bundle and check every digest in it.
+
+    Reads the whole bundle, verifies the digest of every record, and prints
+    what it holds: base and target fingerprints, target files, and the
+    encodings used, with their sizes.
+    """
+    from ..inspecting import inspect as run_inspect
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_inspect(bundle)
+    if out.json:
+        out.document(res.to_json())
+        return
+    base = res.base_fingerprint.hex() if res.base_fingerprint else "none (anchor: builds from nothing)"
+    out.result(f"bundle   {o.name(str(bundle))}  ({o.size(res.bundle_bytes)}, format {res.version}, {res.writer})")
+    out.result(f"id       {res.bundle_id.hex()}")
+    out.result(f"base     {base}")
+    out.result(f"target   {res.target_fingerprint.hex()}  ({len(res.files)} files, {o.size(res.target_bytes)})")
+    rows = [["records", "kind", "bytes", "changed elements"]]
+    for kind, c in res.records.items():
+        rows.append([o.count(c["records"]), kind, o.size(c["bytes"]), o.count(c["changed"]) if c["changed"] else ""])
+    for line in o.table(rows, right={0, 2, 3}):
+        out.result("  " + line)
+    if out.verbose:
+        for f in res.files:
+            out.result(f"  {f['source']:<6} {f['kind']:<11} {o.size(f['size']):>10}  {o.name(f['path'])}")
+    out.result("all digests verified")
+
+
+# -- demo --------------------------------------------------------------------------------
+
+
+@app.command(
+    epilog="Examples:\n\n\b\n  wdiff demo\n  wdiff demo --keep /tmp/wdiff-demo\n\n"
+    "Exit status: 0 the demo rebuilt the new checkpoint bit for bit; see wdiff --help.",
+)
+def demo(
+    directory: Annotated[
+        Optional[Path], typer.Argument(metavar="[DIR]", help="Work here and keep the files (default: a temporary directory).", show_default=False)
+    ] = None,
+    size_mb: Annotated[int, typer.Option("--size-mb", min=1, max=4096, help="Size of the sample checkpoint in MB.")] = 8,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Run diff, pack and apply on built-in sample data and verify the result.
+
+    Makes a small bf16 checkpoint in two shards with companion files, and a
+    second version as one RL step makes it: about 1% of elements changed at
+    random, one frozen tensor, one tensor added. Then diffs them, packs the
+    delta, applies it to a copy of the base, checks the result byte for byte,
+    and prints sizes and the compression ratio.
+    """
+    from ..demo import run_demo
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_demo(directory, size_mb=size_mb, threads=threads, log=None if out.json else out.result)
+    if out.json:
+        out.document(res)

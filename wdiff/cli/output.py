@@ -1,0 +1,154 @@
+"""Everything the command line prints: result rendering on stdout, messages
+and progress on stderr. Nothing from a checkpoint or bundle is printed
+without going through :func:`wdiff.paths.printable`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+from ..paths import printable
+from ..progress import Reporter
+
+
+class Out:
+    """Output settings of one invocation."""
+
+    def __init__(self, *, quiet: bool = False, verbose: int = 0, json_mode: bool = False) -> None:
+        self.quiet = quiet
+        self.verbose = verbose
+        self.json = json_mode
+
+    def result(self, text: str) -> None:
+        """A line of the human result on stdout (suppressed by -q)."""
+        if not self.quiet and not self.json:
+            sys.stdout.write(text + "\n")
+
+    def document(self, doc: dict) -> None:
+        """The one JSON document of a --json invocation."""
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, allow_nan=False, default=_jsonable) + "\n")
+
+    def info(self, text: str) -> None:
+        if not self.quiet and self.verbose:
+            sys.stderr.write(text + "\n")
+
+    def warn(self, text: str) -> None:
+        if not self.quiet:
+            sys.stderr.write(f"wdiff: warning: {text}\n")
+
+
+def _jsonable(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    raise TypeError(type(x).__name__)
+
+
+def error(text: str, hint: str | None = None) -> None:
+    sys.stderr.write(f"wdiff: error: {text}\n")
+    if hint:
+        sys.stderr.write(f"wdiff: hint: {hint}\n")
+
+
+def name(s: str, limit: int = 200) -> str:
+    return printable(s, limit)
+
+
+def size(n: int | None) -> str:
+    """Human bytes, decimal units as disk and network vendors use them."""
+    if n is None:
+        return "-"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def count(n: int) -> str:
+    return f"{n:,}"
+
+
+def pct(x: float) -> str:
+    if x == 0:
+        return "0%"
+    if x < 0.0001:
+        return "<0.01%"
+    return f"{100 * x:.2f}%"
+
+
+def sci(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    if x != x:
+        return "nan"
+    if math.isinf(x):
+        return "inf"
+    return "0" if x == 0 else f"{x:.3g}"
+
+
+def shape(s) -> str:
+    return "x".join(str(d) for d in s) if s else "scalar"
+
+
+def table(rows: list[list[str]], *, right: set[int] = frozenset()) -> list[str]:
+    """Plain aligned columns, stable for scripts and readable for people."""
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+class TerminalReporter(Reporter):
+    """Progress bars on stderr, only when stderr is a terminal and the user
+    did not ask for -q or --json; warnings go to stderr unless -q."""
+
+    def __init__(self, out: Out) -> None:
+        self.out = out
+        self._progress = None
+        self._task = None
+        enabled = sys.stderr.isatty() and not out.quiet and not out.json and os.environ.get("TERM") != "dumb"
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+            console = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")))
+            self._progress = Progress(
+                TextColumn("{task.description:>14}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=console,
+                transient=True,
+            )
+            self._progress.start()
+
+    def phase(self, name: str, total: int | None = None) -> None:
+        if self._progress is None:
+            return
+        if self._task is not None:
+            self._progress.remove_task(self._task)
+        self._task = self._progress.add_task(name, total=total)
+
+    def advance(self, n: int) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.advance(self._task, n)
+
+    def warn(self, message: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(f"wdiff: warning: {message}", markup=False, highlight=False)
+        else:
+            self.out.warn(message)
+
+    def done(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None

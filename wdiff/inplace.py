@@ -1,0 +1,492 @@
+"""``apply --in-place``: update a checkpoint inside its own directory, for
+checkpoints too large to copy, without ever leaving an unexplained mix.
+
+The directory holds ``.wdiff/txn/`` while an apply runs:
+
+``journal.json``  which bundle, which phase, what to stage, patch and remove
+``stage/N``       complete, verified new files (new shards, changed companions)
+``undo.log``      for every chunk patched in place: positions and old values
+
+Phases, each recorded in the journal before it starts:
+
+1. *stage*: build every file whose layout changes into ``stage/``. The
+   checkpoint is untouched.
+2. *patch*: tensor files whose header is unchanged are patched chunk by chunk.
+   A batch's undo entries are fsynced before its bytes are written, so every
+   chunk is the base, the target, or a torn write the undo log can restore.
+3. *commit*: rename staged files over their destinations, remove files the
+   target lacks, delete the transaction.
+
+Every chunk is checked against the base and target digests before it is
+written. Interrupted, the next run with the same bundle finishes the job;
+with ``abort=True`` it rolls phases 1-2 back. Other commands refuse to read
+the directory meanwhile (see checkpoint.scan).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+
+import numpy as np
+import xxhash
+
+from . import format as fmt
+from . import manifest
+from .applying import ApplyResult, build, check_base_listing, verify_bundle
+from .blockio import span_digests
+from .bundle import BundleReader
+from .checkpoint import KIND_TENSORS, Checkpoint, read_into, scan
+from .codecs import RAW, compressor, decode_into, decompress_exact, planes, rice_decode, rice_encode, unplanes
+from .dtypes import uint_type
+from .errors import BaseMismatchError, BusyError, FormatError, IntegrityError, UsageError
+from .fsutil import atomic_write_bytes, fsync_dir, io_error, locked, remove_tree, write_all
+from .hashing import hexd, tree
+from .parallel import ordered_map
+from .paths import printable
+from .plan import FileLayout
+from .progress import SILENT, Reporter
+
+STATE_DIR = ".wdiff"
+BATCH_BYTES = 64 * 1024 * 1024
+JOURNAL_VERSION = 1
+
+_UNDO = struct.Struct("<4sIQQB3xQ16s16sB3xQQQ")
+_UNDO_MAGIC = b"WUND"
+
+
+def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporter = SILENT) -> ApplyResult:
+    root = os.fspath(base)
+    if not os.path.isdir(root):
+        scan(root)  # raises the right error
+    state = os.path.join(root, STATE_DIR)
+    try:
+        os.makedirs(state, exist_ok=True)
+    except OSError as e:
+        raise io_error(state, e) from None
+    with locked(os.path.join(state, "lock"), what=root), BundleReader(bundle) as reader:
+        txn = Txn(os.path.join(state, "txn"))
+        journal = txn.read_journal()
+        if journal is not None and journal["bundle_id"] != hexd(reader.id):
+            raise BusyError(
+                f"{root}: an in-place apply of another bundle ({printable(journal.get('bundle_path', '?'))}) was interrupted here",
+                hint="finish or abort that one first, with that bundle",
+            )
+        if abort:
+            if journal is None:
+                raise UsageError(f"{root}: no interrupted in-place apply to abort")
+            _rollback(reader, root, txn, journal, threads=threads)
+            reporter.done()
+            return _result(reader, root, 0, resumed=True, target=reader.index.base_fingerprint)
+        headers = None
+        if journal is None:
+            journal, headers = _start(reader, root, txn, threads=threads, reporter=reporter)
+            if journal is None:  # already the target
+                return _result(reader, root, 0, resumed=False)
+            resumed = False
+        else:
+            resumed = True
+        written = _run(reader, root, txn, journal, headers, threads=threads, reporter=reporter)
+    reporter.done()
+    return _result(reader, root, written, resumed=resumed)
+
+
+def _result(reader: BundleReader, root: str, written: int, *, resumed: bool, target: bytes | None = None) -> ApplyResult:
+    ix = reader.index
+    return ApplyResult(
+        output=root,
+        bundle_id=reader.id,
+        base_fingerprint=ix.base_fingerprint,
+        target_fingerprint=target if target is not None else ix.target_fingerprint,
+        files=len(ix.files),
+        bytes_written=written,
+        in_place=True,
+        resumed=resumed,
+    )
+
+
+class Txn:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.journal = os.path.join(path, "journal.json")
+        self.stage = os.path.join(path, "stage")
+        self.undo = os.path.join(path, "undo.log")
+
+    def read_journal(self) -> dict | None:
+        try:
+            with open(self.journal, "rb") as f:
+                data = json.loads(f.read())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            raise IntegrityError(f"{self.journal}: unreadable journal of an interrupted apply") from None
+        if not isinstance(data, dict) or data.get("version") != JOURNAL_VERSION:
+            raise IntegrityError(f"{self.journal}: journal of an unknown version")
+        return data
+
+    def write_journal(self, journal: dict) -> None:
+        atomic_write_bytes(self.journal, fmt.canonical_json(journal))
+
+    def remove(self) -> None:
+        """Delete the transaction; the journal goes last, so a crash midway
+        leaves a transaction that is finished again."""
+        remove_tree(self.stage)
+        for p in (self.undo,):
+            if os.path.exists(p):
+                os.unlink(p)
+        if os.path.exists(self.journal):
+            os.unlink(self.journal)
+        fsync_dir(self.path)
+        os.rmdir(self.path)
+        fsync_dir(os.path.dirname(self.path))
+
+
+def _start(reader: BundleReader, root: str, txn: Txn, *, threads: int, reporter: Reporter):
+    index = reader.index
+    A = check_base_listing(index, root)
+    A = A if A is not None else scan(root)
+    _refuse_shared_files(A)
+    headers = verify_bundle(reader, A, reporter=reporter)
+    if index.base_fingerprint is not None:
+        reporter.phase("check base", A.total_bytes)
+        fp = manifest.compute(A, threads=threads, reporter=reporter).fingerprint
+        if fp != index.base_fingerprint:
+            raise BaseMismatchError(
+                f"{root}: fingerprint {hexd(fp)[:16]} is not the bundle's base {hexd(index.base_fingerprint)[:16]}"
+            )
+        if fp == index.target_fingerprint:
+            return None, headers
+    patch, stage = [], {}
+    for i, f in enumerate(index.files):
+        old = A.file(f.path)
+        if f.kind == KIND_TENSORS and f.source == "base":
+            patch.append(i)  # same path, same header: verified by verify_bundle
+        elif f.kind == "file" and f.source == "base" and old is not None and old.kind == "file":
+            continue  # unchanged companion file (the base fingerprint says so)
+        else:
+            stage[str(i)] = f.path
+    target_paths = {f.path for f in index.files}
+    journal = {
+        "version": JOURNAL_VERSION,
+        "bundle_id": hexd(reader.id),
+        "bundle_path": os.path.abspath(reader.path),
+        "base_fingerprint": hexd(index.base_fingerprint) if index.base_fingerprint else None,
+        "target_fingerprint": hexd(index.target_fingerprint),
+        "phase": "stage",
+        "patch": patch,
+        "stage": stage,
+        "remove": [f.path for f in A.files if f.path not in target_paths],
+    }
+    try:
+        os.makedirs(txn.path, exist_ok=False)
+    except FileExistsError:
+        remove_tree(txn.path)  # debris without a journal: never started
+        os.makedirs(txn.path)
+    except OSError as e:
+        raise io_error(txn.path, e) from None
+    txn.write_journal(journal)
+    fsync_dir(os.path.dirname(txn.path))
+    return journal, headers
+
+
+def _refuse_shared_files(A: Checkpoint) -> None:
+    for f in A.files:
+        st = os.lstat(f.abspath)
+        if os.path.islink(f.abspath) or st.st_nlink > 1:
+            raise UsageError(
+                f"{A.root}: {printable(f.path)} is a link; patching it in place would change other copies",
+                hint="apply into a new directory with -o instead",
+            )
+
+
+def _run(reader: BundleReader, root: str, txn: Txn, journal: dict, headers, *, threads: int, reporter: Reporter) -> int:
+    A = scan(root, allow_unfinished=True)
+    written = 0
+    phase = journal["phase"]
+    stage = {int(k): v for k, v in journal["stage"].items()}
+    if phase in ("stage", "patch") and headers is None:
+        headers = verify_bundle(reader, A, reporter=reporter)
+    if phase == "stage":
+        remove_tree(txn.stage)
+        os.makedirs(txn.stage)
+        outputs = {i: os.path.join(txn.stage, str(i)) for i in stage}
+        written += build(reader, A, headers, outputs, threads=threads, reporter=reporter, check_base=False)
+        fsync_dir(txn.stage)
+        journal = dict(journal, phase="patch")
+        txn.write_journal(journal)
+        phase = "patch"
+    if phase == "patch":
+        written += _patch(reader, A, headers, set(journal["patch"]), txn, threads=threads, reporter=reporter)
+        journal = dict(journal, phase="commit")
+        txn.write_journal(journal)
+        phase = "commit"
+    if phase != "commit":
+        raise IntegrityError(f"{txn.journal}: unknown phase {phase!r}")
+    _commit(root, txn, stage, journal["remove"])
+    return written
+
+
+def _commit(root: str, txn: Txn, stage: dict[int, str], remove: list[str]) -> None:
+    dirs = {root}
+    for i, path in sorted(stage.items()):
+        src = os.path.join(txn.stage, str(i))
+        dst = os.path.join(root, path)
+        if os.path.exists(src):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            try:
+                os.replace(src, dst)
+            except OSError as e:
+                raise io_error(dst, e) from None
+            dirs.add(os.path.dirname(dst))
+    for path in remove:
+        p = os.path.join(root, path)
+        if os.path.lexists(p):
+            os.unlink(p)
+        d = os.path.dirname(p)
+        while d != root and os.path.isdir(d) and not os.listdir(d):
+            os.rmdir(d)
+            d = os.path.dirname(d)
+        dirs.add(d)
+    for d in dirs:
+        if os.path.isdir(d):
+            fsync_dir(d)
+    txn.remove()
+
+
+# -- patching --------------------------------------------------------------------
+
+
+def _patch_work(reader: BundleReader, A: Checkpoint, headers, patch: set[int]):
+    index = reader.index
+    layouts: dict[int, FileLayout] = {}
+    for rec in reader.records():
+        h = rec.header
+        if h.type != fmt.CHUNK or h.file not in patch:
+            continue
+        lay = layouts.get(h.file)
+        if lay is None:
+            lay = layouts[h.file] = FileLayout(headers[h.file], A.tensors)
+        where = f"{reader.path}: record {rec.index}"
+        unit = lay.record_unit(h.lo, h.hi, h.word, delta=h.codec != RAW, where=where)
+        yield h.file, A.file(index.files[h.file].path), unit, rec
+
+
+def _patch(reader: BundleReader, A: Checkpoint, headers, patch: set[int], txn: Txn, *, threads: int, reporter: Reporter) -> int:
+    undo = UndoLog(txn.undo)
+    entries = undo.load()
+    fds: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def fd_for(entry) -> int:
+        with lock:
+            fd = fds.get(entry.abspath)
+            if fd is None:
+                try:
+                    fd = fds[entry.abspath] = os.open(entry.abspath, os.O_RDWR)
+                except OSError as e:
+                    raise io_error(entry.abspath, e) from None
+            return fd
+
+    def work(item):
+        i, entry, unit, rec = item
+        h = rec.header
+        where = f"{printable(entry.path)}: tensor {printable(unit.spans[0].tensor.name)}"
+        fd = fd_for(entry)
+        buf = np.empty(unit.nbytes, dtype=np.uint8)
+        read_into(fd, entry.header.data_start + unit.lo, memoryview(buf), where=entry.abspath)
+        cur = tree(b"".join(span_digests(unit, buf)))
+        if cur == h.target:
+            return None
+        words = buf.view(uint_type(unit.word))
+        if cur != h.base:
+            e = entries.get((i, unit.lo))
+            if e is None:
+                raise IntegrityError(
+                    f"{where}: bytes are neither the base nor the target version; "
+                    "the checkpoint was changed while an apply was unfinished"
+                )
+            e.restore(words)
+            if tree(b"".join(span_digests(unit, buf))) != h.base:
+                raise IntegrityError(f"{where}: undo log does not restore the base bytes")
+        old = words.copy()
+        decode_into(h.codec, h.param, h.count, list(rec.payload), words, where=where)
+        if tree(b"".join(span_digests(unit, buf))) != h.target:
+            raise IntegrityError(f"{where}: rebuilt bytes do not match the target digest")
+        return fd, entry.header.data_start + unit.lo, buf, UndoEntry.make(i, unit.lo, unit.hi, old, words, h.base, h.target)
+
+    written = 0
+    try:
+        batch: list = []
+        batch_bytes = 0
+        reporter.phase("patch", None)
+        for res in ordered_map(work, _patch_work(reader, A, headers, patch), threads=threads):
+            if res is None:
+                continue
+            batch.append(res)
+            batch_bytes += len(res[2])
+            if batch_bytes >= BATCH_BYTES:
+                written += _flush(undo, batch, reporter)
+                batch, batch_bytes = [], 0
+        written += _flush(undo, batch, reporter)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+        undo.close()
+    return written
+
+
+def _flush(undo: UndoLog, batch: list, reporter: Reporter) -> int:
+    """Make a batch durable: undo entries first, then the new bytes."""
+    if not batch:
+        return 0
+    undo.append([b[3] for b in batch])
+    touched = set()
+    n = 0
+    for fd, offset, buf, _ in batch:
+        try:
+            write_all(fd, buf, offset)
+        except OSError as e:
+            raise io_error("in-place write", e) from None
+        touched.add(fd)
+        n += len(buf)
+        reporter.advance(len(buf))
+    for fd in touched:
+        os.fsync(fd)
+    return n
+
+
+# -- rollback --------------------------------------------------------------------
+
+
+def _rollback(reader: BundleReader, root: str, txn: Txn, journal: dict, *, threads: int) -> None:
+    if journal["phase"] == "commit":
+        raise BusyError(
+            f"{root}: the interrupted apply was already committing and cannot be rolled back",
+            hint="run it again without --abort to finish it",
+        )
+    if journal["phase"] == "patch":
+        A = scan(root, allow_unfinished=True)
+        entries = UndoLog(txn.undo).load()
+        by_path: dict[str, int] = {}
+        try:
+            for (i, lo), e in sorted(entries.items()):
+                f = A.file(reader.index.files[i].path)
+                if f is None or f.header is None:
+                    raise IntegrityError(f"{root}: a file patched in place is missing")
+                fd = by_path.get(f.abspath)
+                if fd is None:
+                    fd = by_path[f.abspath] = os.open(f.abspath, os.O_RDWR)
+                buf = np.empty(e.hi - lo, dtype=np.uint8)
+                read_into(fd, f.header.data_start + lo, memoryview(buf), where=f.abspath)
+                e.restore(buf.view(uint_type(e.word)))
+                write_all(fd, buf, f.header.data_start + lo)
+            for fd in by_path.values():
+                os.fsync(fd)
+        finally:
+            for fd in by_path.values():
+                os.close(fd)
+        # every chunk is now back to its base bytes: check what we can cheaply
+        if reader.index.base_fingerprint is not None:
+            fp = manifest.compute(scan(root, allow_unfinished=True), threads=threads).fingerprint
+            if fp != reader.index.base_fingerprint:
+                raise IntegrityError(f"{root}: rollback did not restore the base (fingerprint {hexd(fp)[:16]})")
+    txn.remove()
+
+
+# -- the undo log ----------------------------------------------------------------
+
+
+class UndoEntry:
+    """The old values of the words a patch changes in one chunk."""
+
+    __slots__ = ("file", "lo", "hi", "word", "count", "base", "target", "r", "parts")
+
+    def __init__(self, file, lo, hi, word, count, base, target, r, parts):
+        self.file, self.lo, self.hi, self.word, self.count = file, lo, hi, word, count
+        self.base, self.target, self.r, self.parts = base, target, r, parts
+
+    @classmethod
+    def make(cls, file: int, lo: int, hi: int, old: np.ndarray, new: np.ndarray, base: bytes, target: bytes) -> UndoEntry:
+        positions = np.flatnonzero(old != new)
+        r, unary, rem = rice_encode(positions)
+        values = compressor(1).compress(planes(old[positions]))
+        return cls(file, lo, hi, old.dtype.itemsize, positions.size, base, target, r, (unary, rem, values))
+
+    def pack(self) -> bytes:
+        head = _UNDO.pack(
+            _UNDO_MAGIC, self.file, self.lo, self.hi, self.word, self.count, self.base, self.target, self.r,
+            *(len(p) for p in self.parts),
+        )
+        body = head + b"".join(self.parts)
+        return body + xxhash.xxh3_128_digest(body)
+
+    def restore(self, words: np.ndarray) -> None:
+        """Write the old values back: the chunk becomes its base bytes, whatever
+        mix of old and new it held."""
+        n = words.size
+        where = "undo log"
+        positions = rice_decode(self.r, self.parts[0], self.parts[1], self.count, n, where=where)
+        old = unplanes(decompress_exact(self.parts[2], self.count * self.word, where=where), self.count, self.word)
+        words[positions] = old
+
+
+class UndoLog:
+    """Append-only, fsynced undo entries; a torn tail is dropped on load (its
+    chunks were never written, since data follows the entries' fsync)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = -1
+
+    def load(self) -> dict[tuple[int, int], UndoEntry]:
+        entries: dict[tuple[int, int], UndoEntry] = {}
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return entries
+        pos = 0
+        while pos + _UNDO.size <= len(data):
+            fields = _UNDO.unpack_from(data, pos)
+            if fields[0] != _UNDO_MAGIC:
+                break
+            lens = fields[9:12]
+            end = pos + _UNDO.size + sum(lens)
+            if end + 16 > len(data) or xxhash.xxh3_128_digest(data[pos:end]) != data[end : end + 16]:
+                break
+            parts, p = [], pos + _UNDO.size
+            for ln in lens:
+                parts.append(data[p : p + ln])
+                p += ln
+            _, file, lo, hi, word, count, base, target, r = fields[:9]
+            if word not in (1, 2, 4, 8) or hi <= lo:
+                raise FormatError(f"{self.path}: damaged undo entry")
+            entries[(file, lo)] = UndoEntry(file, lo, hi, word, count, base, target, r, tuple(parts))
+            pos = end + 16
+        if pos != len(data):
+            with open(self.path, "r+b") as f:
+                f.truncate(pos)
+                os.fsync(f.fileno())
+        self._size = pos
+        return entries
+
+    def append(self, entries: list[UndoEntry]) -> None:
+        if self.fd < 0:
+            try:
+                self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            except OSError as e:
+                raise io_error(self.path, e) from None
+        data = memoryview(b"".join(e.pack() for e in entries))
+        try:
+            while data:
+                data = data[os.write(self.fd, data) :]
+            os.fsync(self.fd)
+        except OSError as e:
+            raise io_error(self.path, e) from None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
