@@ -219,25 +219,29 @@ def _diff_unit(fds: FdCache, f, unit: Unit):
     bounds = np.cumsum([0] + [s.nbytes // w for s in unit.spans])
     cuts = np.searchsorted(pos, bounds)
     stats = []
-    for i, s in enumerate(unit.spans):
-        if a_dig[i] == b_dig[i]:
-            stats.append(None)
-            continue
-        p = pos[cuts[i] : cuts[i + 1]]
-        blocks_changed = _blocks_changed(a_dig[i], b_dig[i])
-        lo, hi = bounds[i], bounds[i + 1]
-        fa = to_float(av[p], s.tensor.dtype)
-        if fa is None:
-            stats.append((blocks_changed, p.size, None, 0.0, 0.0))
-            continue
-        fb = to_float(bv[p], s.tensor.dtype)
-        d = _finite_only(fb.astype(np.float64) - fa.astype(np.float64))
-        max_abs = float(np.abs(d).max()) if d.size else math.nan
-        sum_d2 = float(np.dot(d, d))
-        full = _finite_only(to_float(av[lo:hi], s.tensor.dtype))
-        sum_a2 = float(np.dot(full, full))
-        stats.append((blocks_changed, p.size, max_abs, sum_d2, sum_a2))
+    with np.errstate(all="ignore"):  # NaN and inf values are data, not errors
+        for i, s in enumerate(unit.spans):
+            stats.append(_span_stats(i, s, a_dig, b_dig, pos, cuts, bounds, av, bv))
     return unit, a_dig, b_dig, stats
+
+
+def _span_stats(i, s, a_dig, b_dig, pos, cuts, bounds, av, bv):
+    """Changed blocks, changed words and float statistics of one span."""
+    if a_dig[i] == b_dig[i]:
+        return None
+    p = pos[cuts[i] : cuts[i + 1]]
+    blocks_changed = _blocks_changed(a_dig[i], b_dig[i])
+    lo, hi = bounds[i], bounds[i + 1]
+    fa = to_float(av[p], s.tensor.dtype)
+    if fa is None:
+        return (blocks_changed, p.size, None, 0.0, 0.0)
+    fb = to_float(bv[p], s.tensor.dtype)
+    d = _finite_only(fb.astype(np.float64) - fa.astype(np.float64))
+    max_abs = float(np.abs(d).max()) if d.size else math.nan
+    sum_d2 = float(np.dot(d, d))
+    full = _finite_only(to_float(av[lo:hi], s.tensor.dtype))
+    sum_a2 = float(np.dot(full, full))
+    return (blocks_changed, p.size, max_abs, sum_d2, sum_a2)
 
 
 def _finite_only(x: np.ndarray) -> np.ndarray:

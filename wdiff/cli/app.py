@@ -241,7 +241,8 @@ def pack(
     "  wdiff apply step-101.wdb ckpt/step-100 -o ckpt/step-101\n"
     "  wdiff apply step-101.wdb /models/live --in-place\n"
     "  wdiff apply step-100.anchor.wdb -o ckpt/step-100\n"
-    "  wdiff apply step-101.wdb /models/live --in-place --abort   # roll back an interrupted run\n\n"
+    "  # roll back an interrupted in-place apply:\n"
+    "  wdiff apply step-101.wdb /models/live --in-place --abort\n\n"
     "Exit status: 0 the target was rebuilt and verified; 5 the base is not the bundle's; "
     "4 the bundle is corrupt; 8 an interrupted in-place apply must be finished first; "
     "other codes: see wdiff --help.",

@@ -1,0 +1,148 @@
+"""The installed console script: exit codes, stdout discipline, -q, --json."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from factory import simple_pair, tree
+
+WDIFF = shutil.which("wdiff", path=str(Path(sys.executable).parent)) or shutil.which("wdiff")
+
+
+def run(*args, env=None, cwd=None):
+    e = dict(os.environ, COLUMNS="80", NO_COLOR="1")
+    e.pop("WDIFF_DEBUG", None)
+    if env:
+        e.update(env)
+    cmd = [WDIFF, *map(str, args)] if WDIFF else [sys.executable, "-m", "wdiff", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, env=e, cwd=cwd, timeout=300)
+
+
+@pytest.fixture
+def pair(tmp_path):
+    A, B = simple_pair(tmp_path)
+    return tmp_path, A, B
+
+
+def test_version_and_help():
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.decode().startswith("wdiff ")
+    for cmd in ([], ["diff"], ["pack"], ["apply"], ["info"], ["demo"]):
+        r = run(*cmd, "--help")
+        assert r.returncode == 0, r.stderr
+        text = r.stdout.decode()
+        assert "Exit status" in text
+        assert max(len(line) for line in text.splitlines()) <= 80
+    assert "Examples" in run("diff", "--help").stdout.decode()
+
+
+def test_no_arguments_and_unknown_command_are_usage_errors():
+    assert run().returncode == 2
+    r = run("frobnicate")
+    assert r.returncode == 2 and r.stdout == b""
+
+
+def test_diff_exit_codes(pair):
+    tmp, A, B = pair
+    r = run("diff", A, B)
+    assert r.returncode == 0
+    assert b"modified" in r.stdout and b"layer.0.w" in r.stdout
+    assert run("diff", "--exit-code", A, B).returncode == 1
+    r = run("diff", "--exit-code", A, A)
+    assert r.returncode == 0 and b"identical" in r.stdout
+    r = run("diff", "-q", "--exit-code", A, B)
+    assert r.returncode == 1 and r.stdout == b"" and r.stderr == b""
+
+
+def test_diff_json_is_one_document(pair):
+    tmp, A, B = pair
+    r = run("diff", "--json", A, B)
+    assert r.returncode == 0
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "wdiff.diff/1"
+    assert doc["totals"]["modified"] >= 2
+    assert {t["name"] for t in doc["tensors"] if t["status"] == "added"} == {"new"}
+
+
+def test_diff_stat(pair):
+    tmp, A, B = pair
+    r = run("diff", "--stat", A, B)
+    assert r.returncode == 0
+    lines = r.stdout.decode().splitlines()
+    assert any("layer.0.w" in line and "changed" in line for line in lines)
+    assert "unchanged of" in lines[-1]
+
+
+def test_pack_apply_info(pair):
+    tmp, A, B = pair
+    r = run("pack", A, B, "-o", tmp / "d.wdb")
+    assert r.returncode == 0, r.stderr
+    assert b"smaller" in r.stdout
+    r = run("info", "--json", tmp / "d.wdb")
+    assert r.returncode == 0 and json.loads(r.stdout)["verified"] is True
+    r = run("apply", "-q", tmp / "d.wdb", A, "-o", tmp / "C")
+    assert r.returncode == 0 and r.stdout == b"" and r.stderr == b""
+    assert tree(tmp / "C") == tree(B)
+    r = run("apply", "--json", tmp / "d.wdb", A, "-o", tmp / "D")
+    assert json.loads(r.stdout)["schema"] == "wdiff.apply/1"
+
+
+def test_anchor_via_cli(pair):
+    tmp, A, B = pair
+    assert run("pack", "--anchor", B, "-o", tmp / "a.wdb").returncode == 0
+    assert run("apply", tmp / "a.wdb", "-o", tmp / "C").returncode == 0
+    assert tree(tmp / "C") == tree(B)
+    assert run("pack", "--anchor", A, B, "-o", tmp / "x.wdb").returncode == 2
+
+
+def test_error_exit_codes(pair):
+    tmp, A, B = pair
+    assert run("pack", A, B, "-o", tmp / "d.wdb").returncode == 0
+    r = run("apply", tmp / "d.wdb", B, "-o", tmp / "C")
+    assert r.returncode == 5 and r.stdout == b""
+    assert r.stderr.startswith(b"wdiff: error:")
+    assert not (tmp / "C").exists()
+    r = run("diff", tmp / "missing", A)
+    assert r.returncode == 3
+    r = run("apply", "--json", tmp / "nope.wdb", A, "-o", tmp / "C")
+    assert r.returncode == 3
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "wdiff.error/1" and doc["error"]["exit_code"] == 3
+    bad = tmp / "bad.wdb"
+    bad.write_bytes(b"not a bundle at all, just text" * 10)
+    assert run("info", bad).returncode == 4
+    assert run("apply", tmp / "d.wdb", A).returncode == 2  # neither -o nor --in-place
+
+
+def test_in_place_via_cli(pair):
+    tmp, A, B = pair
+    run("pack", A, B, "-o", tmp / "d.wdb")
+    W = tmp / "W"
+    shutil.copytree(A, W)
+    r = run("apply", tmp / "d.wdb", W, "--in-place")
+    assert r.returncode == 0, r.stderr
+    assert tree(W) == tree(B)
+
+
+def test_demo(tmp_path):
+    r = run("demo", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["verified"] is True and doc["ratio"] > 50
+    r = run("demo", tmp_path / "d")
+    assert r.returncode == 0
+    assert b"byte-identical" in r.stdout
+    assert (tmp_path / "d" / "A-to-B.wdb").exists()
+
+
+def test_unexpected_errors_never_exit_1(pair, tmp_path):
+    # a directory where a bundle is expected: an OS-level surprise, not a crash
+    tmp, A, B = pair
+    r = run("info", tmp)
+    assert r.returncode not in (0, 1)
+    assert b"Traceback" not in r.stderr

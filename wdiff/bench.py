@@ -1,0 +1,299 @@
+"""Benchmark: ``python -m wdiff.bench [--size 2GB] [--scenario ...]``.
+
+Generates a synthetic llama-like bf16 checkpoint and, per scenario, a second
+version; runs ``wdiff diff``, ``pack`` and ``apply`` on them as separate
+processes and prints one table: wall seconds (median of --runs), throughput,
+peak RSS of the process, bundle size, bytes per changed element, compression
+ratio, and the bundle's distance from the information floor. Beside them, in
+the same run: the time to read A and B (``cat``), to copy A (``cp -r``), and,
+where installed, ``zstd -3`` of B and ``zstd --patch-from`` per shard.
+
+Scenarios:
+  rl1     an RL step: 1% of elements moved by one ulp at random positions
+  rl3     the same at 3%
+  frozen  only the last two layers and the head change (50% of their elements)
+  dense   every element moved by one to three ulps
+  new     B unrelated to A (fresh random weights): the worst case
+
+This is a measurement tool, not a test: machines are noisy, so it reports
+medians, and the ratios matter more than the absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+
+import numpy as np
+
+from . import sample
+
+SCENARIOS = ("rl1", "rl3", "frozen", "dense", "new")
+
+
+def parse_size(text: str) -> int:
+    t = text.strip().upper().rstrip("B")
+    mult = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    if t and t[-1] in mult:
+        return int(float(t[:-1]) * mult[t[-1]])
+    return int(t)
+
+
+# -- data ------------------------------------------------------------------------------
+
+
+def _seed(name: str, salt: int) -> int:
+    return zlib.crc32(name.encode()) * 7919 + salt
+
+
+def make_base(root: str, size: int, shards: int) -> list[list[sample.Spec]]:
+    specs = sample.llama_specs(size)
+    layout = sample.shard(specs, shards)
+    sample.write_checkpoint(
+        root, layout, lambda s: sample.bf16_normal(np.random.default_rng(_seed(s.name, 0)), s.nbytes // 2),
+        companions=sample.companion_files(0),
+    )
+    return layout
+
+
+def make_variant(root: str, layout, scenario: str) -> None:
+    names = [s.name for sh in layout for s in sh]
+    layers = sorted({int(n.split(".")[2]) for n in names if n.startswith("model.layers.")})
+    hot = {f"model.layers.{i}." for i in layers[-2:]}
+
+    def data(s: sample.Spec) -> np.ndarray:
+        old = sample.bf16_normal(np.random.default_rng(_seed(s.name, 0)), s.nbytes // 2)
+        rng = np.random.default_rng(_seed(s.name, 1))
+        if scenario == "rl1":
+            return sample.rl_step(old, 0.01, rng)
+        if scenario == "rl3":
+            return sample.rl_step(old, 0.03, rng)
+        if scenario == "frozen":
+            if s.name == "lm_head.weight" or any(s.name.startswith(h) for h in hot):
+                return sample.rl_step(old, 0.5, rng)
+            return old
+        if scenario == "dense":
+            step = rng.integers(1, 4, old.size, dtype=np.int32) * np.where(rng.random(old.size) < 0.5, 1, -1)
+            return (old.astype(np.int32) + step).astype(np.uint16)
+        if scenario == "new":
+            return sample.bf16_normal(rng, old.size)
+        raise ValueError(scenario)
+
+    sample.write_checkpoint(root, layout, data, companions=sample.companion_files(1))
+
+
+def information_floor(a_dir: str, b_dir: str) -> tuple[int, float]:
+    """(changed elements, floor in bytes): per tensor, the entropy of the
+    positions of changed elements (n H(p)), plus the empirical entropy of
+    the changed values' XOR with the old ones, over the whole checkpoint."""
+    from .checkpoint import scan
+
+    A, B = scan(a_dir), scan(b_dir)
+    bits = 0.0
+    k_total = 0
+    hist = np.zeros(1 << 16, dtype=np.int64)
+    for name, (fb, tb) in B.tensors.items():
+        fa, ta = A.tensors[name]
+        n = tb.nbytes // 2
+        k = 0
+        for off in range(0, n, 1 << 24):
+            m = min(1 << 24, n - off)
+            a = np.fromfile(fa.abspath, dtype=np.uint16, count=m, offset=fa.header.data_start + ta.start + 2 * off)
+            b = np.fromfile(fb.abspath, dtype=np.uint16, count=m, offset=fb.header.data_start + tb.start + 2 * off)
+            x = a ^ b
+            x = x[x != 0]
+            k += x.size
+            hist += np.bincount(x, minlength=1 << 16)
+        if 0 < k < n:
+            p = k / n
+            bits += n * -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
+        k_total += k
+    if k_total:
+        pr = hist[hist > 0] / k_total
+        bits += k_total * float(-(pr * np.log2(pr)).sum())
+    return k_total, bits / 8
+
+
+def _in_child(fn: str, *args):
+    """Run a data step in a child process, so that this process stays small:
+    a child's peak RSS as the kernel reports it includes what it inherited
+    from us at fork time."""
+    code = (
+        "import json, sys; from wdiff import bench; "
+        f"r = bench._child_{fn}(*json.loads(sys.argv[1])); print(json.dumps(r))"
+    )
+    p = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(p.stderr)
+    return json.loads(p.stdout)
+
+
+def _child_make_base(root: str, size: int, shards: int) -> None:
+    make_base(root, size, shards)
+
+
+def _child_make_variant(root: str, size: int, shards: int, scenario: str) -> None:
+    make_variant(root, sample.shard(sample.llama_specs(size), shards), scenario)
+
+
+def _child_information_floor(a: str, b: str):
+    return information_floor(a, b)
+
+
+# -- measuring -------------------------------------------------------------------------
+
+
+class Runner:
+    """Runs a command and reports its own peak RSS, via wait4 on the child."""
+
+    def __init__(self, runs: int) -> None:
+        self.runs = runs
+
+    def __call__(self, cmd: list[str], before=None) -> tuple[float, int, subprocess.CompletedProcess]:
+        times, rss = [], 0
+        last = None
+        for _ in range(self.runs):
+            if before:
+                before()
+            t0 = time.perf_counter()
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out = p.stdout.read()
+            err = p.stderr.read()
+            _, status, usage = os.wait4(p.pid, 0)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            times.append(time.perf_counter() - t0)
+            rss = max(rss, usage.ru_maxrss * 1024)
+            last = subprocess.CompletedProcess(cmd, p.returncode, out, err)
+            if p.returncode not in (0, 1):
+                break
+        return statistics.median(times), rss, last
+
+
+def _files(d: str) -> list[str]:
+    return sorted(os.path.join(d, f) for f in os.listdir(d) if not f.startswith("."))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m wdiff.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="2GB", help="checkpoint size (e.g. 256MB, 2GB, 16GB) [2GB]")
+    ap.add_argument("--scenario", action="append", choices=SCENARIOS, help="repeatable [all]")
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=3, help="runs per timing; the median is shown [3]")
+    ap.add_argument("--threads", type=int, default=None, help="wdiff --threads [all cores]")
+    ap.add_argument("--dir", default=None, help="work directory [a temporary one]")
+    ap.add_argument("--keep", action="store_true", help="keep the generated data")
+    ap.add_argument("--no-peers", action="store_true", help="skip zstd")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = ap.parse_args(argv)
+
+    size = parse_size(args.size)
+    scenarios = args.scenario or list(SCENARIOS)
+    work = args.dir or tempfile.mkdtemp(prefix="wdiff-bench-")
+    os.makedirs(work, exist_ok=True)
+    run = Runner(args.runs)
+    wd = [sys.executable, "-m", "wdiff"]
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    zstd = None if args.no_peers else shutil.which("zstd")
+    rows: list[dict] = []
+    try:
+        a = os.path.join(work, "A")
+        print(f"generating A: {size / 1e9:.2f} GB bf16, {args.shards} shards in {work}", file=sys.stderr)
+        _in_child("make_base", a, size, args.shards)
+        layout = sample.shard(sample.llama_specs(size), args.shards)
+        a_bytes = sum(os.path.getsize(f) for f in _files(a))
+        for sc in scenarios:
+            b = os.path.join(work, f"B-{sc}")
+            print(f"generating B ({sc})", file=sys.stderr)
+            _in_child("make_variant", b, size, args.shards, sc)
+            k, floor = _in_child("information_floor", a, b)
+            bundle = os.path.join(work, f"{sc}.wdb")
+            out = os.path.join(work, f"C-{sc}")
+
+            def rm_out():
+                shutil.rmtree(out, ignore_errors=True)
+
+            def add(op, secs, rss, nbytes, bundle_bytes=None, note=""):
+                rows.append({
+                    "scenario": sc, "op": op, "seconds": secs, "gbps": nbytes / secs / 1e9 if secs else None,
+                    "peak_rss": rss, "bundle_bytes": bundle_bytes,
+                    "bytes_per_changed": bundle_bytes / k if (bundle_bytes and k) else None,
+                    "ratio": a_bytes / bundle_bytes if bundle_bytes else None,
+                    "vs_floor": bundle_bytes / floor if (bundle_bytes and floor) else None,
+                    "changed": k, "note": note,
+                })
+
+            subprocess.run(["cat", *_files(a), *_files(b)], stdout=subprocess.DEVNULL)  # warm the cache
+            t, rss, _ = run(["sh", "-c", 'cat "$@" > /dev/null', "cat", *_files(a), *_files(b)])
+            add("read A+B (cat)", t, rss, 2 * a_bytes)
+            t, rss, _ = run(["cp", "-r", a, out], before=rm_out)
+            add("copy A (cp -r)", t, rss, a_bytes)
+            rm_out()
+            t, rss, r = run([*wd, "diff", "--json", *threads, a, b])
+            add("wdiff diff", t, rss, 2 * a_bytes)
+            t, rss, r = run([*wd, "pack", "--json", *threads, a, b, "-o", bundle])
+            if r.returncode != 0:
+                raise SystemExit(r.stderr.decode())
+            doc = json.loads(r.stdout)
+            add("wdiff pack", t, rss, 2 * a_bytes, doc["bundle_bytes"],
+                note=" ".join(f"{n}:{c['records']}" for n, c in doc["codecs"].items()))
+            t, rss, r = run([*wd, "apply", "-q", *threads, bundle, a, "-o", out], before=rm_out)
+            if r.returncode != 0:
+                raise SystemExit(r.stderr.decode())
+            add("wdiff apply", t, rss, a_bytes, note="verified")
+            rm_out()
+            if zstd:
+                t, rss, r = run(["sh", "-c", f'cat "$@" | {zstd} -3 -q -c -T1 | wc -c', "zstd", *_files(b)])
+                add("zstd -3 of B", t, rss, a_bytes, int(r.stdout.strip() or 0))
+                total, secs, refused = 0, 0.0, 0
+                for fa, fb in zip(_files(a), _files(b)):
+                    dst = os.path.join(work, "patch.zst")
+                    t0 = time.perf_counter()
+                    p = subprocess.run([zstd, "-3", "-q", "-f", "-T1", f"--patch-from={fa}", fb, "-o", dst],
+                                       capture_output=True)
+                    secs += time.perf_counter() - t0
+                    if p.returncode != 0:
+                        refused += 1
+                        continue
+                    total += os.path.getsize(dst)
+                add("zstd --patch-from", secs, 0, a_bytes, total or None,
+                    note=f"refused {refused} files" if refused else "per shard")
+            shutil.rmtree(b, ignore_errors=True)
+            if os.path.exists(bundle):
+                os.unlink(bundle)
+    finally:
+        if not args.keep and not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print_table(rows, a_bytes)
+    return 0
+
+
+def print_table(rows: list[dict], a_bytes: int) -> None:
+    from .cli.output import size, table
+
+    print(f"checkpoint A: {size(a_bytes)}; medians; GB/s counts bytes read; ratio = checkpoint / bundle")
+    out = [["scenario", "operation", "seconds", "GB/s", "peak RSS", "bundle", "B/changed", "ratio", "vs floor", "note"]]
+    for r in rows:
+        out.append([
+            r["scenario"], r["op"], f"{r['seconds']:.2f}", f"{r['gbps']:.2f}" if r["gbps"] else "",
+            size(r["peak_rss"]) if r["peak_rss"] else "", size(r["bundle_bytes"]) if r["bundle_bytes"] else "",
+            f"{r['bytes_per_changed']:.3f}" if r["bytes_per_changed"] else "",
+            f"{r['ratio']:.1f}x" if r["ratio"] else "", f"{r['vs_floor']:.3f}" if r["vs_floor"] else "", r["note"],
+        ])
+    for line in table(out, right={2, 3, 4, 5, 6, 7, 8}):
+        print(line)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
