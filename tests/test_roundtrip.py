@@ -161,3 +161,46 @@ def test_subdirectories_and_odd_companions(tmp_path):
     wdiff.pack(A, B, tmp_path / "d.wdb")
     wdiff.apply(tmp_path / "d.wdb", A, tmp_path / "C")
     assert tree(tmp_path / "C") == tree(B)
+
+
+def test_empty_files_and_tensorless_shards(tmp_path):
+    rng = np.random.default_rng(5)
+    A = write_ckpt(tmp_path / "A", {"w": rand(rng, "F32", (8,))}, companions={"empty.txt": b""})
+    B = write_ckpt(tmp_path / "B", {"w": rand(rng, "F32", (8,)), "z": rand(rng, "F32", (0,))},
+                   companions={"empty.txt": b"", "also-empty": b""})
+    (tmp_path / "B" / "nothing.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    wdiff.pack(A, B, tmp_path / "d.wdb")
+    wdiff.apply(tmp_path / "d.wdb", A, tmp_path / "C")
+    assert tree(tmp_path / "C") == tree(B)
+    wdiff.pack(None, B, tmp_path / "anchor.wdb")
+    wdiff.apply(tmp_path / "anchor.wdb", None, tmp_path / "D")
+    assert tree(tmp_path / "D") == tree(B)
+
+
+def test_invalid_safetensors_is_shipped_as_an_opaque_file(tmp_path):
+    rng = np.random.default_rng(6)
+    A = write_ckpt(tmp_path / "A", {"w": rand(rng, "F32", (8,))})
+    B = write_ckpt(tmp_path / "B", {"w": rand(rng, "F32", (8,))})
+    (tmp_path / "B" / "broken.safetensors").write_bytes(b"\xff" * 100)
+    d = wdiff.diff(A, B)
+    assert any("opaque" in w for w in d.warnings)
+    assert {f.path for f in d.files} == {"broken.safetensors"}
+    wdiff.pack(A, B, tmp_path / "d.wdb")
+    wdiff.apply(tmp_path / "d.wdb", A, tmp_path / "C")
+    assert tree(tmp_path / "C") == tree(B)
+
+
+def test_same_tensor_name_in_two_shards_is_refused(tmp_path):
+    from wdiff.errors import FormatError
+
+    rng = np.random.default_rng(7)
+    t = rand(rng, "F32", (8,))
+    A = write_ckpt(tmp_path / "A", {"w": t})
+    write_ckpt(tmp_path / "B", {"w": t})
+    write_ckpt(tmp_path / "extra", {"w": t})
+    (tmp_path / "extra" / "model.safetensors").rename(tmp_path / "B" / "second.safetensors")
+    with pytest.raises(FormatError):
+        wdiff.diff(A, tmp_path / "B")
+    with pytest.raises(FormatError):
+        wdiff.pack(A, tmp_path / "B", tmp_path / "d.wdb")
+    assert not (tmp_path / "d.wdb").exists()

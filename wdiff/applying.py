@@ -8,8 +8,8 @@ crash or refusal leaves OUT as it was. In-place mode lives in inplace.py.
 
 from __future__ import annotations
 
-import contextlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -189,6 +189,12 @@ def verify_bundle(reader: BundleReader, A: Checkpoint | None, *, reporter: Repor
             if old is None or old.header is None or xxhash.xxh3_128_digest(old.header.raw) != f.header_digest:
                 raise BaseMismatchError(f"{printable(f.path)}: the base's header is not the one the bundle expects")
             headers[i] = _parse_target_header(old.header.raw, f, reader.path)
+    seen: dict[str, str] = {}
+    for i, header in sorted(headers.items()):
+        for t in header.tensors:
+            other = seen.setdefault(t.name, index.files[i].path)
+            if other != index.files[i].path:
+                raise FormatError(f"{reader.path}: target tensor {printable(t.name)} appears in two files")
     return headers
 
 
@@ -353,17 +359,28 @@ def build(
                         write_all(fd, headers[i].raw, 0)
                     yield item
 
-            for res in ordered_map(work, items(), threads=threads):
-                if res[0] == "open":
-                    continue
-                i, unit, a_dig, t_dig = res
-                if a_dig is not None:
-                    da.put_unit(unit, a_dig, base=True)
-                dt.put_unit(unit, t_dig)
-                reporter.advance(unit.nbytes)
-            for i, fd in out_fds.items():
-                os.fsync(fd)
-                written += index.files[i].size
+            # results arrive in file order: once file i's successor shows up,
+            # file i is complete and its fsync can overlap the remaining work
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdiff-sync") as syncer:
+                synced: list = []
+                current = None
+                for res in ordered_map(work, items(), threads=threads):
+                    i = res[1] if res[0] == "open" else res[0]
+                    if current is not None and i != current:
+                        synced.append(syncer.submit(os.fsync, out_fds[current]))
+                    current = i
+                    if res[0] == "open":
+                        continue
+                    _, unit, a_dig, t_dig = res
+                    if a_dig is not None:
+                        da.put_unit(unit, a_dig, base=True)
+                    dt.put_unit(unit, t_dig)
+                    reporter.advance(unit.nbytes)
+                if current is not None:
+                    synced.append(syncer.submit(os.fsync, out_fds[current]))
+                for f in synced:
+                    f.result()
+            written += sum(index.files[i].size for i in out_fds)
         finally:
             for fd in out_fds.values():
                 os.close(fd)
@@ -443,5 +460,3 @@ def fsync_tree(root: str) -> None:
     for dirpath, _dirs, _files in os.walk(root, topdown=False):
         fsync_dir(dirpath)
 
-
-_ = contextlib

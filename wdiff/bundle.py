@@ -293,6 +293,12 @@ class BundleReader:
         import zstandard
 
         try:
+            declared = zstandard.get_frame_parameters(self._read_at(rec.offset, min(18, h.lens[0]))).content_size
+        except zstandard.ZstdError:
+            raise FormatError(f"{where}: not a zstd frame") from None
+        if declared != size:
+            raise FormatError(f"{where}: compressed data declares {declared} bytes, expected {size}")
+        try:
             rd = _dctx().stream_reader(_Src(), read_across_frames=True)
             while produced < size:
                 piece = rd.read(min(STREAM_PIECE, size - produced))
@@ -314,10 +320,8 @@ class BundleReader:
 
 
 def decode_header_record(rec: Record, *, where: str) -> bytes:
-    h = rec.header
-    if h.codec != ZSTD or h.hi > MAX_HEADER_BYTES + 8 or h.lens[1] or h.lens[2]:
-        raise FormatError(f"{where}: malformed header record")
-    return decompress_exact(rec.payload[0], h.hi, where=where)
+    """The raw safetensors header a HEADER record carries (checked by _check_order)."""
+    return decompress_exact(rec.payload[0], rec.header.hi, where=where)
 
 
 def _check_order(index: fmt.Index, h: fmt.RecordHeader, last, seen: set[int], where: str):
@@ -330,8 +334,10 @@ def _check_order(index: fmt.Index, h: fmt.RecordHeader, last, seen: set[int], wh
     lf, lt, lend = last
     if h.file < lf:
         raise FormatError(f"{where}: records out of order")
+    if h.type in (fmt.FILE, fmt.HEADER) and (h.word != 1 or h.param or h.count or h.base != ZERO or h.codec != ZSTD):
+        raise FormatError(f"{where}: malformed {fmt.RECORD_TYPES[h.type]} record")
     if h.type == fmt.FILE:
-        if f.kind != "file" or f.source != "bundle" or h.file in seen or h.lo != 0 or h.hi != f.size:
+        if f.kind != "file" or f.source != "bundle" or h.file in seen or h.lo != 0 or h.hi != f.size or h.target != f.digest:
             raise FormatError(f"{where}: unexpected file record")
         if h.payload_len > 2 * f.size + 65536 or h.lens[1] or h.lens[2] or h.codec != ZSTD:
             raise FormatError(f"{where}: malformed file record")
@@ -342,6 +348,8 @@ def _check_order(index: fmt.Index, h: fmt.RecordHeader, last, seen: set[int], wh
     if h.type == fmt.HEADER:
         if f.source != "bundle" or h.file in seen or h.lo != 0 or h.hi != f.header_size or h.target != f.header_digest:
             raise FormatError(f"{where}: unexpected header record")
+        if h.hi > MAX_HEADER_BYTES + 8 or h.payload_len > 2 * h.hi + 65536 or h.lens[1] or h.lens[2]:
+            raise FormatError(f"{where}: malformed header record")
         seen.add(h.file)
         return (h.file, 0, 0)
     # CHUNK

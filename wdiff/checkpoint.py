@@ -17,10 +17,10 @@ from functools import cached_property
 
 from .errors import BusyError, FormatError, NotFoundError, UsageError, WdiffIOError
 from .header import Header, HeaderError, TensorInfo, header_length, parse_header
-from .paths import printable, validate_relpath
+from .paths import RESERVED, printable, validate_relpath
 
 #: top-level entries that belong to tools, not to the checkpoint
-IGNORED = frozenset({".wdiff", ".git", ".cache"})
+IGNORED = RESERVED
 #: a directory tree deeper than this is refused (symlink loops, hostile trees)
 MAX_DEPTH = 32
 MAX_FILES = 100_000
@@ -107,7 +107,9 @@ def scan(root: str | os.PathLike, *, allow_unfinished: bool = False) -> Checkpoi
     found: list[FileEntry] = []
     _walk(root, "", 0, found)
     found.sort(key=lambda f: path_sort_key(f.path))
-    return Checkpoint(root=root, files=tuple(found))
+    ckpt = Checkpoint(root=root, files=tuple(found))
+    ckpt.tensors  # noqa: B018 - refuses a tensor name held by two files, now
+    return ckpt
 
 
 def _walk(root: str, rel: str, depth: int, out: list[FileEntry]) -> None:

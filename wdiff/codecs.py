@@ -115,10 +115,11 @@ def rice_encode(positions: np.ndarray) -> tuple[int, bytes, bytes]:
     unary = np.packbits(bits).tobytes()
     if r == 0:
         return 0, unary, b""
-    rem = (gaps & ((1 << r) - 1)).astype(np.uint64)
-    shifts = np.arange(r - 1, -1, -1, dtype=np.uint64)
-    rbits = ((rem[:, None] >> shifts) & np.uint64(1)).astype(np.uint8)
-    return r, unary, np.packbits(rbits.reshape(-1)).tobytes()
+    # the low r bits of each gap, MSB first: unpack big-endian bytes, keep r columns
+    width = 8 if r <= 8 else 16 if r <= 16 else 32 if r <= 32 else 64
+    big_endian = (gaps & ((1 << r) - 1)).astype(np.dtype(f">u{width // 8}"))
+    rbits = np.unpackbits(big_endian.view(np.uint8).reshape(-1, width // 8), axis=1)[:, width - r :]
+    return r, unary, np.packbits(rbits).tobytes()
 
 
 def rice_decode(r: int, unary, remainder, k: int, n: int, *, where: str) -> np.ndarray:

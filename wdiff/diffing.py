@@ -15,7 +15,7 @@ import numpy as np
 from . import manifest
 from .blockio import FdCache, read_base, read_target, scratch, span_digests
 from .checkpoint import KIND_TENSORS, Checkpoint, scan
-from .dtypes import dtype_info, to_float, uint_type
+from .dtypes import dtype_info, sum_squares, to_float, uint_type
 from .hashing import BLOCK_SIZE, hexd, n_blocks
 from .parallel import default_threads, ordered_map
 from .plan import DEFAULT_CHUNK, Unit, pack_units

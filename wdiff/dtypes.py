@@ -120,3 +120,39 @@ def to_float(words: np.ndarray, name: str) -> np.ndarray | None:
     if name.startswith("F8_"):
         return _lut(name)[words]
     return None
+
+
+def sum_squares(words: np.ndarray, name: str, scratch: np.ndarray) -> float | None:
+    """Sum of squares of the finite values of ``words`` (the codec's uint
+    view of a float dtype), using ``scratch`` (uint8, at least 4 bytes per
+    word) instead of fresh arrays; ``None`` for non-float dtypes."""
+    n = words.size
+    if name in ("F32", "C64"):
+        f = words.view(np.float32)
+    elif name == "F64":
+        f = words.view(np.float64)
+    else:
+        buf = scratch[: 4 * n]
+        if name == "BF16":
+            u = buf.view(np.uint32)
+            np.copyto(u, words)
+            np.left_shift(u, 16, out=u)
+            f = u.view(np.float32)
+        elif name == "F16":
+            f = buf.view(np.float32)
+            np.copyto(f, words.view(np.float16))
+        elif name.startswith("F8_"):
+            f = buf.view(np.float32)
+            np.take(_lut32(name), words, out=f)
+        else:
+            return None
+    total = float(np.dot(f, f))
+    if not np.isfinite(total):
+        ok = f[np.isfinite(f)]
+        total = float(np.dot(ok.astype(np.float64), ok.astype(np.float64)))
+    return total
+
+
+@lru_cache(maxsize=None)
+def _lut32(name: str) -> np.ndarray:
+    return _lut(name).astype(np.float32)

@@ -129,7 +129,7 @@ def unpack_footer(raw: bytes, bundle_size: int, *, where: str) -> Footer:
     off, n, raw_len, digest, end = FOOTER.unpack(raw)
     if end != END_MAGIC:
         raise FormatError(f"{where}: truncated or damaged bundle (bad end magic)")
-    if off < PREAMBLE.size or off + n != bundle_size - FOOTER.size or raw_len > MAX_INDEX_BYTES:
+    if off < PREAMBLE.size or off + n != bundle_size - FOOTER.size or raw_len > MAX_INDEX_BYTES or n > MAX_INDEX_BYTES:
         raise FormatError(f"{where}: damaged bundle footer")
     return Footer(off, n, raw_len, digest)
 
@@ -210,14 +210,23 @@ def canonical_json(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
-def _get(d: object, key: str, typ, where: str):
-    if not isinstance(d, dict) or key not in d:
-        raise FormatError(f"{where}: index lacks {key!r}")
+_TOP_KEYS = {"format", "version", "writer", "block_size", "base", "target", "records"}
+_FILE_KEYS = {"path", "kind", "size", "digest", "source"}
+_TENSOR_FILE_KEYS = _FILE_KEYS | {"header_digest", "header_size", "tensors"}
+
+
+def _keys(d: object, want: set[str], where: str) -> dict:
+    if not isinstance(d, dict) or set(d) != want:
+        raise FormatError(f"{where}: index object has missing or unknown members")
+    return d
+
+
+def _get(d: dict, key: str, typ, where: str):
     v = d[key]
     if typ is int:
         if type(v) is not int or not 0 <= v <= MAX_SIZE:
             raise FormatError(f"{where}: index field {key!r} is not a valid size")
-    elif not isinstance(v, typ):
+    elif type(v) is not typ:
         raise FormatError(f"{where}: index field {key!r} has the wrong type")
     return v
 
@@ -237,7 +246,8 @@ def _check_paths(paths: list[str], where: str) -> None:
 
 
 def decode_index(raw: bytes, *, where: str) -> Index:
-    """Parse and cross-check an index. Every digest that can be derived from
+    """Parse and cross-check an index. It must be canonical JSON with exactly
+    the members this version defines; every digest that can be derived from
     others is recomputed, so a self-inconsistent index is refused here."""
     try:
         obj = json.loads(raw.decode("ascii"))
@@ -245,30 +255,39 @@ def decode_index(raw: bytes, *, where: str) -> Index:
         raise FormatError(f"{where}: index is not valid JSON") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
         raise FormatError(f"{where}: not a wdiff bundle index")
-    if obj.get("version") != VERSION:
+    if type(obj.get("version")) is not int or obj["version"] != VERSION:
         raise FormatError(f"{where}: index version {obj.get('version')!r} is not supported")
-    if obj.get("block_size") != BLOCK_SIZE:
+    try:
+        canonical = canonical_json(obj)
+    except ValueError:
+        canonical = None
+    if canonical != raw:
+        raise FormatError(f"{where}: index is not in canonical form")
+    _keys(obj, _TOP_KEYS, where)
+    if type(obj["block_size"]) is not int or obj["block_size"] != BLOCK_SIZE:
         raise FormatError(f"{where}: unsupported block size")
     writer = _get(obj, "writer", str, where)
-    base = obj.get("base", ...)
-    if base is ...:
-        raise FormatError(f"{where}: index lacks 'base'")
+    base = obj["base"]
     base_fp, base_files = None, ()
     if base is not None:
+        _keys(base, {"fingerprint", "files"}, where)
         base_fp = unhex(_get(base, "fingerprint", str, where), where=where)
         rows = _get(base, "files", list, where)
         if len(rows) > MAX_FILES:
             raise FormatError(f"{where}: too many base files")
         out = []
         for r in rows:
-            if not isinstance(r, list) or len(r) != 4 or type(r[2]) is not int or not 0 <= r[2] <= MAX_SIZE:
+            if (
+                type(r) is not list or len(r) != 4 or type(r[0]) is not str
+                or type(r[2]) is not int or not 0 <= r[2] <= MAX_SIZE
+            ):
                 raise FormatError(f"{where}: malformed base file row")
             out.append(FileRow(r[0], _kind(r[1], where), r[2], unhex(r[3], where=where)))
         _check_paths([r.path for r in out], where)
         base_files = tuple(out)
         if fingerprint((r.path, r.kind, r.size, r.digest) for r in base_files) != base_fp:
             raise FormatError(f"{where}: base fingerprint does not match its file list")
-    target = _get(obj, "target", dict, where)
+    target = _keys(obj["target"], {"fingerprint", "files"}, where)
     target_fp = unhex(_get(target, "fingerprint", str, where), where=where)
     rows = _get(target, "files", list, where)
     if len(rows) > MAX_FILES:
@@ -277,7 +296,9 @@ def decode_index(raw: bytes, *, where: str) -> Index:
     _check_paths([f.path for f in files], where)
     if fingerprint((f.path, f.kind, f.size, f.digest) for f in files) != target_fp:
         raise FormatError(f"{where}: target fingerprint does not match its file list")
-    rec = _get(obj, "records", dict, where)
+    if base is None and any(f.source == "base" for f in files):
+        raise FormatError(f"{where}: a bundle without a base takes a file from the base")
+    rec = _keys(obj["records"], {"count", "bytes", "digest"}, where)
     return Index(
         writer=writer,
         base_fingerprint=base_fp,
@@ -291,8 +312,11 @@ def decode_index(raw: bytes, *, where: str) -> Index:
 
 
 def _target_file(d: object, where: str) -> TargetFile:
+    if not isinstance(d, dict):
+        raise FormatError(f"{where}: malformed target file entry")
+    kind = _kind(d.get("kind"), where)
+    _keys(d, _TENSOR_FILE_KEYS if kind == "safetensors" else _FILE_KEYS, where)
     path = _get(d, "path", str, where)
-    kind = _kind(_get(d, "kind", str, where), where)
     size = _get(d, "size", int, where)
     digest = unhex(_get(d, "digest", str, where), where=where)
     source = _get(d, "source", str, where)
@@ -300,6 +324,8 @@ def _target_file(d: object, where: str) -> TargetFile:
         raise FormatError(f"{where}: unknown source {source!r}")
     if kind == "file":
         return TargetFile(path, kind, size, digest, source)
+    if not path.endswith(".safetensors"):
+        raise FormatError(f"{where}: tensor file {printable(path)} is not named *.safetensors")
     header_digest = unhex(_get(d, "header_digest", str, where), where=where)
     header_size = _get(d, "header_size", int, where)
     if not 10 <= header_size <= size:

@@ -67,15 +67,16 @@ def hexd(d: bytes) -> str:
     return d.hex()
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
 def unhex(s: object, *, where: str) -> bytes:
+    """A digest from its canonical form: exactly 32 lowercase hex digits."""
     from .errors import FormatError
 
-    if not isinstance(s, str) or len(s) != 2 * DIGEST_SIZE:
+    if not isinstance(s, str) or len(s) != 2 * DIGEST_SIZE or not _HEX.issuperset(s):
         raise FormatError(f"{where}: malformed digest")
-    try:
-        return bytes.fromhex(s)
-    except ValueError:
-        raise FormatError(f"{where}: malformed digest") from None
+    return bytes.fromhex(s)
 
 
 @dataclass(frozen=True, slots=True)

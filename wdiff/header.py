@@ -7,8 +7,9 @@ its tensors cover the data region exactly, contiguously and without overlap
 bytes are fully determined by its header and its tensors' bytes. Anything else
 is handled as an opaque file.
 
-Limits of our own protect against hostile headers: the JSON size, the number
-of entries, and the nesting depth are capped before anything big is built.
+Limits of our own protect against hostile headers: the JSON size and the
+number of entries are capped before anything is parsed, and nesting deeper
+than the JSON parser's recursion limit is refused by the parser itself.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-
-import numpy as np
 
 from .dtypes import dtype_info
 from .errors import FormatError
@@ -27,7 +26,6 @@ MAX_TENSORS = 200_000
 MAX_NDIM = 64
 MAX_NAME_BYTES = 4096
 _PREFIX = struct.Struct("<Q")
-_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 
 class HeaderError(FormatError):
@@ -91,16 +89,6 @@ def _no_duplicates(pairs):
     return d
 
 
-def _max_depth_ok(data: bytes, limit: int) -> bool:
-    # A cheap guard before json.loads. Brackets inside strings are counted too,
-    # which can only over-estimate the depth of an honest header (depth 3).
-    brackets = np.frombuffer(data.translate(None, _NOT_BRACKETS), dtype=np.uint8)
-    if brackets.size == 0:
-        return True
-    steps = np.where((brackets == 0x5B) | (brackets == 0x7B), 1, -1)
-    return int(np.cumsum(steps).max()) <= limit
-
-
 def parse_header(raw: bytes, file_size: int, *, where: str) -> Header:
     """Parse a complete header (prefix + JSON) of a file of ``file_size`` bytes.
 
@@ -114,8 +102,6 @@ def parse_header(raw: bytes, file_size: int, *, where: str) -> Header:
         raise HeaderError(f"{where}: header is not a JSON object")
     if body.count(b'"data_offsets"') > MAX_TENSORS:
         raise HeaderError(f"{where}: more than {MAX_TENSORS} tensors in one file")
-    if not _max_depth_ok(body, 8):
-        raise HeaderError(f"{where}: header JSON is nested too deeply")
     try:
         obj = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except HeaderError as e:

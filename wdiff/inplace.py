@@ -35,8 +35,8 @@ import xxhash
 
 from . import format as fmt
 from . import manifest
-from .applying import ApplyResult, build, check_base_listing, verify_bundle
-from .blockio import span_digests
+from .applying import ApplyResult, apply_unit, build, check_base_listing, check_target_digests, verify_bundle
+from .blockio import FdCache, span_digests
 from .bundle import BundleReader
 from .checkpoint import KIND_TENSORS, Checkpoint, read_into, scan
 from .codecs import RAW, compressor, decode_into, decompress_exact, planes, rice_decode, rice_encode, unplanes
@@ -149,9 +149,10 @@ def _start(reader: BundleReader, root: str, txn: Txn, *, threads: int, reporter:
     A = A if A is not None else scan(root)
     _refuse_shared_files(A)
     headers = verify_bundle(reader, A, reporter=reporter)
+    base_digests = manifest.Digests()
     if index.base_fingerprint is not None:
         reporter.phase("check base", A.total_bytes)
-        fp = manifest.compute(A, threads=threads, reporter=reporter).fingerprint
+        fp = manifest.complete(A, base_digests, threads=threads, reporter=reporter).fingerprint
         if fp != index.base_fingerprint:
             raise BaseMismatchError(
                 f"{root}: fingerprint {hexd(fp)[:16]} is not the bundle's base {hexd(index.base_fingerprint)[:16]}"
@@ -167,6 +168,7 @@ def _start(reader: BundleReader, root: str, txn: Txn, *, threads: int, reporter:
             continue  # unchanged companion file (the base fingerprint says so)
         else:
             stage[str(i)] = f.path
+    _dry_run(reader, A, headers, set(patch), base_digests, threads=threads, reporter=reporter)
     target_paths = {f.path for f in index.files}
     journal = {
         "version": JOURNAL_VERSION,
@@ -189,6 +191,24 @@ def _start(reader: BundleReader, root: str, txn: Txn, *, threads: int, reporter:
     txn.write_journal(journal)
     fsync_dir(os.path.dirname(txn.path))
     return journal, headers
+
+
+def _dry_run(reader, A: Checkpoint, headers, patch: set[int], digests: manifest.Digests, *, threads: int, reporter) -> None:
+    """Decode every in-place patch without writing it and check the tensors
+    it produces (patched chunks over the base's other blocks) against the
+    target digests, so nothing is changed unless the whole result is right."""
+    if not patch:
+        return
+    reporter.phase("verify patch", None)
+    with FdCache() as fds:
+
+        def work(item):
+            i, entry, unit, rec = item
+            return apply_unit(fds, -1, entry.header.data_start, unit, rec, where=f"{printable(entry.path)}")
+
+        for unit, _, t_dig in ordered_map(work, _patch_work(reader, A, headers, patch), threads=threads):
+            digests.put_unit(unit, t_dig)
+    check_target_digests(reader.index, headers, digests, only=patch)
 
 
 def _refuse_shared_files(A: Checkpoint) -> None:

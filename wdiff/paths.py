@@ -7,6 +7,8 @@ import unicodedata
 
 from .errors import FormatError
 
+#: top-level names that belong to tools, not to a checkpoint; never shipped
+RESERVED = frozenset({".wdiff", ".git", ".cache"})
 MAX_PATH_BYTES = 4096
 MAX_COMPONENT_BYTES = 255
 
@@ -43,6 +45,8 @@ def validate_relpath(path: str, *, where: str) -> str:
         raise FormatError(f"{where}: file name is longer than {MAX_PATH_BYTES} bytes")
     if path.startswith("/") or "\\" in path or "\x00" in path:
         raise FormatError(f"{where}: file name {printable(path)} is not a plain relative path")
+    if path.split("/", 1)[0] in RESERVED:
+        raise FormatError(f"{where}: file name {printable(path)} is inside a reserved directory")
     for part in path.split("/"):
         if part in ("", ".", ".."):
             raise FormatError(f"{where}: file name {printable(path)} climbs out or is not canonical")
