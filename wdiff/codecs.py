@@ -93,11 +93,13 @@ def unplanes(data: bytes, n: int, w: int) -> np.ndarray:
 
 
 def _rice_param(gaps: np.ndarray) -> int:
+    """The Rice parameter that codes ``gaps`` in the fewest bits: near
+    log2(mean * ln 2) for geometric gaps; the neighbours are tried exactly."""
     k = gaps.size
     mean = float(gaps.sum(dtype=np.float64)) / k
-    guess = int(np.floor(np.log2(max(mean * 0.69, 1.0))))
+    guess = min(MAX_RICE, int(np.floor(np.log2(max(mean * 0.69, 1.0)))))
     best = None
-    for r in range(max(0, guess - 1), min(MAX_RICE, guess + 2) + 1):
+    for r in range(max(0, guess - 1), min(MAX_RICE, guess + 1) + 1):
         bits = k * (r + 1) + int((gaps >> r).sum(dtype=np.int64))
         if best is None or bits < best[0]:
             best = (bits, r)
@@ -106,6 +108,8 @@ def _rice_param(gaps: np.ndarray) -> int:
 
 def rice_encode(positions: np.ndarray) -> tuple[int, bytes, bytes]:
     """Positions (strictly increasing int64) -> (r, unary stream, remainder stream)."""
+    if positions.size == 0:
+        return 0, b"", b""
     gaps = np.diff(positions, prepend=-1) - 1
     r = _rice_param(gaps)
     q = gaps >> r

@@ -7,6 +7,7 @@ digests differ, and float statistics are computed only for changed tensors.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -305,12 +306,15 @@ def _result(A: Checkpoint, B: Checkpoint, ma, mb, acc: dict, warnings) -> DiffRe
     files.sort(key=lambda x: x.path.encode("utf-8"))
     meta = []
     layout_changed = False
+    a_meta = {_meta_key(f.header.metadata) for f in A.files if f.kind == KIND_TENSORS}
     for f in B.files:
         if f.kind != KIND_TENSORS:
             continue
         old = A.file(f.path)
         if old is None or old.kind != KIND_TENSORS:
             layout_changed = True
+            if _meta_key(f.header.metadata) not in a_meta:  # re-sharded: compare with any of A's
+                meta.append(f.path)
             continue
         if old.header.metadata != f.header.metadata:
             meta.append(f.path)
@@ -325,6 +329,10 @@ def _result(A: Checkpoint, B: Checkpoint, ma, mb, acc: dict, warnings) -> DiffRe
         b_tensor_files=sum(1 for f in B.files if f.kind == KIND_TENSORS),
         warnings=warnings,
     )
+
+
+def _meta_key(metadata: dict | None) -> str:
+    return json.dumps(metadata, sort_keys=True)
 
 
 def _rel(x: _Acc) -> float:

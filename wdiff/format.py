@@ -243,6 +243,12 @@ def _check_paths(paths: list[str], where: str) -> None:
     encoded = [p.encode("utf-8") for p in paths]
     if any(a >= b for a, b in zip(encoded, encoded[1:])):
         raise FormatError(f"{where}: file list is not sorted or has duplicates")
+    names = set(paths)
+    for p in paths:
+        parts = p.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in names:
+                raise FormatError(f"{where}: {printable(p)} lies inside {printable('/'.join(parts[:i]))}, which is a file")
 
 
 def decode_index(raw: bytes, *, where: str) -> Index:

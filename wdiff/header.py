@@ -100,7 +100,9 @@ def parse_header(raw: bytes, file_size: int, *, where: str) -> Header:
     body = raw[8:]
     if body[:1] != b"{":
         raise HeaderError(f"{where}: header is not a JSON object")
-    if body.count(b'"data_offsets"') > MAX_TENSORS:
+    # every tensor needs an object, and an object a literal "{": an upper
+    # bound on the entries that costs nothing to check before parsing
+    if body.count(b"{") > MAX_TENSORS + 2:
         raise HeaderError(f"{where}: more than {MAX_TENSORS} tensors in one file")
     try:
         obj = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates)
@@ -117,6 +119,8 @@ def parse_header(raw: bytes, file_size: int, *, where: str) -> Header:
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
         ):
             raise HeaderError(f"{where}: __metadata__ must map strings to strings")
+    if len(obj) > MAX_TENSORS:
+        raise HeaderError(f"{where}: more than {MAX_TENSORS} tensors in one file")
     tensors = [_tensor(name, spec, data_len, where) for name, spec in obj.items()]
     tensors.sort(key=lambda t: (t.start, t.end, t.name))
     pos = 0
@@ -160,10 +164,7 @@ def _tensor(name: str, spec: object, data_len: int, where: str) -> TensorInfo:
         for d in shape:
             numel *= d
         if numel * info.bits != (end - start) * 8:
-            raise HeaderError(
-                f"{where}: tensor {name!r} is {end - start} bytes but {dtype}{shape} needs "
-                f"{numel * info.bits / 8:g}"
-            )
+            raise HeaderError(f"{where}: tensor {name!r} is {end - start} bytes, which does not fit {dtype}{shape}")
     elif (end - start) % info.word:
         raise HeaderError(f"{where}: tensor {name!r} has a size that is not whole words")
     return TensorInfo(name, dtype, tuple(shape), start, end)

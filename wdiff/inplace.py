@@ -7,19 +7,23 @@ The directory holds ``.wdiff/txn/`` while an apply runs:
 ``stage/N``       complete, verified new files (new shards, changed companions)
 ``undo.log``      for every chunk patched in place: positions and old values
 
-Phases, each recorded in the journal before it starts:
+Steps:
 
-1. *stage*: build every file whose layout changes into ``stage/``. The
-   checkpoint is untouched.
-2. *patch*: tensor files whose header is unchanged are patched chunk by chunk.
+1. *verify*: check the bundle, the base fingerprint, and decode every patch
+   without writing it to check the tensors it yields against the index.
+2. *stage*: build every file whose layout changes into ``stage/``, then write
+   the journal. Before the journal exists the checkpoint is untouched and
+   ``txn/`` is debris that readers ignore and the next run clears.
+3. *patch* (journal phase "patch"): tensor files whose header is unchanged
+   are patched chunk by chunk.
    A batch's undo entries are fsynced before its bytes are written, so every
    chunk is the base, the target, or a torn write the undo log can restore.
-3. *commit*: rename staged files over their destinations, remove files the
-   target lacks, delete the transaction.
+4. *commit* (journal phase "commit"): remove files the target lacks, rename
+   staged files into place, delete the transaction.
 
 Every chunk is checked against the base and target digests before it is
 written. Interrupted, the next run with the same bundle finishes the job;
-with ``abort=True`` it rolls phases 1-2 back. Other commands refuse to read
+with ``abort=True`` it rolls the patch phase back. Other commands refuse to read
 the directory meanwhile (see checkpoint.scan).
 """
 
@@ -176,20 +180,28 @@ def _start(reader: BundleReader, root: str, txn: Txn, *, threads: int, reporter:
         "bundle_path": os.path.abspath(reader.path),
         "base_fingerprint": hexd(index.base_fingerprint) if index.base_fingerprint else None,
         "target_fingerprint": hexd(index.target_fingerprint),
-        "phase": "stage",
+        "phase": "patch",
         "patch": patch,
         "stage": stage,
         "remove": [f.path for f in A.files if f.path not in target_paths],
     }
+    # Stage before the journal exists: until it does, the transaction is
+    # debris that the next run clears and that no reader sees, so a failure
+    # or a crash while staging leaves the checkpoint fully usable.
+    remove_tree(txn.path)
     try:
-        os.makedirs(txn.path, exist_ok=False)
-    except FileExistsError:
-        remove_tree(txn.path)  # debris without a journal: never started
-        os.makedirs(txn.path)
+        os.makedirs(txn.stage)
+        outputs = {int(i): os.path.join(txn.stage, i) for i in stage}
+        build(reader, A, headers, outputs, threads=threads, reporter=reporter, check_base=False)
+        fsync_dir(txn.stage)
+        txn.write_journal(journal)
+        fsync_dir(os.path.dirname(txn.path))
     except OSError as e:
+        remove_tree(txn.path)
         raise io_error(txn.path, e) from None
-    txn.write_journal(journal)
-    fsync_dir(os.path.dirname(txn.path))
+    except BaseException:
+        remove_tree(txn.path)
+        raise
     return journal, headers
 
 
@@ -223,20 +235,11 @@ def _refuse_shared_files(A: Checkpoint) -> None:
 
 def _run(reader: BundleReader, root: str, txn: Txn, journal: dict, headers, *, threads: int, reporter: Reporter) -> int:
     A = scan(root, allow_unfinished=True)
-    written = 0
     phase = journal["phase"]
     stage = {int(k): v for k, v in journal["stage"].items()}
-    if phase in ("stage", "patch") and headers is None:
+    written = sum(os.path.getsize(os.path.join(txn.stage, str(i))) for i in stage if os.path.exists(os.path.join(txn.stage, str(i))))
+    if phase == "patch" and headers is None:
         headers = verify_bundle(reader, A, reporter=reporter)
-    if phase == "stage":
-        remove_tree(txn.stage)
-        os.makedirs(txn.stage)
-        outputs = {i: os.path.join(txn.stage, str(i)) for i in stage}
-        written += build(reader, A, headers, outputs, threads=threads, reporter=reporter, check_base=False)
-        fsync_dir(txn.stage)
-        journal = dict(journal, phase="patch")
-        txn.write_journal(journal)
-        phase = "patch"
     if phase == "patch":
         written += _patch(reader, A, headers, set(journal["patch"]), txn, threads=threads, reporter=reporter)
         journal = dict(journal, phase="commit")
@@ -249,29 +252,32 @@ def _run(reader: BundleReader, root: str, txn: Txn, journal: dict, headers, *, t
 
 
 def _commit(root: str, txn: Txn, stage: dict[int, str], remove: list[str]) -> None:
+    """Remove what the target lacks, then rename staged files into place.
+    Removals go first: a path can turn from a file into a directory or back.
+    Every step is idempotent, so a rerun after a crash finishes the job."""
     dirs = {root}
-    for i, path in sorted(stage.items()):
-        src = os.path.join(txn.stage, str(i))
-        dst = os.path.join(root, path)
-        if os.path.exists(src):
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            try:
+    try:
+        for path in remove:
+            p = os.path.join(root, path)
+            if os.path.lexists(p) and not os.path.isdir(p):
+                os.unlink(p)
+            d = os.path.dirname(p)
+            while d != root and os.path.isdir(d) and not os.listdir(d):
+                os.rmdir(d)
+                d = os.path.dirname(d)
+            dirs.add(d)
+        for i, path in sorted(stage.items()):
+            src = os.path.join(txn.stage, str(i))
+            dst = os.path.join(root, path)
+            if os.path.exists(src):
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
                 os.replace(src, dst)
-            except OSError as e:
-                raise io_error(dst, e) from None
-            dirs.add(os.path.dirname(dst))
-    for path in remove:
-        p = os.path.join(root, path)
-        if os.path.lexists(p):
-            os.unlink(p)
-        d = os.path.dirname(p)
-        while d != root and os.path.isdir(d) and not os.listdir(d):
-            os.rmdir(d)
-            d = os.path.dirname(d)
-        dirs.add(d)
-    for d in dirs:
-        if os.path.isdir(d):
-            fsync_dir(d)
+                dirs.add(os.path.dirname(dst))
+        for d in dirs:
+            if os.path.isdir(d):
+                fsync_dir(d)
+    except OSError as e:
+        raise io_error(f"{root}: committing the in-place apply", e) from None
     txn.remove()
 
 
@@ -386,7 +392,7 @@ def _rollback(reader: BundleReader, root: str, txn: Txn, journal: dict, *, threa
             f"{root}: the interrupted apply was already committing and cannot be rolled back",
             hint="run it again without --abort to finish it",
         )
-    if journal["phase"] == "patch":
+    if journal["phase"] == "patch":  # undo what was patched; staged files are simply dropped
         A = scan(root, allow_unfinished=True)
         entries = UndoLog(txn.undo).load()
         by_path: dict[str, int] = {}

@@ -111,13 +111,13 @@ def diff(
 
 
 def _diff_table(out: o.Out, res, show_all: bool) -> None:
-    out.result(f"a: {o.name(res.a)}  fingerprint {res.a_fingerprint.hex()[:16]}")
-    out.result(f"b: {o.name(res.b)}  fingerprint {res.b_fingerprint.hex()[:16]}")
+    out.result(f"a: {o.name(str(res.a))}  fingerprint {res.a_fingerprint.hex()[:16]}")
+    out.result(f"b: {o.name(str(res.b))}  fingerprint {res.b_fingerprint.hex()[:16]}")
     rows = [["status", "tensor", "dtype", "shape", "blocks", "changed", "elements", "max|d|", "rel-L2"]]
     for t in res.tensors:
         if t.status == "unchanged" and not show_all:
             continue
-        dtype = t.dtype if t.status != "retyped" else f"{t.old_dtype}->{t.dtype}"
+        dtype = o.name(t.dtype if t.status != "retyped" else f"{t.old_dtype}->{t.dtype}", 40)
         shp = o.shape(t.shape) if t.status != "retyped" else f"{o.shape(t.old_shape)}->{o.shape(t.shape)}"
         if t.status in ("modified", "unchanged"):
             rows.append([
@@ -314,7 +314,7 @@ def info(
         out.document(res.to_json())
         return
     base = res.base_fingerprint.hex() if res.base_fingerprint else "none (anchor: builds from nothing)"
-    out.result(f"bundle   {o.name(str(bundle))}  ({o.size(res.bundle_bytes)}, format {res.version}, {res.writer})")
+    out.result(f"bundle   {o.name(str(bundle))}  ({o.size(res.bundle_bytes)}, format {res.version}, {o.name(res.writer, 80)})")
     out.result(f"id       {res.bundle_id.hex()}")
     out.result(f"base     {base}")
     out.result(f"target   {res.target_fingerprint.hex()}  ({len(res.files)} files, {o.size(res.target_bytes)})")
