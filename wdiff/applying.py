@@ -164,15 +164,21 @@ def check_base_listing(index: fmt.Index, base) -> Checkpoint | None:
     return A
 
 
-def verify_bundle(reader: BundleReader, A: Checkpoint | None, *, reporter: Reporter = SILENT) -> dict[int, Header]:
+def verify_bundle(
+    reader: BundleReader, A: Checkpoint | None, *, reporter: Reporter = SILENT, records: list | None = None
+) -> dict[int, Header]:
     """Read the whole bundle once: every record digest, the record order, the
-    chain digest; parse and check every target header. Nothing is written."""
+    chain digest; parse and check every target header. Nothing is written.
+    ``A`` needs only ``A.file(path).header``. With ``records``, the headers
+    of CHUNK and FILE records are appended to it (payloads are not kept)."""
     index = reader.index
     reporter.phase("verify bundle", reader.size)
     headers: dict[int, Header] = {}
     for rec in reader.records():
         h = rec.header
         where = f"{reader.path}: record {rec.index}"
+        if records is not None and h.type != fmt.HEADER:
+            records.append(Record(h, rec.offset, rec.index, None))
         if h.type == fmt.FILE:
             for _ in reader.file_payload(rec, verify_only=True):
                 pass

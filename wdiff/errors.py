@@ -89,6 +89,12 @@ class BusyError(WdiffError):
     kind = "busy"
 
 
+class ConflictError(BusyError):
+    """Someone else changed the remote chain between our read and our write."""
+
+    kind = "conflict"
+
+
 class WdiffIOError(WdiffError):
     exit_code = ExitCode.IO
     kind = "io"

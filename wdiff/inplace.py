@@ -62,6 +62,7 @@ _UNDO_MAGIC = b"WUND"
 
 
 def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporter = SILENT) -> ApplyResult:
+    """See module doc. Holds ``BASE/.wdiff/lock`` throughout."""
     root = os.fspath(base)
     if not os.path.isdir(root):
         scan(root)  # raises the right error

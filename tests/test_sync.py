@@ -1,0 +1,249 @@
+"""push / pull / log / status / squash through every kind of remote.
+
+The same conformance suite runs against each remote kind (the ``remote``
+fixture); the Hub kinds run against the local stand-in server in hubfake.py.
+"""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import wdiff
+from factory import mutate, rand, tree, write_ckpt
+from wdiff import sync
+from wdiff.chain import Chain
+from wdiff.compose import squash
+from wdiff.errors import BaseMismatchError, BusyError, ConflictError, IntegrityError, NotFoundError, UsageError
+from wdiff.fsutil import locked
+from wdiff.remotes import open_remote
+
+
+@pytest.fixture(params=["local", "file-url"])
+def remote(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "remote")
+    return "file://" + str(tmp_path / "remote")
+
+
+@pytest.fixture
+def versions(tmp_path):
+    """Three versions: v1 mutates, v2 adds and removes tensors and changes a
+    companion file."""
+    rng = np.random.default_rng(21)
+    v = {"w": rand(rng, "BF16", (1200, 1200)), "b": rand(rng, "F32", (300,)), "gone": rand(rng, "F16", (9,))}
+    out = []
+    for k in range(3):
+        out.append(write_ckpt(tmp_path / f"v{k}", v, shards=2, companions={"config.json": f'{{"v": {k}}}'.encode()}))
+        v = {n: mutate(t, 0.02, rng) for n, t in v.items()}
+        if k == 1:
+            v["new"] = rand(rng, "I32", (64,))
+            del v["gone"]
+    return out
+
+
+def push_all(versions, remote, **kw):
+    sync.push(versions[0], remote, anchor=True, label="v0", **kw)
+    sync.push(versions[1], remote, base=versions[0], label="v1", **kw)
+    sync.push(versions[2], remote, base=versions[1], label="v2", **kw)
+
+
+def test_end_to_end(versions, remote, tmp_path):
+    push_all(versions, remote)
+    lg = sync.log(remote)
+    assert [e.label for e in lg.entries] == ["v2", "v1", "v0"]
+    assert lg.entries[-1].anchor and lg.head == lg.entries[0].version
+
+    empty = tmp_path / "empty"
+    r = sync.pull(remote, empty)
+    assert r.from_anchor and len(r.bundles) == 3 and tree(empty) == tree(versions[2])
+
+    behind = tmp_path / "behind"
+    shutil.copytree(versions[1], behind)
+    r = sync.pull(remote, behind)
+    assert not r.from_anchor and len(r.bundles) == 1 and tree(behind) == tree(versions[2])
+
+    r = sync.pull(remote, behind)
+    assert r.up_to_date and r.downloaded == 0 and not r.bundles
+
+
+def test_pull_to_older_version_and_by_prefix(versions, remote, tmp_path):
+    push_all(versions, remote)
+    d = tmp_path / "d"
+    sync.pull(remote, d, to="v1")
+    assert tree(d) == tree(versions[1])
+    v0 = sync.log(remote).entries[-1].version.hex()
+    sync.pull(remote, d, to=v0[:8])  # backwards: rebuilt from the anchor beside it, then swapped
+    assert tree(d) == tree(versions[0])
+    with pytest.raises(NotFoundError):
+        sync.pull(remote, d, to="no-such-label")
+
+
+def test_pull_replaces_unknown_content(versions, remote, tmp_path):
+    push_all(versions, remote)
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "stray.bin").write_bytes(b"unknown")
+    r = sync.pull(remote, d)
+    assert r.from_anchor and r.before is None
+    assert tree(d) == tree(versions[2])
+    assert [p.name for p in tmp_path.iterdir() if ".wdiff-old" in p.name or ".wdiff-new" in p.name] == []
+
+
+def test_status(versions, remote, tmp_path):
+    push_all(versions, remote)
+    s = sync.status(versions[0], remote)
+    assert not s.up_to_date and s.behind == 2 and s.known and not s.from_anchor
+    assert sync.status(versions[2], remote).up_to_date
+    s = sync.status(tmp_path / "nothing-here", remote)
+    assert s.from_anchor and s.behind == 3
+
+
+def test_push_rules(versions, remote):
+    with pytest.raises(UsageError):  # the first push must be an anchor
+        sync.push(versions[1], remote, base=versions[0])
+    sync.push(versions[0], remote, anchor=True)
+    with pytest.raises(BaseMismatchError):  # v1 -> v2 does not start at the head (v0)
+        sync.push(versions[2], remote, base=versions[1])
+    r = sync.push(versions[1], remote, base=versions[0])
+    assert r.uploaded
+    assert not sync.push(versions[1], remote, base=versions[0]).uploaded  # idempotent
+    # a fork from an older version is possible when asked for
+    r = sync.push(versions[2], remote, base=versions[0], fork=True)
+    assert r.uploaded and sync.log(remote).head == r.version
+
+
+def test_multipart_bundles(versions, remote, tmp_path):
+    r = sync.push(versions[0], remote, anchor=True, part_size=1024 * 1024)
+    assert r.parts > 1
+    d = tmp_path / "d"
+    sync.pull(remote, d)
+    assert tree(d) == tree(versions[0])
+
+
+def test_concurrent_push_conflict(versions, remote, tmp_path):
+    sync.push(versions[0], remote, anchor=True)
+    wdiff.pack(versions[0], versions[1], tmp_path / "a.wdb")
+    store = open_remote(remote)
+    raw, token = store.read_chain()
+    sync.push(tmp_path / "a.wdb", remote)  # someone else wins the race
+    chain = Chain.decode(raw, where="t")
+    with pytest.raises(ConflictError):
+        store.publish([], chain.encode(), token, message="late")
+    assert len(sync.log(remote).entries) == 2
+
+
+def test_damaged_part_is_refused_and_directory_untouched(versions, remote, tmp_path):
+    push_all(versions, remote)
+    root = tmp_path / "remote"
+    e = sync.log(remote).entries[0]
+    part = root / e.parts[0].path
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 1
+    part.write_bytes(bytes(data))
+    d = tmp_path / "d"
+    shutil.copytree(versions[1], d)
+    with pytest.raises(IntegrityError):
+        sync.pull(remote, d)
+    assert tree(d) == tree(versions[1])
+    data[len(data) // 2] ^= 1
+    part.write_bytes(bytes(data))
+    sync.pull(remote, d)
+    assert tree(d) == tree(versions[2])
+
+
+def test_interrupted_download_resumes_without_refetching(versions, remote, tmp_path, monkeypatch):
+    sync.push(versions[0], remote, anchor=True, part_size=1024 * 1024)
+    from wdiff.remotes.local import LocalStore
+
+    fetched = []
+    real = LocalStore.fetch
+
+    def flaky(self, path, dest, **kw):
+        fetched.append(path)
+        if len(fetched) == 2:
+            raise KeyboardInterrupt
+        return real(self, path, dest, **kw)
+
+    monkeypatch.setattr(LocalStore, "fetch", flaky)
+    d = tmp_path / "d"
+    with pytest.raises(KeyboardInterrupt):
+        sync.pull(remote, d)
+    monkeypatch.setattr(LocalStore, "fetch", lambda self, path, dest, **kw: (fetched.append(path), real(self, path, dest, **kw))[1])
+    sync.pull(remote, d)
+    assert tree(d) == tree(versions[0])
+    assert fetched.count(fetched[0]) == 1  # the first part was not fetched again
+
+
+def test_pull_finishes_an_interrupted_apply(versions, remote, tmp_path, monkeypatch):
+    push_all(versions, remote)
+    d = tmp_path / "d"
+    shutil.copytree(versions[1], d)
+    from wdiff import inplace
+
+    class Crash(Exception):
+        pass
+
+    real = inplace.write_all
+    calls = {"n": 0}
+
+    def crash(fd, data, off):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise Crash
+        real(fd, data, off)
+
+    monkeypatch.setattr(inplace, "write_all", crash)
+    monkeypatch.setattr(inplace, "BATCH_BYTES", 1)
+    try:
+        sync.pull(remote, d)
+    except Crash:
+        pass
+    monkeypatch.undo()
+    if (d / ".wdiff" / "txn" / "journal.json").exists():
+        with pytest.raises(BusyError):
+            wdiff.diff(d, d)
+    sync.pull(remote, d)
+    assert tree(d) == tree(versions[2])
+
+
+def test_two_pulls_never_both_write(versions, remote, tmp_path):
+    push_all(versions, remote)
+    d = tmp_path / "d"
+    d.mkdir()
+    with locked(str(tmp_path / ".d.wdiff-lock"), what="test"):
+        with pytest.raises(BusyError):
+            sync.pull(remote, d)
+    assert list(d.iterdir()) == []
+
+
+def test_squash_equals_the_chain(versions, tmp_path):
+    b1, b2 = tmp_path / "1.wdb", tmp_path / "2.wdb"
+    wdiff.pack(versions[0], versions[1], b1)
+    wdiff.pack(versions[1], versions[2], b2)
+    squash([b1, b2], versions[0], tmp_path / "s.wdb")
+    wdiff.apply(tmp_path / "s.wdb", versions[0], tmp_path / "out")
+    assert tree(tmp_path / "out") == tree(versions[2])
+    wdiff.pack(None, versions[0], tmp_path / "a.wdb")
+    squash([tmp_path / "a.wdb", b1, b2], None, tmp_path / "a2.wdb")  # materialise v2 as an anchor
+    wdiff.apply(tmp_path / "a2.wdb", None, tmp_path / "out2")
+    assert tree(tmp_path / "out2") == tree(versions[2])
+    with pytest.raises(BaseMismatchError):
+        squash([b2, b1], versions[1], tmp_path / "x.wdb")
+    with pytest.raises(BaseMismatchError):
+        squash([b1, b2], versions[1], tmp_path / "y.wdb")
+    assert not (tmp_path / "x.wdb").exists() and not (tmp_path / "y.wdb").exists()
+
+
+def test_remote_urls():
+    from wdiff.remotes import parse_remote
+
+    assert parse_remote("hf://acme/model") == {"kind": "model", "repo_id": "acme/model", "revision": "main"}
+    assert parse_remote("hf://datasets/acme/d@dev")["kind"] == "dataset"
+    assert parse_remote("hf://buckets/acme/b/some/prefix") == {"kind": "bucket", "repo_id": "acme/b", "prefix": "some/prefix"}
+    assert parse_remote("file:///tmp/x") == {"kind": "local", "path": "/tmp/x"}
+    for bad in ("s3://bucket/x", "hf://only-one", "hf://buckets/a/b/../c", "http://example.com/x"):
+        with pytest.raises(UsageError):
+            parse_remote(bad)
+    _ = os

@@ -1,0 +1,66 @@
+"""Remotes: where bundles and the chain index live.
+
+:func:`open_remote` is the one place that understands remote URLs:
+
+``/path``, ``./path``, ``file:///path``      a local directory
+``hf://ORG/NAME[@REV]``                       a Hub model repository
+``hf://models/ORG/NAME[@REV]``                the same, explicitly
+``hf://datasets/ORG/NAME[@REV]``              a Hub dataset repository
+``hf://buckets/ORG/NAME[/PREFIX]``            a Hub Storage Bucket
+
+Only the Hub module imports huggingface_hub, and only when a Hub URL is used.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from urllib.parse import unquote, urlparse
+
+from ..errors import UsageError
+from .base import Reader, Upload, Writer
+
+__all__ = ["open_remote", "Reader", "Writer", "Upload", "parse_remote"]
+
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+
+
+def parse_remote(url: str) -> dict:
+    """Split a remote URL into its parts; raises UsageError if unsupported."""
+    if url.startswith("hf://"):
+        rest = url[len("hf://"):]
+        kind = "model"
+        for prefix, k in (("models/", "model"), ("datasets/", "dataset"), ("buckets/", "bucket")):
+            if rest.startswith(prefix):
+                kind, rest = k, rest[len(prefix):]
+                break
+        if kind == "bucket":
+            m = re.fullmatch(rf"({_NAME})/({_NAME})(?:/(.*))?", rest)
+            if not m:
+                raise UsageError(f"{url}: expected hf://buckets/ORG/NAME[/PREFIX]")
+            prefix = (m.group(3) or "").strip("/")
+            if prefix and any(p in ("", ".", "..") for p in prefix.split("/")):
+                raise UsageError(f"{url}: bad prefix")
+            return {"kind": "bucket", "repo_id": f"{m.group(1)}/{m.group(2)}", "prefix": prefix}
+        m = re.fullmatch(rf"({_NAME})/({_NAME})(?:@([^/]+))?", rest)
+        if not m:
+            raise UsageError(f"{url}: expected hf://[datasets/]ORG/NAME[@REVISION]")
+        return {"kind": kind, "repo_id": f"{m.group(1)}/{m.group(2)}", "revision": m.group(3) or "main"}
+    if "://" in url:
+        p = urlparse(url)
+        if p.scheme != "file" or p.netloc not in ("", "localhost"):
+            raise UsageError(f"{url}: unsupported remote (use a directory, file://, or hf://)")
+        return {"kind": "local", "path": unquote(p.path)}
+    return {"kind": "local", "path": url}
+
+
+def open_remote(url: str | os.PathLike) -> Writer:
+    url = os.fspath(url)
+    spec = parse_remote(url)
+    if spec["kind"] == "local":
+        from .local import LocalStore
+
+        return LocalStore(spec["path"], url)
+    from .hub import open_hub
+
+    return open_hub(url, spec)

@@ -1,0 +1,50 @@
+"""What every remote offers: a small object store with one mutable object,
+``chain.json``. Stores move bytes and know nothing of bundles or chains.
+
+Capabilities are split the way callers use them: a :class:`Reader` is all a
+pull needs; a :class:`Writer` adds publishing (objects first, then the chain,
+with a conflict check on the chain).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from ..progress import SILENT, Reporter
+
+CHAIN = "chain.json"
+
+
+@dataclass(frozen=True)
+class Upload:
+    """An object to store: ``length`` bytes of ``source`` from ``offset``."""
+
+    path: str  # relative to the remote root
+    source: str  # local file
+    offset: int
+    length: int
+
+
+class Reader(ABC):
+    url: str
+
+    @abstractmethod
+    def read_chain(self) -> tuple[bytes | None, object]:
+        """The chain index (None when the remote has none yet) and a token
+        that :meth:`Writer.publish` uses to detect a concurrent change."""
+
+    @abstractmethod
+    def fetch(self, path: str, dest: str, *, size: int, reporter: Reporter = SILENT) -> None:
+        """Download object ``path`` (``size`` bytes) into the local file
+        ``dest``; a partial ``dest`` from an interrupted fetch may be resumed.
+        The caller verifies the content; stores check at most the size."""
+
+
+class Writer(Reader):
+    @abstractmethod
+    def publish(self, uploads: list[Upload], chain: bytes, token: object, *, message: str,
+                reporter: Reporter = SILENT) -> None:
+        """Store ``uploads``, then replace the chain index with ``chain`` if it
+        is still what ``token`` saw; otherwise raise ConflictError. Readers
+        never see a chain that lists objects not yet stored."""

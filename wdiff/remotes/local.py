@@ -1,0 +1,134 @@
+"""A plain directory as a remote: the embedded default, for the demo, for
+shared file systems, and for anyone without a Hub account."""
+
+from __future__ import annotations
+
+import os
+
+import xxhash
+
+from ..errors import ConflictError, NotFoundError, WdiffIOError
+from ..fsutil import atomic_write_bytes, fsync_dir, io_error, temp_name, write_all
+from ..progress import SILENT, Reporter
+from .base import CHAIN, Upload, Writer
+
+PIECE = 8 * 1024 * 1024
+
+
+class LocalStore(Writer):
+    def __init__(self, root: str, url: str | None = None) -> None:
+        self.root = os.path.abspath(root)
+        self.url = url or self.root
+
+    def _path(self, rel: str) -> str:
+        return os.path.join(self.root, *rel.split("/"))
+
+    def read_chain(self) -> tuple[bytes | None, object]:
+        try:
+            with open(self._path(CHAIN), "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            if not os.path.isdir(self.root):
+                return None, None
+            return None, None
+        except OSError as e:
+            raise io_error(self._path(CHAIN), e) from None
+        return raw, xxhash.xxh3_128_digest(raw)
+
+    def fetch(self, path: str, dest: str, *, size: int, reporter: Reporter = SILENT) -> None:
+        src = self._path(path)
+        try:
+            have = os.path.getsize(dest) if os.path.exists(dest) else 0
+            if have > size:
+                os.unlink(dest)
+                have = 0
+            with open(src, "rb") as f, open(dest, "ab") as out:
+                if os.fstat(f.fileno()).st_size != size:
+                    raise WdiffIOError(f"{self.url}: {path} is not {size} bytes long")
+                f.seek(have)
+                while have < size:
+                    piece = f.read(min(PIECE, size - have))
+                    if not piece:
+                        break
+                    out.write(piece)
+                    have += len(piece)
+                    reporter.advance(len(piece))
+        except FileNotFoundError:
+            raise NotFoundError(f"{self.url}: object {path} is missing") from None
+        except OSError as e:
+            raise io_error(dest, e) from None
+
+    def publish(self, uploads: list[Upload], chain: bytes, token: object, *, message: str,
+                reporter: Reporter = SILENT) -> None:
+        from ..fsutil import locked
+
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as e:
+            raise io_error(self.root, e) from None
+        # one writer at a time; the token check then catches anyone who got in
+        # between our read and this lock
+        with _blocking_lock(os.path.join(self.root, ".lock")):
+            _, current = self.read_chain()
+            if current != token:
+                raise ConflictError(
+                    f"{self.url}: the chain changed since it was read (another push?)",
+                    hint="run the push again",
+                )
+            dirs = set()
+            for u in uploads:
+                dest = self._path(u.path)
+                if os.path.exists(dest) and os.path.getsize(dest) == u.length:
+                    continue  # stored by an earlier, interrupted push; the chain digest guards it
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                _copy_range(u.source, u.offset, u.length, dest, reporter)
+                dirs.add(os.path.dirname(dest))
+            for d in dirs:
+                fsync_dir(d)
+            atomic_write_bytes(self._path(CHAIN), chain)
+        _ = locked
+
+
+class _blocking_lock:
+    """An exclusive flock that waits: pushes to a local remote are short."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __enter__(self):
+        import fcntl
+
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except OSError as e:
+            raise io_error(self.path, e) from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+
+
+def _copy_range(src: str, offset: int, length: int, dest: str, reporter: Reporter) -> None:
+    tmp = temp_name(dest)
+    try:
+        with open(src, "rb") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                f.seek(offset)
+                done = 0
+                while done < length:
+                    piece = f.read(min(PIECE, length - done))
+                    if not piece:
+                        raise WdiffIOError(f"{src}: shorter than expected")
+                    write_all(fd, piece, done)
+                    done += len(piece)
+                    reporter.advance(len(piece))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, dest)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise io_error(dest, e) from None
