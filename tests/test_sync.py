@@ -20,11 +20,50 @@ from wdiff.fsutil import locked
 from wdiff.remotes import open_remote
 
 
-@pytest.fixture(params=["local", "file-url"])
-def remote(request, tmp_path):
-    if request.param == "local":
-        return str(tmp_path / "remote")
-    return "file://" + str(tmp_path / "remote")
+KINDS = ["local", "file-url", "hub-model-xet", "hub-model-lfs", "hub-dataset", "hub-bucket"]
+
+
+class Remote(str):
+    """A remote URL, plus how the tests reach behind it."""
+
+    kind: str
+    hub = None
+    root = None
+
+    def corrupt_next_download(self, part_path: str) -> None:
+        if self.hub is None:  # flip a stored byte; the test repairs it afterwards
+            p = self.root / part_path
+            data = bytearray(p.read_bytes())
+            data[len(data) // 2] ^= 1
+            p.write_bytes(bytes(data))
+        else:
+            self.hub.faults.corrupt_download(part_path)
+
+    def repair(self, part_path: str) -> None:
+        if self.hub is None:
+            self.corrupt_next_download(part_path)
+
+
+@pytest.fixture(params=KINDS)
+def remote(request, tmp_path, monkeypatch):
+    kind = request.param
+    if kind in ("local", "file-url"):
+        r = Remote(("" if kind == "local" else "file://") + str(tmp_path / "remote"))
+        r.kind, r.root = kind, tmp_path / "remote"
+        yield r
+        return
+    from hubfake import FakeHub, block_internet, configure_client
+
+    refused = block_internet(monkeypatch)
+    with FakeHub(tmp_path / "hub") as hub:
+        configure_client(monkeypatch, hub, xet=kind != "hub-model-lfs", home=tmp_path / "hf_home")
+        url = {"hub-model-xet": "hf://acme/deltas", "hub-model-lfs": "hf://acme/deltas",
+               "hub-dataset": "hf://datasets/acme/deltas", "hub-bucket": "hf://buckets/acme/deltas/run-1"}[kind]
+        r = Remote(url)
+        r.kind, r.hub = kind, hub
+        yield r
+        assert not hub.unhandled, hub.unhandled
+    assert not refused, refused
 
 
 @pytest.fixture
@@ -135,27 +174,24 @@ def test_concurrent_push_conflict(versions, remote, tmp_path):
 
 
 def test_damaged_part_is_refused_and_directory_untouched(versions, remote, tmp_path):
+    if remote.kind == "hub-bucket":
+        pytest.skip("bucket downloads go through hf_xet, which HTTP faults cannot reach")
     push_all(versions, remote)
-    root = tmp_path / "remote"
     e = sync.log(remote).entries[0]
-    part = root / e.parts[0].path
-    data = bytearray(part.read_bytes())
-    data[len(data) // 2] ^= 1
-    part.write_bytes(bytes(data))
+    remote.corrupt_next_download(e.parts[0].path)
     d = tmp_path / "d"
     shutil.copytree(versions[1], d)
     with pytest.raises(IntegrityError):
         sync.pull(remote, d)
     assert tree(d) == tree(versions[1])
-    data[len(data) // 2] ^= 1
-    part.write_bytes(bytes(data))
+    remote.repair(e.parts[0].path)
     sync.pull(remote, d)
     assert tree(d) == tree(versions[2])
 
 
 def test_interrupted_download_resumes_without_refetching(versions, remote, tmp_path, monkeypatch):
     sync.push(versions[0], remote, anchor=True, part_size=1024 * 1024)
-    from wdiff.remotes.local import LocalStore
+    LocalStore = type(open_remote(remote))
 
     fetched = []
     real = LocalStore.fetch
@@ -194,13 +230,13 @@ def test_pull_finishes_an_interrupted_apply(versions, remote, tmp_path, monkeypa
             raise Crash
         real(fd, data, off)
 
-    monkeypatch.setattr(inplace, "write_all", crash)
-    monkeypatch.setattr(inplace, "BATCH_BYTES", 1)
-    try:
-        sync.pull(remote, d)
-    except Crash:
-        pass
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(inplace, "write_all", crash)
+        m.setattr(inplace, "BATCH_BYTES", 1)
+        try:
+            sync.pull(remote, d)
+        except Crash:
+            pass
     if (d / ".wdiff" / "txn" / "journal.json").exists():
         with pytest.raises(BusyError):
             wdiff.diff(d, d)

@@ -194,10 +194,17 @@ class LogResult:
         }
 
 
+def _read(store) -> Chain:
+    """The chain of a remote that must exist (log, status, pull)."""
+    raw, token = store.read_chain()
+    if raw is None and token is None:
+        raise NotFoundError(f"{store.url}: no such remote")
+    return Chain.decode(raw, where=store.url)
+
+
 def log(remote) -> LogResult:
     store = open_remote(remote)
-    raw, _ = store.read_chain()
-    chain = Chain.decode(raw, where=store.url)
+    chain = _read(store)
     return LogResult(store.url, chain.head, tuple(reversed(chain.entries)))
 
 
@@ -286,8 +293,7 @@ def status(directory, remote, *, to: str | None = None, threads: int | None = No
     directory = os.fspath(directory)
     threads = threads or default_threads()
     store = open_remote(remote)
-    raw, _ = store.read_chain()
-    chain = Chain.decode(raw, where=store.url)
+    chain = _read(store)
     goal = chain.resolve(to)
     current = _fingerprint(directory, threads, reporter)
     try:
@@ -312,14 +318,14 @@ def pull(
     directory = os.path.abspath(os.fspath(directory))
     threads = threads or default_threads()
     store = open_remote(remote)
+    _read(store)  # a remote that does not exist must not leave an empty DIR behind
     os.makedirs(directory, exist_ok=True)
     # the lock sits beside the directory: a pull may swap the directory itself
     parent, name = os.path.split(directory)
     with locked(os.path.join(parent, f".{name}.wdiff-lock"), what=directory):
         work = os.path.join(directory, STATE, "pull")
         _finish_interrupted(directory, work, threads, reporter)
-        raw, _ = store.read_chain()
-        chain = Chain.decode(raw, where=store.url)
+        chain = _read(store)
         goal = chain.resolve(to)
         current = _fingerprint(directory, threads, reporter)
         run, from_anchor = _plan(chain, current, goal)

@@ -32,7 +32,8 @@ class Reader(ABC):
     @abstractmethod
     def read_chain(self) -> tuple[bytes | None, object]:
         """The chain index (None when the remote has none yet) and a token
-        that :meth:`Writer.publish` uses to detect a concurrent change."""
+        that :meth:`Writer.publish` uses to detect a concurrent change. The
+        token is None exactly when the remote itself does not exist."""
 
     @abstractmethod
     def fetch(self, path: str, dest: str, *, size: int, reporter: Reporter = SILENT) -> None:

@@ -28,9 +28,7 @@ class LocalStore(Writer):
             with open(self._path(CHAIN), "rb") as f:
                 raw = f.read()
         except FileNotFoundError:
-            if not os.path.isdir(self.root):
-                return None, None
-            return None, None
+            return None, (b"" if os.path.isdir(self.root) else None)
         except OSError as e:
             raise io_error(self._path(CHAIN), e) from None
         return raw, xxhash.xxh3_128_digest(raw)
@@ -60,8 +58,6 @@ class LocalStore(Writer):
 
     def publish(self, uploads: list[Upload], chain: bytes, token: object, *, message: str,
                 reporter: Reporter = SILENT) -> None:
-        from ..fsutil import locked
-
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as e:
@@ -70,7 +66,7 @@ class LocalStore(Writer):
         # between our read and this lock
         with _blocking_lock(os.path.join(self.root, ".lock")):
             _, current = self.read_chain()
-            if current != token:
+            if current != token and not (token is None and current == b""):
                 raise ConflictError(
                     f"{self.url}: the chain changed since it was read (another push?)",
                     hint="run the push again",
@@ -86,7 +82,6 @@ class LocalStore(Writer):
             for d in dirs:
                 fsync_dir(d)
             atomic_write_bytes(self._path(CHAIN), chain)
-        _ = locked
 
 
 class _blocking_lock:
