@@ -1,4 +1,6 @@
-"""``wdiff demo``: the whole job on built-in sample data, verified."""
+"""``wdiff demo``: the whole job on built-in sample data, verified: diff,
+pack, push to a local directory remote, pull into an empty directory,
+apply, and a byte-for-byte comparison of every result with the original."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from .applying import apply
 from .diffing import diff
 from .errors import IntegrityError, UsageError
 from .packing import pack
+from .sync import pull, push
 
 ADDED = "model.extra_proj.weight"
 
@@ -98,11 +101,19 @@ def run_demo(directory=None, *, size_mb: int = 8, threads: int | None = None, lo
         p = pack(a, b, bundle, threads=threads)
         say(f"pack    {os.path.basename(bundle)}: {p.bundle_bytes:,} bytes for a {p.target_bytes:,}-byte checkpoint "
             f"({p.ratio:.0f}x smaller, {p.bytes_per_changed:.2f} bytes per changed element)")
+        remote = os.path.join(root, "remote")
+        anchor = push(a, remote, anchor=True, label="step-100", threads=threads)
+        delta = push(bundle, remote, label="step-101", threads=threads)
+        say(f"push    A as an anchor ({anchor.bytes:,} bytes) and the delta ({delta.bytes:,} bytes) to {remote}")
+        mirror = os.path.join(root, "mirror")
+        got = pull(remote, mirror, threads=threads)
+        say(f"pull    into an empty {mirror}: anchor + delta squashed and applied, {got.downloaded:,} bytes fetched")
         c = os.path.join(root, "C")
         r = apply(bundle, a, c, threads=threads)
         say(f"apply   rebuilt B from A and the bundle into {c} (every tensor checked against B's digests)")
         n = same_tree(b, c)
-        say(f"verify  C is byte-identical to B ({n} files)")
+        same_tree(b, mirror)
+        say(f"verify  C and the mirror are byte-identical to B ({n} files each)")
         return {
             "schema": "wdiff.demo/1",
             "directory": root if keep else None,
@@ -113,6 +124,7 @@ def run_demo(directory=None, *, size_mb: int = 8, threads: int | None = None, lo
             "changed_elements": p.changed_elements,
             "changed_fraction": t["changed_fraction"],
             "target_fingerprint": r.target_fingerprint.hex(),
+            "pulled_bytes": got.downloaded,
             "verified": True,
         }
     finally:

@@ -574,13 +574,14 @@ def demo(
     verbose: Verbose = 0,
     threads: Threads = None,
 ) -> None:
-    """Run diff, pack and apply on built-in sample data and verify the result.
+    """Run the whole job on built-in sample data and verify every result.
 
     Makes a small bf16 checkpoint in two shards with companion files, and a
     second version as one RL step makes it: about 1% of elements changed at
     random, one frozen tensor, one tensor added. Then diffs them, packs the
-    delta, applies it to a copy of the base, checks the result byte for byte,
-    and prints sizes and the compression ratio.
+    delta, pushes an anchor and the delta to a local directory remote, pulls
+    into an empty directory, applies the delta to the base, checks both
+    results byte for byte, and prints sizes and the compression ratio.
     """
     from ..demo import run_demo
 
