@@ -32,7 +32,9 @@ def pair(tmp_path):
 def test_version_and_help():
     r = run("--version")
     assert r.returncode == 0 and r.stdout.decode().startswith("wdiff ")
-    for cmd in ([], ["diff"], ["pack"], ["apply"], ["info"], ["demo"]):
+    from wdiff.cli.help import EXAMPLES
+
+    for cmd in [[]] + [[c] for c in EXAMPLES]:
         r = run(*cmd, "--help")
         assert r.returncode == 0, r.stderr
         text = r.stdout.decode()

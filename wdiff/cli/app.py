@@ -11,6 +11,7 @@ import typer
 from .. import __version__
 from ..errors import EXIT_CODE_TABLE, ExitCode, UsageError
 from . import output as o
+from .help import epilog
 from .state import STATE
 
 EXIT_STATUS = "\n".join(f"  {int(code):>3}  {text}" for code, text in EXIT_CODE_TABLE)
@@ -66,15 +67,7 @@ def _root(
 # -- diff --------------------------------------------------------------------------------
 
 
-@app.command(
-    epilog="Examples:\n\n\b\n"
-    "  wdiff diff ckpt/step-100 ckpt/step-101\n"
-    "  wdiff diff --stat ckpt/step-100 ckpt/step-101\n"
-    "  wdiff diff --json A B | jq .totals.changed_fraction\n"
-    "  wdiff diff -q --exit-code A B || echo 'weights moved'\n\n"
-    "Exit status: 0 done (and, with --exit-code, no differences); 1 only with --exit-code when "
-    "the checkpoints differ; 2 and above are errors (see wdiff --help).",
-)
+@app.command(epilog=epilog("diff"))
 def diff(
     a: Annotated[Path, typer.Argument(metavar="A", help="Old checkpoint directory.", show_default=False)],
     b: Annotated[Path, typer.Argument(metavar="B", help="New checkpoint directory.", show_default=False)],
@@ -174,14 +167,7 @@ def _diff_stat(out: o.Out, res) -> None:
 # -- pack --------------------------------------------------------------------------------
 
 
-@app.command(
-    epilog="Examples:\n\n\b\n"
-    "  wdiff pack ckpt/step-100 ckpt/step-101 -o step-101.wdb\n"
-    "  wdiff pack --anchor ckpt/step-100 -o step-100.anchor.wdb\n"
-    "  # at the end of every training step:\n"
-    "  wdiff pack -q \"$PREV\" \"$CUR\" -o \"deltas/$STEP.wdb\" && PREV=$CUR\n\n"
-    "Exit status: 0 bundle written; 2 and above are errors (see wdiff --help).",
-)
+@app.command(epilog=epilog("pack"))
 def pack(
     paths: Annotated[
         list[Path],
@@ -236,17 +222,7 @@ def pack(
 # -- apply -------------------------------------------------------------------------------
 
 
-@app.command(
-    epilog="Examples:\n\n\b\n"
-    "  wdiff apply step-101.wdb ckpt/step-100 -o ckpt/step-101\n"
-    "  wdiff apply step-101.wdb /models/live --in-place\n"
-    "  wdiff apply step-100.anchor.wdb -o ckpt/step-100\n"
-    "  # roll back an interrupted in-place apply:\n"
-    "  wdiff apply step-101.wdb /models/live --in-place --abort\n\n"
-    "Exit status: 0 the target was rebuilt and verified; 5 the base is not the bundle's; "
-    "4 the bundle is corrupt; 8 an interrupted in-place apply must be finished first; "
-    "other codes: see wdiff --help.",
-)
+@app.command(epilog=epilog("apply"))
 def apply(
     bundle: Annotated[Path, typer.Argument(metavar="BUNDLE", help="Bundle file.", show_default=False)],
     base: Annotated[
@@ -302,16 +278,7 @@ def _size_arg(text: str) -> int:
         raise UsageError(f"{text!r} is not a size (examples: 20GB, 500MB)") from None
 
 
-@app.command(
-    epilog="Examples:\n\n\b\n"
-    "  wdiff push --anchor ckpt/step-100 hf://acme/policy-deltas --label step-100\n"
-    "  wdiff push ckpt/step-101 hf://acme/policy-deltas --base ckpt/step-100 --label step-101\n"
-    "  wdiff push step-101.wdb /mnt/shared/deltas\n"
-    "  # a training loop:\n"
-    "  wdiff push -q \"ckpt/$STEP\" \"$REMOTE\" --base \"ckpt/$PREV\" --label \"$STEP\"\n\n"
-    "Exit status: 0 pushed (or already there); 5 the bundle's base is not the head; "
-    "8 another push won the race (run it again); 6 and 7 remote errors; see wdiff --help.",
-)
+@app.command(epilog=epilog("push"))
 def push(
     source: Annotated[Path, typer.Argument(metavar="BUNDLE|DIR", help="A bundle file, or a checkpoint directory to pack first.", show_default=False)],
     remote: Remote,
@@ -352,16 +319,7 @@ def push(
 # -- pull ---------------------------------------------------------------------------------
 
 
-@app.command(
-    epilog="Examples:\n\n\b\n"
-    "  wdiff pull hf://acme/policy-deltas /models/policy\n"
-    "  wdiff pull /mnt/shared/deltas /models/policy --to step-200\n"
-    "  # crontab: follow the head every 5 minutes, silent unless something fails\n"
-    "  */5 * * * * wdiff pull -q hf://acme/policy-deltas /models/policy\n\n"
-    "Exit status: 0 the directory is at the version (nothing to do counts); 8 another "
-    "pull holds the directory; 4 a download was damaged (run again); 3 no such version; "
-    "see wdiff --help.",
-)
+@app.command(epilog=epilog("pull"))
 def pull(
     remote: Remote,
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="Checkpoint directory to update (created if missing).", show_default=False)],
@@ -399,10 +357,7 @@ def pull(
 # -- log ----------------------------------------------------------------------------------
 
 
-@app.command(
-    epilog="Examples:\n\n\b\n  wdiff log hf://acme/policy-deltas\n  wdiff log --json /mnt/shared/deltas | jq '.entries[0]'\n\n"
-    "Exit status: 0 listed; 3 the remote does not exist; see wdiff --help.",
-)
+@app.command(epilog=epilog("log"))
 def log(
     remote: Remote,
     json_mode: Json = False,
@@ -439,12 +394,7 @@ def log(
 # -- status -------------------------------------------------------------------------------
 
 
-@app.command(
-    epilog="Examples:\n\n\b\n  wdiff status /models/policy hf://acme/policy-deltas\n"
-    "  wdiff status -q --exit-code /models/policy \"$REMOTE\" || wdiff pull -q \"$REMOTE\" /models/policy\n\n"
-    "Exit status: 0 done (and, with --exit-code, up to date); 1 only with --exit-code when "
-    "DIR is not at the version; see wdiff --help.",
-)
+@app.command(epilog=epilog("status"))
 def status(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="Checkpoint directory.", show_default=False)],
     remote: Remote,
@@ -481,12 +431,7 @@ def status(
 # -- squash -------------------------------------------------------------------------------
 
 
-@app.command(
-    epilog="Examples:\n\n\b\n  wdiff squash 101.wdb 102.wdb 103.wdb --base ckpt/step-100 -o 100-to-103.wdb\n"
-    "  wdiff squash anchor-100.wdb 101.wdb 102.wdb -o anchor-102.wdb\n\n"
-    "Exit status: 0 written; 5 a bundle does not follow the previous one, or BASE is not the "
-    "first one's base; 4 a bundle is corrupt; see wdiff --help.",
-)
+@app.command(epilog=epilog("squash"))
 def squash(
     bundles: Annotated[list[Path], typer.Argument(metavar="BUNDLE...", help="Bundles, each one's base the previous one's target.", show_default=False)],
     output: Annotated[Path, typer.Option("--output", "-o", help="Bundle file to write.", show_default=False)],
@@ -518,10 +463,7 @@ def squash(
 # -- info --------------------------------------------------------------------------------
 
 
-@app.command(
-    epilog="Examples:\n\n\b\n  wdiff info step-101.wdb\n  wdiff info --json step-101.wdb | jq .records\n\n"
-    "Exit status: 0 the bundle is intact; 4 it is corrupt; see wdiff --help.",
-)
+@app.command(epilog=epilog("info"))
 def info(
     bundle: Annotated[Path, typer.Argument(metavar="BUNDLE", help="Bundle file.", show_default=False)],
     json_mode: Json = False,
@@ -560,10 +502,7 @@ def info(
 # -- demo --------------------------------------------------------------------------------
 
 
-@app.command(
-    epilog="Examples:\n\n\b\n  wdiff demo\n  wdiff demo --keep /tmp/wdiff-demo\n\n"
-    "Exit status: 0 the demo rebuilt the new checkpoint bit for bit; see wdiff --help.",
-)
+@app.command(epilog=epilog("demo"))
 def demo(
     directory: Annotated[
         Optional[Path], typer.Argument(metavar="[DIR]", help="Work here and keep the files (default: a temporary directory).", show_default=False)
@@ -589,3 +528,26 @@ def demo(
     res = run_demo(directory, size_mb=size_mb, threads=threads, log=None if out.json else out.result)
     if out.json:
         out.document(res)
+
+
+# -- generate (for maintainers; hidden) ------------------------------------------------------
+
+
+@app.command(hidden=True)
+def generate(
+    root: Annotated[Path, typer.Argument(metavar="[ROOT]", help="Project root.", show_default=False)] = Path("."),
+    check: Annotated[bool, typer.Option("--check", help="Only report files that would change; exit 1 if any.")] = False,
+) -> None:
+    """Write the man pages and shell completions generated from this command line."""
+    from .generate import check as run_check
+    from .generate import write
+
+    if check:
+        drift = run_check(str(root))
+        for rel in drift:
+            typer.echo(f"out of date: {rel}")
+        if drift:
+            raise typer.Exit(int(ExitCode.DIFFERENCES))
+        return
+    for rel in write(str(root)):
+        typer.echo(f"wrote {rel}")

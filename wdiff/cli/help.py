@@ -1,0 +1,85 @@
+"""Examples and exit-status notes of every command: one source for --help
+(epilogs) and for the generated man pages."""
+
+from __future__ import annotations
+
+EXAMPLES: dict[str, list[str]] = {
+    "diff": [
+        "wdiff diff ckpt/step-100 ckpt/step-101",
+        "wdiff diff --stat ckpt/step-100 ckpt/step-101",
+        "wdiff diff --json A B | jq .totals.changed_fraction",
+        "wdiff diff -q --exit-code A B || echo 'weights moved'",
+    ],
+    "pack": [
+        "wdiff pack ckpt/step-100 ckpt/step-101 -o step-101.wdb",
+        "wdiff pack --anchor ckpt/step-100 -o step-100.anchor.wdb",
+        "# at the end of every training step:",
+        'wdiff pack -q "ckpt/$PREV" "ckpt/$STEP" -o "deltas/$STEP.wdb"',
+    ],
+    "apply": [
+        "wdiff apply step-101.wdb ckpt/step-100 -o ckpt/step-101",
+        "wdiff apply step-101.wdb /models/live --in-place",
+        "wdiff apply step-100.anchor.wdb -o ckpt/step-100",
+        "# roll back an interrupted in-place apply:",
+        "wdiff apply step-101.wdb /models/live --in-place --abort",
+    ],
+    "push": [
+        "wdiff push --anchor ckpt/step-100 hf://acme/policy --label step-100",
+        "wdiff push ckpt/step-101 hf://acme/policy --base ckpt/step-100",
+        "wdiff push step-101.wdb /mnt/shared/deltas",
+        "# at the end of every training step:",
+        'wdiff push -q "ckpt/$STEP" "$REMOTE" --base "ckpt/$PREV" --label "$STEP"',
+    ],
+    "pull": [
+        "wdiff pull hf://acme/policy /models/policy",
+        "wdiff pull /mnt/shared/deltas /models/policy --to step-200",
+        "# crontab: follow the head every 5 minutes, silent unless it fails",
+        "*/5 * * * * wdiff pull -q hf://acme/policy /models/policy",
+    ],
+    "log": [
+        "wdiff log hf://acme/policy",
+        "wdiff log --json /mnt/shared/deltas | jq '.entries[0]'",
+    ],
+    "status": [
+        "wdiff status /models/policy hf://acme/policy",
+        "# crontab: pull only when behind",
+        '*/5 * * * * wdiff status -q --exit-code D "$R" || wdiff pull -q "$R" D',
+    ],
+    "squash": [
+        "wdiff squash 101.wdb 102.wdb 103.wdb --base ckpt/step-100 -o 100-103.wdb",
+        "wdiff squash anchor-100.wdb 101.wdb 102.wdb -o anchor-102.wdb",
+    ],
+    "info": [
+        "wdiff info step-101.wdb",
+        "wdiff info --json step-101.wdb | jq .records",
+    ],
+    "demo": [
+        "wdiff demo",
+        "wdiff demo /tmp/wdiff-demo    # keep the files",
+        "wdiff demo --size-mb 256 --json",
+    ],
+}
+
+EXIT_NOTES: dict[str, str] = {
+    "diff": "0 done (and, with --exit-code, no differences); 1 only with --exit-code when the "
+    "checkpoints differ; 2 and above are errors.",
+    "pack": "0 the bundle was written; 2 and above are errors.",
+    "apply": "0 the target was rebuilt and verified; 5 the base is not the bundle's; 4 the "
+    "bundle is corrupt; 8 an interrupted in-place apply must be finished first.",
+    "push": "0 pushed (or already there); 5 the bundle's base is not the head; 8 another push "
+    "won the race (run it again); 6 and 7 remote errors.",
+    "pull": "0 the directory is at the version (nothing to do counts); 8 another pull holds the "
+    "directory; 4 a download was damaged (run again); 3 no such remote or version.",
+    "log": "0 listed; 3 the remote does not exist.",
+    "status": "0 done (and, with --exit-code, up to date); 1 only with --exit-code when DIR is "
+    "not at the version.",
+    "squash": "0 written; 5 a bundle does not follow the previous one, or BASE is not the "
+    "first one's base; 4 a bundle is corrupt.",
+    "info": "0 the bundle is intact; 4 it is corrupt.",
+    "demo": "0 the demo rebuilt the new checkpoint bit for bit.",
+}
+
+
+def epilog(command: str) -> str:
+    lines = "\n".join("  " + e for e in EXAMPLES[command])
+    return f"Examples:\n\n\b\n{lines}\n\nExit status: {EXIT_NOTES[command]} The full table is in wdiff --help."
