@@ -16,7 +16,7 @@ import numpy as np
 from . import manifest
 from .blockio import FdCache, read_base, read_target, scratch, span_digests
 from .checkpoint import KIND_TENSORS, Checkpoint, scan
-from .dtypes import dtype_info, sum_squares, to_float, uint_type
+from .dtypes import SUMSQ_TILE, dtype_info, sum_squares, to_float, uint_type
 from .hashing import BLOCK_SIZE, hexd, n_blocks
 from .parallel import default_threads, ordered_map
 from .plan import DEFAULT_CHUNK, Unit, pack_units
@@ -240,8 +240,7 @@ def _span_stats(i, s, a_dig, b_dig, pos, cuts, bounds, av, bv):
     d = _finite_only(fb.astype(np.float64) - fa.astype(np.float64))
     max_abs = float(np.abs(d).max()) if d.size else math.nan
     sum_d2 = float(np.dot(d, d))
-    full = _finite_only(to_float(av[lo:hi], s.tensor.dtype))
-    sum_a2 = float(np.dot(full, full))
+    sum_a2 = sum_squares(av[lo:hi], s.tensor.dtype, scratch("f32", 4 * SUMSQ_TILE))
     return (blocks_changed, p.size, max_abs, sum_d2, sum_a2)
 
 

@@ -122,34 +122,44 @@ def to_float(words: np.ndarray, name: str) -> np.ndarray | None:
     return None
 
 
+SUMSQ_TILE = 64 * 1024  # words per step: the float copy stays in cache
+
+
 def sum_squares(words: np.ndarray, name: str, scratch: np.ndarray) -> float | None:
     """Sum of squares of the finite values of ``words`` (the codec's uint
-    view of a float dtype), using ``scratch`` (uint8, at least 4 bytes per
-    word) instead of fresh arrays; ``None`` for non-float dtypes."""
-    n = words.size
+    view of a float dtype), converting a cache-sized tile at a time into
+    ``scratch`` (uint8, at least 4 bytes per tile word) instead of building
+    a float array of the whole input; ``None`` for non-float dtypes."""
     if name in ("F32", "C64"):
-        f = words.view(np.float32)
-    elif name == "F64":
-        f = words.view(np.float64)
-    else:
-        buf = scratch[: 4 * n]
+        return _dot_finite(words.view(np.float32))
+    if name == "F64":
+        return _dot_finite(words.view(np.float64))
+    if name != "BF16" and name != "F16" and not name.startswith("F8_"):
+        return None
+    total = 0.0
+    for i in range(0, words.size, SUMSQ_TILE):
+        w = words[i : i + SUMSQ_TILE]
+        buf = scratch[: 4 * w.size]
         if name == "BF16":
             u = buf.view(np.uint32)
-            np.copyto(u, words)
+            np.copyto(u, w)
             np.left_shift(u, 16, out=u)
             f = u.view(np.float32)
         elif name == "F16":
             f = buf.view(np.float32)
-            np.copyto(f, words.view(np.float16))
-        elif name.startswith("F8_"):
-            f = buf.view(np.float32)
-            np.take(_lut32(name), words, out=f)
+            np.copyto(f, w.view(np.float16))
         else:
-            return None
+            f = buf.view(np.float32)
+            np.take(_lut32(name), w, out=f)
+        total += _dot_finite(f)
+    return total
+
+
+def _dot_finite(f: np.ndarray) -> float:
     total = float(np.dot(f, f))
     if not np.isfinite(total):
-        ok = f[np.isfinite(f)]
-        total = float(np.dot(ok.astype(np.float64), ok.astype(np.float64)))
+        ok = f[np.isfinite(f)].astype(np.float64)
+        total = float(np.dot(ok, ok))
     return total
 
 
