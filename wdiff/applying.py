@@ -96,7 +96,7 @@ def apply(
             raise io_error(tmp, e) from None
         try:
             outputs = {i: os.path.join(tmp, f.path) for i, f in enumerate(reader.index.files)}
-            written = build(reader, A, headers, outputs, threads=threads, reporter=reporter)
+            written, produced = build(reader, A, headers, outputs, threads=threads, reporter=reporter)
             fsync_tree(tmp)
             if os.path.isdir(out):
                 os.rmdir(out)  # empty, checked above; fails loudly if that changed
@@ -108,6 +108,7 @@ def apply(
         except BaseException:
             remove_tree(tmp)
             raise
+    manifest.remember(scan(out), produced)  # the next step's base is hashed already
     reporter.done()
     return ApplyResult(
         output=out,
@@ -303,10 +304,11 @@ def build(
     threads: int,
     reporter: Reporter,
     check_base: bool = True,
-) -> int:
+) -> tuple[int, manifest.Digests]:
     """Write the target files named in ``outputs`` (file index -> path) and
     verify each against the target digests; with ``check_base``, also check
-    the base against the bundle's base fingerprint."""
+    the base against the bundle's base fingerprint. Returns the bytes written
+    and the block digests of what was written."""
     index = reader.index
     da, dt = manifest.Digests(), manifest.Digests()
     out_fds: dict[int, int] = {}
@@ -336,6 +338,7 @@ def build(
                 da.files[f.path] = blocks
             else:
                 blocks = _write_stream(reader.file_payload(rec), fd, reporter)
+            dt.files[f.path] = blocks
             if tree(blocks) != f.digest:
                 raise IntegrityError(f"{printable(f.path)}: content does not match the target digest")
             os.fsync(fd)
@@ -398,7 +401,7 @@ def build(
             raise BaseMismatchError(
                 f"{A.root}: fingerprint {hexd(fp)[:16]} is not the bundle's base {hexd(index.base_fingerprint)[:16]}"
             )
-    return written
+    return written, dt
 
 
 def check_target_digests(index: fmt.Index, headers: dict[int, Header], dt: manifest.Digests, *, only) -> None:

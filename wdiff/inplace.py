@@ -85,15 +85,17 @@ def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporte
             _rollback(reader, root, txn, journal, threads=threads)
             reporter.done()
             return _result(reader, root, 0, resumed=True, target=reader.index.base_fingerprint)
-        headers = None
+        headers = known = None
         if journal is None:
-            journal, headers = _start(reader, root, txn, threads=threads, reporter=reporter)
+            journal, headers, known = _start(reader, root, txn, threads=threads, reporter=reporter)
             if journal is None:  # already the target
                 return _result(reader, root, 0, resumed=False)
             resumed = False
         else:
             resumed = True
         written = _run(reader, root, txn, journal, headers, threads=threads, reporter=reporter)
+        if known is not None:
+            manifest.remember(scan(root), known)  # the next step's base is hashed already
     reporter.done()
     return _result(reader, root, written, resumed=resumed)
 
@@ -163,7 +165,7 @@ def _start(reader: BundleReader, root: str, txn: Txn, *, threads: int, reporter:
                 f"{root}: fingerprint {hexd(fp)[:16]} is not the bundle's base {hexd(index.base_fingerprint)[:16]}"
             )
         if fp == index.target_fingerprint:
-            return None, headers
+            return None, headers, None
     patch, stage = [], {}
     for i, f in enumerate(index.files):
         old = A.file(f.path)
@@ -193,7 +195,9 @@ def _start(reader: BundleReader, root: str, txn: Txn, *, threads: int, reporter:
     try:
         os.makedirs(txn.stage)
         outputs = {int(i): os.path.join(txn.stage, i) for i in stage}
-        build(reader, A, headers, outputs, threads=threads, reporter=reporter, check_base=False)
+        _, staged = build(reader, A, headers, outputs, threads=threads, reporter=reporter, check_base=False)
+        base_digests.tensors.update(staged.tensors)
+        base_digests.files.update(staged.files)
         fsync_dir(txn.stage)
         txn.write_journal(journal)
         fsync_dir(os.path.dirname(txn.path))
@@ -203,7 +207,7 @@ def _start(reader: BundleReader, root: str, txn: Txn, *, threads: int, reporter:
     except BaseException:
         remove_tree(txn.path)
         raise
-    return journal, headers
+    return journal, headers, base_digests
 
 
 def _dry_run(reader, A: Checkpoint, headers, patch: set[int], digests: manifest.Digests, *, threads: int, reporter) -> None:

@@ -89,10 +89,53 @@ def hash_file(path: str, size: int, *, reporter: Reporter = SILENT) -> bytes:
     return b"".join(parts)
 
 
+def _from_cache(ckpt: Checkpoint, digests: Digests) -> set[str]:
+    """Fill ``digests`` from the manifest cache for files it lacks entirely;
+    returns the paths served from the cache."""
+    from . import cache
+
+    served = set()
+    for f in ckpt.files:
+        if f.kind == KIND_TENSORS:
+            if any(digests.has_tensor(t.name) for t in f.header.tensors if t.nbytes):
+                continue
+        elif f.path in digests.files:
+            continue
+        hit = cache.lookup(f)
+        if hit is None:
+            continue
+        if f.kind == KIND_TENSORS:
+            for t, b in zip(f.header.tensors, hit):
+                digests.tensors[t.name] = bytearray(b)
+        else:
+            digests.files[f.path] = hit[0]
+        served.add(f.path)
+    return served
+
+
+def remember(ckpt: Checkpoint, digests: Digests, *, skip: set[str] = frozenset()) -> None:
+    """Store in the manifest cache every file of ``ckpt`` that ``digests``
+    covers completely (what a data pass or a hash pass just read)."""
+    from . import cache
+
+    for f in ckpt.files:
+        if f.path in skip:
+            continue
+        if f.kind == KIND_TENSORS:
+            blocks = [digests.tensors.get(t.name) for t in f.header.tensors]
+            if any(b is None or len(b) != 16 * n_blocks(t.nbytes) for b, t in zip(blocks, f.header.tensors)):
+                continue
+            cache.store(f, [bytes(b) for b in blocks])
+        elif f.path in digests.files:
+            cache.store(f, [digests.files[f.path]])
+
+
 def complete(
     ckpt: Checkpoint, digests: Digests, *, threads: int, reporter: Reporter = SILENT
 ) -> Manifest:
-    """Hash whatever of ``ckpt`` is not in ``digests`` yet; return the manifest."""
+    """Hash whatever of ``ckpt`` is not in ``digests`` yet (unless the
+    manifest cache has it); return the manifest."""
+    served = _from_cache(ckpt, digests)
     for f in ckpt.files:
         if f.kind != KIND_TENSORS and f.path not in digests.files:
             digests.files[f.path] = hash_file(f.abspath, f.size, reporter=reporter)
@@ -114,6 +157,7 @@ def complete(
             for t in f.header.tensors:
                 if t.nbytes == 0:
                     digests.tensors.setdefault(t.name, bytearray())
+    remember(ckpt, digests, skip=served)
     return digests.manifest(ckpt)
 
 

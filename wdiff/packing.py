@@ -162,6 +162,7 @@ def pack(
             records_digest=w.records_digest,
         )
         bundle_id = w.finish(index)
+    manifest.remember(B, db)  # B is the next step's base: its digests are known now
     reporter.done()
     return PackResult(
         bundle=os.fspath(out),
