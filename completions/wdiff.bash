@@ -13,7 +13,7 @@ _wdiff() {
         esac
     done
     if [[ -z "$cmd" ]]; then
-        COMPREPLY=($(compgen -W "diff pack apply push pull log status squash info demo --version --help -h" -- "$cur"))
+        COMPREPLY=($(compgen -W "diff pack apply push pull log status squash verify info demo --version --help -h" -- "$cur"))
         return
     fi
     case "$cmd" in
@@ -94,6 +94,16 @@ _wdiff() {
             esac
             if [[ "$cur" == -* ]]; then
                 COMPREPLY=($(compgen -W "-o --output --base -l --level --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+            else
+                COMPREPLY=($(compgen -f -- "$cur"))
+            fi
+            ;;
+        verify)
+            case "$prev" in
+                --bundle|--remote|--to|-j|--threads) return ;;
+            esac
+            if [[ "$cur" == -* ]]; then
+                COMPREPLY=($(compgen -W "--bundle --remote --to --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

@@ -204,3 +204,15 @@ def test_same_tensor_name_in_two_shards_is_refused(tmp_path):
     with pytest.raises(FormatError):
         wdiff.pack(A, tmp_path / "B", tmp_path / "d.wdb")
     assert not (tmp_path / "d.wdb").exists()
+
+
+def test_verify_against_a_bundle(tmp_path):
+    from wdiff.verifying import verify
+
+    A, B = simple_pair(tmp_path)
+    wdiff.pack(A, B, tmp_path / "d.wdb")
+    assert verify(B, bundle=tmp_path / "d.wdb").ok
+    r = verify(A, bundle=tmp_path / "d.wdb")
+    assert not r.ok
+    assert {p.tensor for p in r.problems if p.tensor} >= {"layer.0.w", "layer.1.w"}
+    assert any(p.path == "tokenizer.json" and p.what == "missing" for p in r.problems)

@@ -283,3 +283,19 @@ def test_remote_urls():
         with pytest.raises(UsageError):
             parse_remote(bad)
     _ = os
+
+
+def test_verify_against_remote_and_bundle(versions, remote, tmp_path):
+    from wdiff.verifying import verify
+
+    push_all(versions, remote)
+    d = tmp_path / "d"
+    sync.pull(remote, d)
+    assert verify(d, remote=remote).ok
+    assert verify(versions[1], remote=remote, version="v1").ok
+    r = verify(versions[1], remote=remote)
+    assert not r.ok and any(p.what == "tensor differs" for p in r.problems)
+    (d / "config.json").write_bytes(b"tampered")
+    (d / "extra.txt").write_bytes(b"?")
+    r = verify(d, remote=remote)
+    assert {(p.path, p.what) for p in r.problems} == {("config.json", "differs"), ("extra.txt", "unexpected")}

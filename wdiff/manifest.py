@@ -131,11 +131,11 @@ def remember(ckpt: Checkpoint, digests: Digests, *, skip: set[str] = frozenset()
 
 
 def complete(
-    ckpt: Checkpoint, digests: Digests, *, threads: int, reporter: Reporter = SILENT
+    ckpt: Checkpoint, digests: Digests, *, threads: int, reporter: Reporter = SILENT, use_cache: bool = True
 ) -> Manifest:
     """Hash whatever of ``ckpt`` is not in ``digests`` yet (unless the
-    manifest cache has it); return the manifest."""
-    served = _from_cache(ckpt, digests)
+    manifest cache has it and ``use_cache``); return the manifest."""
+    served = _from_cache(ckpt, digests) if use_cache else set()
     for f in ckpt.files:
         if f.kind != KIND_TENSORS and f.path not in digests.files:
             digests.files[f.path] = hash_file(f.abspath, f.size, reporter=reporter)
@@ -167,6 +167,6 @@ def _missing_units(f: FileEntry, digests: Digests) -> Iterable[Unit]:
             yield unit
 
 
-def compute(ckpt: Checkpoint, *, threads: int, reporter: Reporter = SILENT) -> Manifest:
-    """Hash a whole checkpoint."""
-    return complete(ckpt, Digests(), threads=threads, reporter=reporter)
+def compute(ckpt: Checkpoint, *, threads: int, reporter: Reporter = SILENT, use_cache: bool = True) -> Manifest:
+    """Hash a whole checkpoint (or take its digests from the manifest cache)."""
+    return complete(ckpt, Digests(), threads=threads, reporter=reporter, use_cache=use_cache)

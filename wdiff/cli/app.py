@@ -460,6 +460,49 @@ def squash(
                f"({res.target_fingerprint.hex()[:12]} from {res.base_fingerprint.hex()[:12] if res.base_fingerprint else 'nothing'})")
 
 
+# -- verify -------------------------------------------------------------------------------
+
+
+@app.command(epilog=epilog("verify"))
+def verify(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="Checkpoint directory to check.", show_default=False)],
+    bundle: Annotated[Optional[Path], typer.Option("--bundle", help="Check DIR against this bundle's target.", show_default=False)] = None,
+    remote: Annotated[Optional[str], typer.Option("--remote", metavar="REMOTE", help="Check DIR against a version of this remote.", show_default=False)] = None,
+    to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="With --remote: the version [default: the head].", show_default=False)] = None,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Check a checkpoint directory against what wdiff recorded for it.
+
+    Reads every byte of DIR (the manifest cache is not trusted here) and
+    compares it, file by file and tensor by tensor, with the target of a
+    bundle or a version on a remote. Names what differs, is missing, or
+    should not be there.
+    """
+    from ..errors import IntegrityError
+    from ..verifying import verify as run_verify
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_verify(directory, bundle=bundle, remote=remote, version=to, threads=threads,
+                     reporter=o.TerminalReporter(out))
+    if out.json:
+        out.document(res.to_json())
+        if not res.ok:
+            raise typer.Exit(int(ExitCode.INTEGRITY))
+        return
+    if res.ok:
+        out.result(f"{o.name(str(directory))} is intact: {res.actual.hex()[:16]}, as {o.name(res.source)} records")
+        return
+    for p in res.problems[:50]:
+        what = f"tensor {o.name(p.tensor, 80)} differs" if p.tensor else p.what
+        out.warn(f"{o.name(p.path)}: {what}")
+    raise IntegrityError(
+        f"{directory}: {len(res.problems)} problem(s); fingerprint {res.actual.hex()[:16]}, expected {res.expected.hex()[:16]}"
+    )
+
+
 # -- info --------------------------------------------------------------------------------
 
 

@@ -49,6 +49,12 @@ EXAMPLES: dict[str, list[str]] = {
         "wdiff squash 101.wdb 102.wdb 103.wdb --base ckpt/step-100 -o 100-103.wdb",
         "wdiff squash anchor-100.wdb 101.wdb 102.wdb -o anchor-102.wdb",
     ],
+    "verify": [
+        "wdiff verify /models/policy --remote hf://acme/policy",
+        "wdiff verify ckpt/step-101 --bundle step-101.wdb",
+        "# crontab: check nightly, mail only on failure",
+        "0 3 * * * wdiff verify -q /models/policy --remote hf://acme/policy",
+    ],
     "info": [
         "wdiff info step-101.wdb",
         "wdiff info --json step-101.wdb | jq .records",
@@ -75,6 +81,8 @@ EXIT_NOTES: dict[str, str] = {
     "not at the version.",
     "squash": "0 written; 5 a bundle does not follow the previous one, or BASE is not the "
     "first one's base; 4 a bundle is corrupt.",
+    "verify": "0 the directory is exactly what was recorded; 4 something differs (each "
+    "difference is named on stderr).",
     "info": "0 the bundle is intact; 4 it is corrupt.",
     "demo": "0 the demo rebuilt the new checkpoint bit for bit.",
 }
