@@ -45,7 +45,7 @@ from .bundle import BundleReader
 from .checkpoint import KIND_TENSORS, Checkpoint, read_into, scan
 from .codecs import RAW, compressor, decode_into, decompress_exact, planes, rice_decode, rice_encode, unplanes
 from .dtypes import uint_type
-from .errors import BaseMismatchError, BusyError, FormatError, IntegrityError, UsageError
+from .errors import BaseMismatchError, BusyError, FormatError, IntegrityError, UsageError, WdiffIOError
 from .fsutil import atomic_write_bytes, fsync_dir, io_error, locked, remove_tree, write_all
 from .hashing import hexd, tree
 from .parallel import ordered_map
@@ -246,7 +246,16 @@ def _run(reader: BundleReader, root: str, txn: Txn, journal: dict, headers, *, t
     if phase == "patch" and headers is None:
         headers = verify_bundle(reader, A, reporter=reporter)
     if phase == "patch":
-        written += _patch(reader, A, headers, set(journal["patch"]), txn, threads=threads, reporter=reporter)
+        try:
+            written += _patch(reader, A, headers, set(journal["patch"]), txn, threads=threads, reporter=reporter)
+        except WdiffIOError as e:
+            # a full disk or a refused write: put every patched chunk back (that
+            # needs no new space) so that the checkpoint is the base again
+            try:
+                _rollback(reader, root, txn, journal, threads=threads)
+            except Exception:  # noqa: BLE001 - the journal stays; --abort can retry
+                raise e from None
+            raise WdiffIOError(f"{e.message}; the in-place apply was rolled back", hint=e.hint) from None
         journal = dict(journal, phase="commit")
         txn.write_journal(journal)
         phase = "commit"
@@ -383,8 +392,11 @@ def _flush(undo: UndoLog, batch: list, reporter: Reporter) -> int:
         touched.add(fd)
         n += len(buf)
         reporter.advance(len(buf))
-    for fd in touched:
-        os.fsync(fd)
+    try:
+        for fd in touched:
+            os.fsync(fd)
+    except OSError as e:
+        raise io_error("in-place write", e) from None
     return n
 
 
