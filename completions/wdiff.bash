@@ -13,7 +13,7 @@ _wdiff() {
         esac
     done
     if [[ -z "$cmd" ]]; then
-        COMPREPLY=($(compgen -W "diff pack apply push pull log status squash verify info demo --version --help -h" -- "$cur"))
+        COMPREPLY=($(compgen -W "diff pack apply push pull log status squash verify keygen sign info demo --version --help -h" -- "$cur"))
         return
     fi
     case "$cmd" in
@@ -30,10 +30,10 @@ _wdiff() {
         pack)
             case "$prev" in
                 -o|--output) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-                -l|--level|-j|--threads) return ;;
+                -l|--level|--sign|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "-o --output --anchor -l --level --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "-o --output --anchor -l --level --sign --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi
@@ -41,10 +41,10 @@ _wdiff() {
         apply)
             case "$prev" in
                 -o|--output) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-                -j|--threads) return ;;
+                --trusted-key|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "-o --output --in-place --abort --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "-o --output --in-place --abort --trusted-key --require-signature --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi
@@ -52,20 +52,20 @@ _wdiff() {
         push)
             case "$prev" in
                 --base) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-                --label|--part-size|-l|--level|-j|--threads) return ;;
+                --label|--part-size|-l|--level|--sign|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--base --anchor --label --part-size --fork -l --level --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--base --anchor --label --part-size --fork -l --level --sign --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi
             ;;
         pull)
             case "$prev" in
-                --to|-j|--threads) return ;;
+                --to|--trusted-key|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--to --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--to --trusted-key --require-signature --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi
@@ -104,6 +104,23 @@ _wdiff() {
             esac
             if [[ "$cur" == -* ]]; then
                 COMPREPLY=($(compgen -W "--bundle --remote --to --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+            else
+                COMPREPLY=($(compgen -f -- "$cur"))
+            fi
+            ;;
+        keygen)
+            if [[ "$cur" == -* ]]; then
+                COMPREPLY=($(compgen -W "--json -q --quiet -v --verbose -h --help" -- "$cur"))
+            else
+                COMPREPLY=($(compgen -f -- "$cur"))
+            fi
+            ;;
+        sign)
+            case "$prev" in
+                --key) return ;;
+            esac
+            if [[ "$cur" == -* ]]; then
+                COMPREPLY=($(compgen -W "--key --json -q --quiet -v --verbose -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

@@ -66,12 +66,23 @@ def apply(
     *,
     in_place: bool = False,
     abort: bool = False,
+    trusted_keys: list | None = None,
+    require_signature: bool = False,
     threads: int | None = None,
     reporter: Reporter = SILENT,
 ) -> ApplyResult:
     """Apply ``bundle`` to the checkpoint ``base``: into a new directory
-    ``out``, or with ``in_place=True`` inside ``base`` itself."""
+    ``out``, or with ``in_place=True`` inside ``base`` itself. With trusted
+    keys (given, or in WDIFF_TRUSTED_KEYS), ``bundle.minisig`` must be a valid
+    signature of the bundle by one of them."""
     threads = threads or default_threads()
+    from . import signing
+
+    keys = signing.trusted_keys(trusted_keys)
+    if require_signature and not keys:
+        raise UsageError("--require-signature needs a trusted key", hint=f"give --trusted-key or set {signing.ENV_KEYS}")
+    if keys and not abort:
+        signing.verify_file(os.fspath(bundle), os.fspath(bundle) + signing.SUFFIX, keys)
     if in_place:
         if out is not None:
             raise UsageError("give either an output directory or --in-place, not both")

@@ -52,6 +52,7 @@ class Entry:
     parts: tuple[Part, ...]
     created: str
     label: str | None = None
+    signature: str | None = None  # path of the bundle's .minisig object, when signed
 
     @property
     def size(self) -> int:
@@ -62,7 +63,7 @@ class Entry:
         return self.parent is None
 
     def to_json(self) -> dict:
-        return {
+        d = {
             "bundle": hexd(self.bundle),
             "version": hexd(self.version),
             "parent": hexd(self.parent) if self.parent else None,
@@ -71,6 +72,9 @@ class Entry:
             "created": self.created,
             "label": self.label,
         }
+        if self.signature is not None:
+            d["signature"] = self.signature
+        return d
 
 
 def part_paths(bundle_id: bytes, n_parts: int) -> list[str]:
@@ -202,6 +206,11 @@ def _entry(d: object, where: str) -> Entry:
         if not isinstance(created, str) or len(created) > 64:
             raise FormatError(f"{where}: malformed creation time")
         parent = d["parent"]
+        signature = d.get("signature")
+        if signature is not None:
+            validate_relpath(signature, where=where)
+            if not (isinstance(signature, str) and signature.startswith(OBJECTS + "/") and signature.endswith(".minisig")):
+                raise FormatError(f"{where}: malformed signature path")
         return Entry(
             bundle=unhex(d["bundle"], where=where),
             version=unhex(d["version"], where=where),
@@ -209,6 +218,7 @@ def _entry(d: object, where: str) -> Entry:
             parts=tuple(ps),
             created=created,
             label=label,
+            signature=signature,
         )
     except (KeyError, TypeError):
         raise FormatError(f"{where}: malformed chain entry") from None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from . import manifest
+from . import manifest, signing
 from .applying import apply
 from .bundle import BundleReader
 from .chain import Chain, Entry, Part, part_paths
@@ -83,11 +83,14 @@ def push(
     part_size: int = DEFAULT_PART_SIZE,
     fork: bool = False,
     level: int = 3,
+    sign_key=None,
     threads: int | None = None,
     reporter: Reporter = SILENT,
 ) -> PushResult:
     """Push a bundle file, or a checkpoint directory packed against ``base``
-    (or whole, with ``anchor=True``), to ``remote`` as its new head."""
+    (or whole, with ``anchor=True``), to ``remote`` as its new head. With
+    ``sign_key`` (a minisign secret key file), the bundle and the new chain
+    index are signed."""
     source = os.fspath(source)
     if part_size < 1024 * 1024:
         raise UsageError("the part size must be at least 1 MiB")
@@ -99,16 +102,20 @@ def push(
         os.close(fd)
         try:
             pack(None if anchor else base, source, tmp, level=level, threads=threads, reporter=reporter)
-            return _push_bundle(tmp, remote, label=label, part_size=part_size, fork=fork, reporter=reporter)
+            return _push_bundle(tmp, remote, label=label, part_size=part_size, fork=fork, sign_key=sign_key,
+                                reporter=reporter)
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            for p in (tmp, tmp + signing.SUFFIX):
+                if os.path.exists(p):
+                    os.unlink(p)
     if base is not None or anchor:
         raise UsageError("--base and --anchor apply to a checkpoint directory, not to a bundle file")
-    return _push_bundle(source, remote, label=label, part_size=part_size, fork=fork, reporter=reporter)
+    return _push_bundle(source, remote, label=label, part_size=part_size, fork=fork, sign_key=sign_key,
+                        reporter=reporter)
 
 
-def _push_bundle(path: str, remote, *, label, part_size: int, fork: bool, reporter: Reporter) -> PushResult:
+def _push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_key, reporter: Reporter) -> PushResult:
+    key = signing.load_secret(os.fspath(sign_key)) if sign_key is not None else None
     store = open_remote(remote)
     with BundleReader(path) as reader:
         _verify_records(reader, reporter)
@@ -140,16 +147,46 @@ def _push_bundle(path: str, remote, *, label, part_size: int, fork: bool, report
         length = min(part_size, size - off)
         uploads.append(Upload(name, path, off, length))
         parts.append(Part(name, length, _digest_range(path, off, length)))
+    signature = None
+    if key is not None:
+        sig_file = signing.sign_file(path, key, bundle_comment(bundle_id, parent, version))
+        signature = names[0] + signing.SUFFIX
+        uploads.append(Upload(signature, sig_file, 0, os.path.getsize(sig_file)))
     entry = Entry(
         bundle=bundle_id, version=version, parent=parent, parts=tuple(parts),
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), label=label,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), label=label, signature=signature,
     )
     new = chain.appended(entry)
+    encoded = new.encode()
+    if key is not None:
+        uploads.append(_chain_signature(encoded, key, path))
     reporter.phase("upload", size)
-    store.publish(uploads, new.encode(), token, message=f"wdiff push {short(version)}" + (f" ({label})" if label else ""),
+    store.publish(uploads, encoded, token, message=f"wdiff push {short(version)}" + (f" ({label})" if label else ""),
                   reporter=reporter)
     reporter.done()
     return PushResult(store.url, bundle_id, version, parent, n_parts, size, True, label)
+
+
+def bundle_comment(bundle_id: bytes, parent: bytes | None, version: bytes) -> str:
+    return f"wdiff bundle {hexd(bundle_id)} base {hexd(parent) if parent else 'none'} target {hexd(version)}"
+
+
+def _chain_signature(encoded: bytes, key, beside: str) -> Upload:
+    """Sign a chain index. The signature is an object named by the index's
+    digest, stored before the index: a reader finds it from the bytes it
+    read, and never sees an index whose signature is not there yet."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=".wdiff-chain-", dir=os.path.dirname(os.path.abspath(beside)))
+    with os.fdopen(fd, "wb") as f:
+        f.write(encoded)
+    sig = signing.sign_file(tmp, key, f"wdiff chain {xxhash.xxh3_128_hexdigest(encoded)}")
+    os.unlink(tmp)
+    return Upload(chain_signature_path(encoded), sig, 0, os.path.getsize(sig))
+
+
+def chain_signature_path(encoded: bytes) -> str:
+    return f"signatures/chain-{xxhash.xxh3_128_hexdigest(encoded)}{signing.SUFFIX}"
 
 
 def _verify_records(reader: BundleReader, reporter: Reporter) -> None:
@@ -194,12 +231,47 @@ class LogResult:
         }
 
 
-def _read(store) -> Chain:
-    """The chain of a remote that must exist (log, status, pull)."""
+def _read(store, *, keys: list | None = None, work: str | None = None) -> Chain:
+    """The chain of a remote that must exist (log, status, pull); with
+    ``keys``, its signature must verify with one of them."""
     raw, token = store.read_chain()
     if raw is None and token is None:
         raise NotFoundError(f"{store.url}: no such remote")
+    if keys:
+        if raw is None:
+            raise IntegrityError(f"{store.url}: has no signed chain")
+        _verify_chain(store, raw, keys, work)
     return Chain.decode(raw, where=store.url)
+
+
+def _verify_chain(store, raw: bytes, keys: list, work: str | None) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix=".wdiff-sig-", dir=work) as tmp:
+        chain_file = os.path.join(tmp, "chain.json")
+        with open(chain_file, "wb") as f:
+            f.write(raw)
+        sig = chain_file + signing.SUFFIX
+        try:
+            store.fetch(chain_signature_path(raw), sig, size=_SIG_MAX)
+        except NotFoundError:
+            raise IntegrityError(f"{store.url}: the chain index is not signed") from None
+        signing.verify_file(chain_file, sig, keys, what=f"{store.url}: chain index")
+
+
+_SIG_MAX = -1  # signature objects: small, size not known in advance
+
+
+def _verify_bundle_signature(store, e: Entry, bundle: str, keys: list) -> None:
+    if e.signature is None:
+        raise IntegrityError(f"{store.url}: bundle {hexd(e.bundle)[:12]} is not signed")
+    sig = bundle + signing.SUFFIX
+    if os.path.exists(sig):
+        os.unlink(sig)
+    store.fetch(e.signature, sig, size=_SIG_MAX)
+    comment = signing.verify_file(bundle, sig, keys, what=f"{store.url}: bundle {hexd(e.bundle)[:12]}")
+    if comment != bundle_comment(e.bundle, e.parent, e.version):
+        raise IntegrityError(f"{store.url}: bundle {hexd(e.bundle)[:12]} carries a signature made for something else")
 
 
 def log(remote) -> LogResult:
@@ -311,21 +383,28 @@ def pull(
     directory,
     *,
     to: str | None = None,
+    trusted_keys: list | None = None,
+    require_signature: bool = False,
     threads: int | None = None,
     reporter: Reporter = SILENT,
 ) -> PullResult:
-    """Bring ``directory`` to version ``to`` (default: the head) of ``remote``."""
+    """Bring ``directory`` to version ``to`` (default: the head) of ``remote``.
+    With trusted keys (given, or in WDIFF_TRUSTED_KEYS), the chain index and
+    every bundle must carry a valid signature by one of them."""
     directory = os.path.abspath(os.fspath(directory))
     threads = threads or default_threads()
+    keys = signing.trusted_keys(trusted_keys)
+    if require_signature and not keys:
+        raise UsageError("--require-signature needs a trusted key", hint=f"give --trusted-key or set {signing.ENV_KEYS}")
     store = open_remote(remote)
-    _read(store)  # a remote that does not exist must not leave an empty DIR behind
+    _read(store, keys=keys)  # a missing or untrusted remote must not leave an empty DIR behind
     os.makedirs(directory, exist_ok=True)
     # the lock sits beside the directory: a pull may swap the directory itself
     parent, name = os.path.split(directory)
     with locked(os.path.join(parent, f".{name}.wdiff-lock"), what=directory):
         work = os.path.join(directory, STATE, "pull")
         _finish_interrupted(directory, work, threads, reporter)
-        chain = _read(store)
+        chain = _read(store, keys=keys, work=directory)
         goal = chain.resolve(to)
         current = _fingerprint(directory, threads, reporter)
         run, from_anchor = _plan(chain, current, goal)
@@ -338,6 +417,8 @@ def pull(
         bundles = []
         for e in run:
             path, n = _download(store, e, work, reporter)
+            if keys:
+                _verify_bundle_signature(store, e, path, keys)
             bundles.append(path)
             downloaded += n
         empty = current == EMPTY_FINGERPRINT

@@ -41,6 +41,15 @@ Threads = Annotated[
     typer.Option("--threads", "-j", min=1, max=256, help="Worker threads [default: all cores, or WDIFF_THREADS]."),
 ]
 Ckpt = Annotated[Path, typer.Argument(metavar="DIR", help="Checkpoint directory.", show_default=False)]
+SignKey = Annotated[
+    Optional[Path],
+    typer.Option("--sign", metavar="KEY", help="Sign with this minisign secret key (see wdiff keygen).", show_default=False),
+]
+TrustedKeys = Annotated[
+    Optional[list[Path]],
+    typer.Option("--trusted-key", metavar="KEY.pub", help="Accept only what this public key signed (repeatable; default: WDIFF_TRUSTED_KEYS).", show_default=False),
+]
+RequireSig = Annotated[bool, typer.Option("--require-signature", help="Refuse anything unsigned (needs a trusted key).")]
 
 
 def _setup(json_mode: bool, quiet: bool, verbose: int) -> o.Out:
@@ -176,6 +185,7 @@ def pack(
     output: Annotated[Path, typer.Option("--output", "-o", help="Bundle file to write.", show_default=False)],
     anchor: Annotated[bool, typer.Option("--anchor", help="Pack B whole, as a bundle that needs no base.")] = False,
     level: Annotated[int, typer.Option("--level", "-l", min=1, max=22, help="zstd level.")] = 3,
+    sign: SignKey = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -202,6 +212,11 @@ def pack(
             raise UsageError("pack takes two checkpoint directories, A and B (or --anchor B)")
         a, b = paths
     res = run_pack(a, b, output, level=level, threads=threads, reporter=o.TerminalReporter(out))
+    if sign is not None:
+        from ..signing import load_secret, sign_file
+        from ..sync import bundle_comment
+
+        sign_file(str(output), load_secret(str(sign)), bundle_comment(res.bundle_id, res.base_fingerprint, res.target_fingerprint))
     if out.json:
         out.document(res.to_json())
         return
@@ -233,6 +248,8 @@ def apply(
     ] = None,
     in_place: Annotated[bool, typer.Option("--in-place", help="Update BASE itself (journaled, resumable).")] = False,
     abort: Annotated[bool, typer.Option("--abort", help="With --in-place: roll back an interrupted apply.")] = False,
+    trusted_key: TrustedKeys = None,
+    require_signature: RequireSig = False,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -251,7 +268,8 @@ def apply(
     from ..applying import apply as run_apply
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_apply(bundle, base, output, in_place=in_place, abort=abort, threads=threads, reporter=o.TerminalReporter(out))
+    res = run_apply(bundle, base, output, in_place=in_place, abort=abort, trusted_keys=trusted_key,
+                    require_signature=require_signature, threads=threads, reporter=o.TerminalReporter(out))
     if out.json:
         out.document(res.to_json())
         return
@@ -288,6 +306,7 @@ def push(
     part_size: Annotated[str, typer.Option("--part-size", metavar="SIZE", help="Largest part file stored on the remote.")] = "20GB",
     fork: Annotated[bool, typer.Option("--fork", help="Allow a base that is an older version, not the head.")] = False,
     level: Annotated[int, typer.Option("--level", "-l", min=1, max=22, help="zstd level when packing.")] = 3,
+    sign: SignKey = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -305,7 +324,7 @@ def push(
 
     out = _setup(json_mode, quiet, verbose)
     res = run_push(source, remote, base=base, anchor=anchor, label=label, part_size=_size_arg(part_size),
-                   fork=fork, level=level, threads=threads, reporter=o.TerminalReporter(out))
+                   fork=fork, level=level, sign_key=sign, threads=threads, reporter=o.TerminalReporter(out))
     if out.json:
         out.document(res.to_json())
         return
@@ -324,6 +343,8 @@ def pull(
     remote: Remote,
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="Checkpoint directory to update (created if missing).", show_default=False)],
     to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="A fingerprint (or prefix) or label [default: the head].", show_default=False)] = None,
+    trusted_key: TrustedKeys = None,
+    require_signature: RequireSig = False,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -342,7 +363,8 @@ def pull(
     from ..sync import pull as run_pull
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_pull(remote, directory, to=to, threads=threads, reporter=o.TerminalReporter(out))
+    res = run_pull(remote, directory, to=to, trusted_keys=trusted_key, require_signature=require_signature,
+                   threads=threads, reporter=o.TerminalReporter(out))
     if out.json:
         out.document(res.to_json())
         return
@@ -442,7 +464,7 @@ def squash(
     verbose: Verbose = 0,
     threads: Threads = None,
 ) -> None:
-    """Compose a run of bundles into one that goes from the first base to the last target.
+    """Compose a run of bundles into one, from the first base to the last target.
 
     XOR deltas compose exactly: the result applies to the first bundle's base
     and rebuilds the last bundle's target bit for bit, checked against its
@@ -501,6 +523,64 @@ def verify(
     raise IntegrityError(
         f"{directory}: {len(res.problems)} problem(s); fingerprint {res.actual.hex()[:16]}, expected {res.expected.hex()[:16]}"
     )
+
+
+# -- keygen and sign -----------------------------------------------------------------------
+
+
+@app.command(epilog=epilog("keygen"))
+def keygen(
+    key: Annotated[Path, typer.Argument(metavar="KEY", help="Secret key file to create; the public key goes to KEY.pub.", show_default=False)],
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+) -> None:
+    """Make an Ed25519 key pair for signing bundles and chains.
+
+    The files are in minisign's formats: KEY.pub checks signatures with
+    `minisign -V` as well as with wdiff, and a key made by `minisign -G -W`
+    signs with wdiff. The secret key is unencrypted (mode 0600), for
+    unattended pushes; keep it as you would any credential.
+    """
+    from ..signing import generate
+
+    out = _setup(json_mode, quiet, verbose)
+    pub = generate(str(key))
+    if out.json:
+        out.document({"schema": "wdiff.keygen/1", "secret_key": str(key), "public_key": f"{key}.pub", "key_id": pub.id_hex})
+        return
+    out.result(f"wrote {o.name(str(key))} (secret) and {o.name(str(key))}.pub (public), key id {pub.id_hex}")
+
+
+@app.command(epilog=epilog("sign"))
+def sign(
+    bundle: Annotated[Path, typer.Argument(metavar="BUNDLE", help="Bundle file to sign.", show_default=False)],
+    key: Annotated[Path, typer.Option("--key", metavar="KEY", help="Minisign secret key.", show_default=False)],
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+) -> None:
+    """Sign a bundle: write BUNDLE.minisig.
+
+    The bundle is checked first; the signature covers its bytes (BLAKE2b-512,
+    minisign's prehashed mode) and its trusted comment names the bundle, its
+    base and its target. `wdiff apply --trusted-key KEY.pub` and
+    `minisign -Vm BUNDLE -p KEY.pub` both check it.
+    """
+    from ..bundle import BundleReader
+    from ..signing import load_secret, sign_file
+    from ..sync import _verify_records, bundle_comment
+
+    out = _setup(json_mode, quiet, verbose)
+    secret = load_secret(str(key))
+    with BundleReader(bundle) as r:
+        _verify_records(r, o.TerminalReporter(out))
+        comment = bundle_comment(r.id, r.index.base_fingerprint, r.index.target_fingerprint)
+    sig = sign_file(str(bundle), secret, comment)
+    if out.json:
+        out.document({"schema": "wdiff.sign/1", "bundle": str(bundle), "signature": sig, "key_id": secret.public_key.id_hex})
+        return
+    out.result(f"wrote {o.name(sig)} (key {secret.public_key.id_hex})")
 
 
 # -- info --------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ EXAMPLES: dict[str, list[str]] = {
     ],
     "pull": [
         "wdiff pull hf://acme/policy /models/policy",
+        "wdiff pull hf://acme/policy /models/policy --trusted-key release.pub",
         "wdiff pull /mnt/shared/deltas /models/policy --to step-200",
         "# crontab: follow the head every 5 minutes, silent unless it fails",
         "*/5 * * * * wdiff pull -q hf://acme/policy /models/policy",
@@ -54,6 +55,16 @@ EXAMPLES: dict[str, list[str]] = {
         "wdiff verify ckpt/step-101 --bundle step-101.wdb",
         "# crontab: check nightly, mail only on failure",
         "0 3 * * * wdiff verify -q /models/policy --remote hf://acme/policy",
+    ],
+    "keygen": [
+        "wdiff keygen ~/.wdiff/release.key",
+        'wdiff push ckpt/101 "$REMOTE" --base ckpt/100 --sign ~/.wdiff/release.key',
+        "wdiff pull hf://acme/policy /models/policy --trusted-key release.key.pub",
+    ],
+    "sign": [
+        "wdiff sign step-101.wdb --key ~/.wdiff/release.key",
+        "minisign -Vm step-101.wdb -p release.key.pub    # checks it too",
+        "wdiff apply step-101.wdb ckpt/step-100 -o out --trusted-key release.key.pub",
     ],
     "info": [
         "wdiff info step-101.wdb",
@@ -83,6 +94,8 @@ EXIT_NOTES: dict[str, str] = {
     "first one's base; 4 a bundle is corrupt.",
     "verify": "0 the directory is exactly what was recorded; 4 something differs (each "
     "difference is named on stderr).",
+    "keygen": "0 the key pair was written; 2 a key is already there (never overwritten).",
+    "sign": "0 the signature was written; 4 the bundle is corrupt.",
     "info": "0 the bundle is intact; 4 it is corrupt.",
     "demo": "0 the demo rebuilt the new checkpoint bit for bit.",
 }

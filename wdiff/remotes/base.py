@@ -37,9 +37,10 @@ class Reader(ABC):
 
     @abstractmethod
     def fetch(self, path: str, dest: str, *, size: int, reporter: Reporter = SILENT) -> None:
-        """Download object ``path`` (``size`` bytes) into the local file
-        ``dest``; a partial ``dest`` from an interrupted fetch may be resumed.
-        The caller verifies the content; stores check at most the size."""
+        """Download object ``path`` (``size`` bytes; -1 for a small object of
+        unknown size, such as a signature) into the local file ``dest``; a
+        partial ``dest`` from an interrupted fetch may be resumed. The caller
+        verifies the content; stores check at most the size."""
 
 
 class Writer(Reader):

@@ -171,10 +171,10 @@ class RepoStore(Writer):
             with hub_errors(self.url, path):
                 got = hf_hub_download(self.repo_id, self._remote(path), repo_type=self.repo_type,
                                       revision=self._sha, local_dir=landing)
-            if os.path.getsize(got) != size:
+            if size >= 0 and os.path.getsize(got) != size:
                 raise RemoteError(f"{self.url}: {path}: downloaded {os.path.getsize(got)} bytes, expected {size}")
             os.replace(got, dest)
-            reporter.advance(size)
+            reporter.advance(max(size, 0))
         finally:
             shutil.rmtree(landing, ignore_errors=True)
 
@@ -263,9 +263,9 @@ class BucketStore(Writer):
             os.unlink(dest)  # no ranged resume through the bucket API: parts are the resume unit
         with hub_errors(self.url, path):
             self.api.download_bucket_files(self.bucket_id, [(self._remote(path), dest)], raise_on_missing_files=True)
-        if os.path.getsize(dest) != size:
+        if size >= 0 and os.path.getsize(dest) != size:
             raise RemoteError(f"{self.url}: {path}: downloaded {os.path.getsize(dest)} bytes, expected {size}")
-        reporter.advance(size)
+        reporter.advance(max(size, 0))
 
     def publish(self, uploads: list[Upload], chain: bytes, token: object, *, message: str,
                 reporter: Reporter = SILENT) -> None:

@@ -4,6 +4,7 @@ shared file systems, and for anyone without a Hub account."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import xxhash
 
@@ -35,6 +36,14 @@ class LocalStore(Writer):
 
     def fetch(self, path: str, dest: str, *, size: int, reporter: Reporter = SILENT) -> None:
         src = self._path(path)
+        if size < 0:
+            try:
+                shutil.copyfile(src, dest)
+            except FileNotFoundError:
+                raise NotFoundError(f"{self.url}: object {path} is missing") from None
+            except OSError as e:
+                raise io_error(dest, e) from None
+            return
         try:
             have = os.path.getsize(dest) if os.path.exists(dest) else 0
             if have > size:
