@@ -28,8 +28,10 @@ from .paths import printable, validate_relpath
 
 FORMAT = "wdiff-chain"
 VERSION = 1
-MAX_CHAIN_BYTES = 256 * 1024 * 1024
-MAX_ENTRIES = 1_000_000
+#: bounds that keep a hostile index from exhausting memory; a real chain of
+#: this size has pushed for months and wants squashing into a new anchor
+MAX_CHAIN_BYTES = 32 * 1024 * 1024
+MAX_ENTRIES = 50_000
 MAX_LABEL = 256
 OBJECTS = "objects"
 
@@ -114,8 +116,11 @@ class Chain:
     def decode(cls, raw: bytes | None, *, where: str) -> Chain:
         if raw is None:
             return cls(head=None)
-        if len(raw) > MAX_CHAIN_BYTES:
-            raise FormatError(f"{where}: chain index is larger than {MAX_CHAIN_BYTES} bytes")
+        if len(raw) > MAX_CHAIN_BYTES or raw.count(b"{") > 3 * MAX_ENTRIES + 1:
+            raise FormatError(
+                f"{where}: chain index is larger than this wdiff accepts",
+                hint="start a new remote from a fresh anchor",
+            )
         try:
             obj = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):

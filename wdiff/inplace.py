@@ -127,7 +127,7 @@ class Txn:
                 data = json.loads(f.read())
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             raise IntegrityError(f"{self.journal}: unreadable journal of an interrupted apply") from None
         if not isinstance(data, dict) or data.get("version") != JOURNAL_VERSION:
             raise IntegrityError(f"{self.journal}: journal of an unknown version")
