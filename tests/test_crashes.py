@@ -6,7 +6,6 @@ exactly the old or the new version (or an unfinished apply that every other
 command refuses and a rerun finishes), never a mix."""
 
 import errno
-import os
 import shutil
 import signal
 import subprocess

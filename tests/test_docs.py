@@ -67,7 +67,6 @@ def test_other_completions_parse(shell, flag):
 
 def test_exit_codes_agree_across_help_man_and_readme():
     from wdiff.cli.app import app
-    import typer
     from typer.testing import CliRunner
 
     help_text = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"}).output
@@ -79,4 +78,3 @@ def test_exit_codes_agree_across_help_man_and_readme():
         assert re.search(rf"^\s+{int(code)}\s+{re.escape(text)}$", help_text, re.M), (code, help_text)
         assert readme_rows[str(int(code))].replace("`", "") == text, code
         assert f".B {int(code)}\n{text.replace('-', chr(92) + '-')}" in man, code
-    _ = typer

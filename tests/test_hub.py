@@ -15,7 +15,7 @@ import pytest
 from factory import mutate, rand, tree, write_ckpt
 from hubfake import FakeHub, block_internet, configure_client
 from wdiff import sync
-from wdiff.errors import AuthError, ConflictError, IntegrityError, NotFoundError, RemoteError
+from wdiff.errors import AuthError, IntegrityError, NotFoundError, RemoteError
 
 URL = "hf://acme/deltas"
 
@@ -126,7 +126,7 @@ def test_credentials_and_missing_remotes(hub, versions, tmp_path, monkeypatch):
     with pytest.raises(NotFoundError):
         sync.pull("hf://acme/nothing-here", tmp_path / "d")
     with pytest.raises(NotFoundError):
-        sync.log("hf://acme/nothing-here@no-such-branch").head
+        sync.log("hf://acme/nothing-here@no-such-branch")
     monkeypatch.setenv("HF_TOKEN", "hf_wrong")
     with pytest.raises(AuthError):
         sync.push(versions[0], URL, anchor=True)
@@ -161,4 +161,3 @@ def test_cli_against_the_hub(hub, versions, tmp_path):
     env = dict(os.environ, HF_TOKEN="hf_bad_token")
     r = subprocess.run(cmd + ["push", "--anchor", str(versions[2]), "hf://acme/other"], capture_output=True, env=env, timeout=300)
     assert r.returncode == 7 and b"hf_bad_token" not in r.stderr
-    _ = ConflictError

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import wdiff
-from factory import mutate, rand, simple_pair, tree, write_ckpt
+from factory import mutate, rand, tree, write_ckpt
 from wdiff import fsutil, inplace
 from wdiff.errors import BaseMismatchError, BusyError, UsageError
 

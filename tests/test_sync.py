@@ -4,7 +4,6 @@ The same conformance suite runs against each remote kind (the ``remote``
 fixture); the Hub kinds run against the local stand-in server in hubfake.py.
 """
 
-import os
 import shutil
 
 import numpy as np
@@ -282,7 +281,6 @@ def test_remote_urls():
     for bad in ("s3://bucket/x", "hf://only-one", "hf://buckets/a/b/../c", "http://example.com/x"):
         with pytest.raises(UsageError):
             parse_remote(bad)
-    _ = os
 
 
 def test_verify_against_remote_and_bundle(versions, remote, tmp_path):

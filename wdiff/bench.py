@@ -208,7 +208,6 @@ def main(argv: list[str] | None = None) -> int:
         a = os.path.join(work, "A")
         print(f"generating A: {size / 1e9:.2f} GB bf16, {args.shards} shards in {work}", file=sys.stderr)
         _in_child("make_base", a, size, args.shards)
-        layout = sample.shard(sample.llama_specs(size), args.shards)
         a_bytes = sum(os.path.getsize(f) for f in _files(a))
         for sc in scenarios:
             b = os.path.join(work, f"B-{sc}")

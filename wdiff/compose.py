@@ -27,18 +27,18 @@ import xxhash
 from . import format as fmt
 from . import manifest
 from .applying import check_base_listing, verify_bundle
-from .blockio import FdCache, read_base, scratch, span_digests
+from .blockio import FdCache
 from .bundle import ZERO, BundleReader, BundleWriter, Record
 from .checkpoint import KIND_TENSORS, Checkpoint
-from .codecs import RAW, compressor, decode_into, encode_delta, encode_raw
+from .codecs import RAW, compressor, decode_into
 from .dtypes import uint_type
 from .errors import BaseMismatchError, FormatError, IntegrityError, UsageError
 from .hashing import tree
 from .header import Header, TensorInfo
-from .packing import WRITER, CodecStat, PackResult, _chunk_record, _header_record
+from .packing import WRITER, CodecStat, PackResult, _chunk_record, _header_record, encode_unit
 from .parallel import default_threads, ordered_map
 from .paths import printable
-from .plan import DEFAULT_CHUNK, Unit, pack_units
+from .plan import DEFAULT_CHUNK, pack_units
 from .progress import SILENT, Reporter
 
 CACHE_BYTES = 256 * 1024 * 1024
@@ -194,7 +194,7 @@ def _base_version(A: Checkpoint | None) -> _Version:
         v.files[f.path] = _File(f.path, f.kind, f.header)
         if f.kind != KIND_TENSORS:
             v.origin[f.path] = (0, None)
-    for name, (f, t) in A.tensors.items():
+    for name, (_, t) in A.tensors.items():
         v.tensors[name] = (-1, t)
     return v
 
@@ -284,17 +284,7 @@ def _write(steps, versions, A, out: str, *, level: int, threads: int, reporter: 
             for s in unit.spans:
                 bbuf[pos : pos + s.nbytes] = _bytes_of(k, s.tensor.name, s.lo, s.hi, steps, versions, fds, A, cache)
                 pos += s.nbytes
-            b_dig = span_digests(unit, bbuf)
-            ut = uint_type(unit.word)
-            if not unit.delta:
-                return i, unit, None, b_dig, encode_raw(bbuf.view(ut), level)
-            abuf = scratch("a", unit.nbytes)
-            read_base(fds, unit, abuf)
-            a_dig = span_digests(unit, abuf)
-            if a_dig == b_dig:
-                return i, unit, a_dig, b_dig, None
-            mask = scratch("mask", unit.nbytes // unit.word).view(bool)
-            return i, unit, a_dig, b_dig, encode_delta(abuf.view(ut), bbuf.view(ut), level, mask)
+            return encode_unit(fds, level, i, unit, bbuf)
 
         results = ordered_map(run, work, threads=threads)
         pending = next(results, None)
@@ -375,5 +365,3 @@ def _companion(w: BundleWriter, i: int, f: fmt.TargetFile, steps, versions, A) -
     w.add(hdr, (data,))
     return fmt.TargetFile(f.path, "file", f.size, f.digest, "bundle")
 
-
-_ = Unit

@@ -285,7 +285,7 @@ def _result(A: Checkpoint, B: Checkpoint, ma, mb, acc: dict, warnings) -> DiffRe
                     rel_l2=(_rel(x) if floats else (0.0 if same and info.is_float else None)),
                 )
             )
-    for name, (f, t) in a_tensors.items():
+    for name, (_, t) in a_tensors.items():
         if name not in b_tensors:
             out.append(TensorDiff(name, REMOVED, t.dtype, t.shape, t.nbytes))
     files: list[FileDiff] = []

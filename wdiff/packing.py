@@ -10,14 +10,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from . import format as fmt
 from . import manifest
 from .blockio import FdCache, read_base, read_target, scratch, span_digests
 from .bundle import ZERO, BundleWriter
 from .checkpoint import KIND_TENSORS, Checkpoint, FileEntry, scan
-from .codecs import CODEC_NAMES, RAW, ZSTD, compressor, encode_delta, encode_raw
+from .codecs import CODEC_NAMES, ZSTD, compressor, encode_delta, encode_raw
 from .dtypes import uint_type
 from .errors import UsageError
 from .fsutil import io_error
@@ -183,6 +182,13 @@ def pack(
 def _pack_unit(fds: FdCache, level: int, i: int, f: FileEntry, unit: Unit):
     bbuf = scratch("b", unit.nbytes)
     read_target(fds, f, unit, bbuf)
+    return encode_unit(fds, level, i, unit, bbuf)
+
+
+def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf):
+    """Encode the target bytes ``bbuf`` of a unit against its base bytes
+    (read here): (file index, unit, base digests, target digests, Encoded
+    or None when nothing changed). Shared by pack and squash."""
     b_dig = span_digests(unit, bbuf)
     ut = uint_type(unit.word)
     if not unit.delta:
@@ -256,5 +262,3 @@ def _companion(w: BundleWriter, i: int, f: FileEntry, A: Checkpoint | None, da, 
     reporter.advance(f.size)
     return fmt.TargetFile(f.path, "file", f.size, digest, "bundle")
 
-
-_ = (np, RAW)

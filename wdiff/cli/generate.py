@@ -191,7 +191,7 @@ def bash(cmds: list[Command]) -> str:
         file_value = [n for p in c.options if p.metavar and p.is_file for n in p.names]
         cases.append(
             f"        {c.name})\n"
-            + (f"            case \"$prev\" in\n"
+            + ("            case \"$prev\" in\n"
                + (f"                {'|'.join(file_value)}) COMPREPLY=($(compgen -f -- \"$cur\")); return ;;\n" if file_value else "")
                + (f"                {'|'.join(n for n in takes_value if n not in file_value)}) return ;;\n"
                   if set(takes_value) - set(file_value) else "")
