@@ -29,7 +29,7 @@ complete -c wdiff -n '__fish_seen_subcommand_from diff' -s h -l help -d 'Show th
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -F
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -s o -l output -r -F -d 'Bundle file to write'
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -l anchor -d 'Pack B whole, as a bundle that needs no base'
-complete -c wdiff -n '__fish_seen_subcommand_from pack' -s l -l level -x -d 'zstd level'
+complete -c wdiff -n '__fish_seen_subcommand_from pack' -s l -l level -x -d 'zstd level (1 is the fastest and, for weights, the smallest)'
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -l sign -x -d 'Sign with this minisign secret key (see wdiff keygen)'
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -l json -d 'Print exactly one JSON document on stdout'
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -s q -l quiet -d 'Print nothing on success'
@@ -85,7 +85,7 @@ complete -c wdiff -n '__fish_seen_subcommand_from status' -s h -l help -d 'Show 
 complete -c wdiff -n '__fish_seen_subcommand_from squash' -F
 complete -c wdiff -n '__fish_seen_subcommand_from squash' -s o -l output -r -F -d 'Bundle file to write'
 complete -c wdiff -n '__fish_seen_subcommand_from squash' -l base -r -F -d 'The first bundles base checkpoint (not needed when it is an anchor)'
-complete -c wdiff -n '__fish_seen_subcommand_from squash' -s l -l level -x -d 'zstd level'
+complete -c wdiff -n '__fish_seen_subcommand_from squash' -s l -l level -x -d 'zstd level (1 is the fastest and, for weights, the smallest)'
 complete -c wdiff -n '__fish_seen_subcommand_from squash' -l json -d 'Print exactly one JSON document on stdout'
 complete -c wdiff -n '__fish_seen_subcommand_from squash' -s q -l quiet -d 'Print nothing on success'
 complete -c wdiff -n '__fish_seen_subcommand_from squash' -s v -l verbose -d 'More detail (repeatable)'

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import xxhash
 
 from . import format as fmt
-from .codecs import ZSTD, compressor, decompress_exact
+from .codecs import DEFAULT_LEVEL, ZSTD, compressor, decompress_exact
 from .errors import FormatError, IntegrityError, NotFoundError
 from .fsutil import fsync_dir, io_error, temp_name, write_all
 from .hashing import DIGEST_SIZE
@@ -31,7 +31,7 @@ class BundleWriter:
     """Write a bundle to ``path`` atomically. Use as a context manager; call
     :meth:`finish` to commit, anything else leaves no file behind."""
 
-    def __init__(self, path: str, *, level: int = 3) -> None:
+    def __init__(self, path: str, *, level: int = DEFAULT_LEVEL) -> None:
         self.path = os.fspath(path)
         self.level = level
         self._tmp = temp_name(self.path)

@@ -30,7 +30,7 @@ from .applying import check_base_listing, verify_bundle
 from .blockio import FdCache
 from .bundle import ZERO, BundleReader, BundleWriter, Record
 from .checkpoint import KIND_TENSORS, Checkpoint
-from .codecs import RAW, compressor, decode_into
+from .codecs import DEFAULT_LEVEL, RAW, compressor, decode_into
 from .dtypes import uint_type
 from .errors import BaseMismatchError, FormatError, IntegrityError, UsageError
 from .hashing import tree
@@ -147,7 +147,7 @@ def squash(
     base=None,
     out=None,
     *,
-    level: int = 3,
+    level: int = DEFAULT_LEVEL,
     threads: int | None = None,
     reporter: Reporter = SILENT,
     base_fingerprint: bytes | None = None,

@@ -16,7 +16,7 @@ from . import manifest
 from .blockio import FdCache, read_base, read_target, scratch, span_digests
 from .bundle import ZERO, BundleWriter
 from .checkpoint import KIND_TENSORS, Checkpoint, FileEntry, scan
-from .codecs import CODEC_NAMES, ZSTD, compressor, encode_delta, encode_raw
+from .codecs import CODEC_NAMES, DEFAULT_LEVEL, ZSTD, compressor, encode_delta, encode_raw
 from .dtypes import uint_type
 from .errors import UsageError
 from .fsutil import io_error
@@ -87,7 +87,7 @@ def pack(
     b,
     out,
     *,
-    level: int = 3,
+    level: int = DEFAULT_LEVEL,
     threads: int | None = None,
     chunk: int = DEFAULT_CHUNK,
     reporter: Reporter = SILENT,

@@ -31,6 +31,7 @@ from .hashing import fingerprint, hexd
 from .inplace import apply_in_place
 from .packing import pack
 from .parallel import default_threads
+from .codecs import DEFAULT_LEVEL
 from .progress import SILENT, Reporter
 from .remotes import Upload, open_remote
 
@@ -82,7 +83,7 @@ def push(
     label: str | None = None,
     part_size: int = DEFAULT_PART_SIZE,
     fork: bool = False,
-    level: int = 3,
+    level: int = DEFAULT_LEVEL,
     sign_key=None,
     threads: int | None = None,
     reporter: Reporter = SILENT,
