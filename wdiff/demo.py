@@ -99,8 +99,11 @@ def run_demo(directory=None, *, size_mb: int = 8, threads: int | None = None, lo
             f"{t['changed_elements']:,} of {t['compared_elements']:,} elements changed ({t['changed_fraction']:.2%})")
         bundle = os.path.join(root, "A-to-B.wdb")
         p = pack(a, b, bundle, threads=threads)
+        delta = [c for name, c in p.codecs.items() if name != "raw"]
+        per = sum(c.bytes for c in delta) / max(1, sum(c.changed for c in delta))
+        added = p.codecs["raw"].bytes if "raw" in p.codecs else 0
         say(f"pack    {os.path.basename(bundle)}: {p.bundle_bytes:,} bytes for a {p.target_bytes:,}-byte checkpoint "
-            f"({p.ratio:.0f}x smaller, {p.bytes_per_changed:.2f} bytes per changed element)")
+            f"({p.ratio:.0f}x smaller): {per:.2f} bytes per changed element, {added:,} for the added tensor")
         remote = os.path.join(root, "remote")
         anchor = push(a, remote, anchor=True, label="step-100", threads=threads)
         delta = push(bundle, remote, label="step-101", threads=threads)
