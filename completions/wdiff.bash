@@ -90,10 +90,10 @@ _wdiff() {
         squash)
             case "$prev" in
                 -o|--output|--base) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-                -l|--level|-j|--threads) return ;;
+                --remote|--from|--to|-l|--level|--sign|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "-o --output --base -l --level --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "-o --output --remote --from --to --base -l --level --sign --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

@@ -297,3 +297,25 @@ def test_verify_against_remote_and_bundle(versions, remote, tmp_path):
     (d / "extra.txt").write_bytes(b"?")
     r = verify(d, remote=remote)
     assert {(p.path, p.what) for p in r.problems} == {("config.json", "differs"), ("extra.txt", "unexpected")}
+
+
+def test_squash_on_the_remote(versions, remote, tmp_path):
+    push_all(versions, remote)
+    r = sync.squash_remote(remote)  # a fresh anchor at the head, from the chain alone
+    assert r.uploaded and r.parent is None
+    lg = sync.log(remote)
+    assert lg.head == r.version and len(lg.entries) == 4
+    e = tmp_path / "late"
+    pulled = sync.pull(remote, e)
+    assert pulled.bundles == (r.bundle_id,)  # one bundle instead of three
+    assert tree(e) == tree(versions[2])
+    # from a version: needs that checkpoint
+    with pytest.raises(UsageError):
+        sync.squash_remote(remote, start="v0")
+    r2 = sync.squash_remote(remote, start="v0", base=versions[0])
+    assert r2.parent == lg.entries[-1].version
+    d = tmp_path / "d"
+    shutil.copytree(versions[0], d)
+    assert sync.pull(remote, d).bundles == (r2.bundle_id,)
+    assert tree(d) == tree(versions[2])
+    assert not sync.squash_remote(remote).uploaded  # idempotent: it is one bundle now

@@ -115,7 +115,11 @@ def push(
                         reporter=reporter)
 
 
-def _push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_key, reporter: Reporter) -> PushResult:
+def _push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_key, reporter: Reporter,
+                 shortcut: bool = False) -> PushResult:
+    """Publish a bundle file. A ``shortcut`` (a squash of versions the chain
+    has) may start anywhere and must end at a version the chain has; it
+    leaves the head alone."""
     key = signing.load_secret(os.fspath(sign_key)) if sign_key is not None else None
     store = open_remote(remote)
     with BundleReader(path) as reader:
@@ -128,7 +132,10 @@ def _push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_k
     done = chain.entry(bundle_id)
     if done is not None:
         return PushResult(store.url, bundle_id, version, parent, len(done.parts), done.size, False, done.label)
-    if parent is not None:
+    if shortcut:
+        if version not in chain.versions or (parent is not None and parent not in chain.versions):
+            raise BaseMismatchError(f"{store.url}: a squash must join two versions the chain already has")
+    elif parent is not None:
         if chain.head is None:
             raise UsageError(
                 f"{store.url} has no versions yet; its first push must be an anchor",
@@ -157,15 +164,58 @@ def _push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_k
         bundle=bundle_id, version=version, parent=parent, parts=tuple(parts),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), label=label, signature=signature,
     )
-    new = chain.appended(entry)
+    new = chain.appended(entry, head=not shortcut)
     encoded = new.encode()
     if key is not None:
         uploads.append(_chain_signature(encoded, key, path))
     reporter.phase("upload", size)
-    store.publish(uploads, encoded, token, message=f"wdiff push {short(version)}" + (f" ({label})" if label else ""),
+    verb = "wdiff squash" if shortcut else "wdiff push"
+    store.publish(uploads, encoded, token, message=f"{verb} {short(version)}" + (f" ({label})" if label else ""),
                   reporter=reporter)
     reporter.done()
     return PushResult(store.url, bundle_id, version, parent, n_parts, size, True, label)
+
+
+def squash_remote(
+    remote,
+    *,
+    start: str | None = None,
+    to: str | None = None,
+    base=None,
+    label: str | None = None,
+    part_size: int = DEFAULT_PART_SIZE,
+    sign_key=None,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+) -> PushResult:
+    """Add to ``remote`` one bundle that goes from version ``start`` (default:
+    nothing, making an anchor) to ``to`` (default: the head), composed from
+    the bundles the chain already has: a late joiner then downloads one
+    bundle. A squash from a version needs that version's checkpoint as
+    ``base``; from nothing it needs no checkpoint at all."""
+    import tempfile
+
+    threads = threads or default_threads()
+    store = open_remote(remote)
+    chain = _read(store)
+    goal = chain.resolve(to)
+    origin = chain.resolve(start) if start is not None else None
+    run = chain.path(origin, goal)
+    if run is None:
+        raise NotFoundError(f"{store.url}: no run of bundles leads from {short(origin) if origin else 'nothing'} "
+                            f"to {short(goal)}")
+    if origin is not None and base is None:
+        raise UsageError("a squash that starts from a version needs that checkpoint (--base DIR)",
+                         hint="or squash from nothing to make an anchor")
+    if len(run) == 1:
+        return PushResult(store.url, run[0].bundle, goal, origin, len(run[0].parts), run[0].size, False, run[0].label)
+    with tempfile.TemporaryDirectory(prefix="wdiff-squash-") as work:
+        bundles = [_download(store, e, work, reporter)[0] for e in run]
+        out = os.path.join(work, "squash.wdb")
+        squash(bundles, base, out, threads=threads, reporter=reporter)
+        label = label or next((e.label for e in reversed(run) if e.label), None)
+        return _push_bundle(out, remote, label=label, part_size=part_size, fork=False, sign_key=sign_key,
+                            reporter=reporter, shortcut=True)
 
 
 def bundle_comment(bundle_id: bytes, parent: bytes | None, version: bytes) -> str:

@@ -455,10 +455,14 @@ def status(
 
 @app.command(epilog=epilog("squash"))
 def squash(
-    bundles: Annotated[list[Path], typer.Argument(metavar="BUNDLE...", help="Bundles, each one's base the previous one's target.", show_default=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Bundle file to write.", show_default=False)],
-    base: Annotated[Optional[Path], typer.Option("--base", help="The first bundle's base checkpoint (not needed when it is an anchor).", show_default=False)] = None,
-    level: Annotated[int, typer.Option("--level", "-l", min=1, max=22, help="zstd level (1 is the fastest and, for weights, the smallest).")] = 1,
+    bundles: Annotated[Optional[list[Path]], typer.Argument(metavar="[BUNDLE...]", help="Bundles, each one's base the previous one's target.", show_default=False)] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Bundle file to write (with BUNDLE...).", show_default=False)] = None,
+    remote: Annotated[Optional[str], typer.Option("--remote", metavar="REMOTE", help="Squash a run of the remote's chain and add it there.", show_default=False)] = None,
+    start: Annotated[Optional[str], typer.Option("--from", metavar="VERSION", help="With --remote: start here [default: nothing, making an anchor].", show_default=False)] = None,
+    to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="With --remote: end here [default: the head].", show_default=False)] = None,
+    base: Annotated[Optional[Path], typer.Option("--base", help="The checkpoint the run starts from (not needed from an anchor).", show_default=False)] = None,
+    level: Annotated[int, typer.Option("--level", "-l", min=1, max=22, help="zstd level.")] = 1,
+    sign: SignKey = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -469,12 +473,39 @@ def squash(
     XOR deltas compose exactly: the result applies to the first bundle's base
     and rebuilds the last bundle's target bit for bit, checked against its
     digests. A run that starts with an anchor squashes into an anchor, which
-    materialises the chain as a plain checkpoint at any version.
+    materialises the chain as a plain checkpoint at any version. With
+    --remote, the run comes from the remote's chain and the squashed bundle is
+    added to it, so a late joiner downloads one bundle instead of many; from
+    nothing (the default) this makes a fresh anchor without any local
+    checkpoint.
     """
+    out = _setup(json_mode, quiet, verbose)
+    reporter = o.TerminalReporter(out)
+    if remote is not None:
+        if bundles or output is not None:
+            raise UsageError("give either BUNDLE... -o FILE or --remote, not both")
+        from ..sync import squash_remote
+
+        res = squash_remote(remote, start=start, to=to, base=base, sign_key=sign, threads=threads, reporter=reporter)
+        if out.json:
+            out.document(res.to_json())
+            return
+        what = "already one bundle" if not res.uploaded else f"added a {o.size(res.bytes)} bundle"
+        origin = res.parent.hex()[:12] if res.parent else "nothing"
+        out.result(f"{o.name(res.remote)}: {origin} -> {res.version.hex()[:12]}: {what}")
+        return
+    if not bundles or output is None:
+        raise UsageError("squash takes BUNDLE... -o FILE, or --remote REMOTE")
+    if start is not None or to is not None:
+        raise UsageError("--from and --to go with --remote")
     from ..compose import squash as run_squash
 
-    out = _setup(json_mode, quiet, verbose)
-    res = run_squash(bundles, base, output, level=level, threads=threads, reporter=o.TerminalReporter(out))
+    res = run_squash(bundles, base, output, level=level, threads=threads, reporter=reporter)
+    if sign is not None:
+        from ..signing import load_secret, sign_file
+        from ..sync import bundle_comment
+
+        sign_file(str(output), load_secret(str(sign)), bundle_comment(res.bundle_id, res.base_fingerprint, res.target_fingerprint))
     if out.json:
         out.document(res.to_json())
         return

@@ -49,6 +49,8 @@ EXAMPLES: dict[str, list[str]] = {
     "squash": [
         "wdiff squash 101.wdb 102.wdb 103.wdb --base ckpt/step-100 -o 100-103.wdb",
         "wdiff squash anchor-100.wdb 101.wdb 102.wdb -o anchor-102.wdb",
+        "# nightly: a fresh anchor at the head, for machines that join late",
+        "wdiff squash --remote hf://acme/policy",
     ],
     "verify": [
         "wdiff verify /models/policy --remote hf://acme/policy",
