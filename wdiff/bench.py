@@ -55,8 +55,16 @@ def _seed(name: str, salt: int) -> int:
     return zlib.crc32(name.encode()) * 7919 + salt
 
 
-def make_base(root: str, size: int, shards: int) -> list[list[sample.Spec]]:
-    specs = sample.llama_specs(size)
+def specs_for(size: int, tensors: int | None) -> list[sample.Spec]:
+    """A llama-like layout, or ``tensors`` equal bf16 tensors of ``size`` in all."""
+    if not tensors:
+        return sample.llama_specs(size)
+    per = max(1, size // tensors // 2)
+    return [sample.Spec(f"t.{i:06d}", "BF16", (per,)) for i in range(tensors)]
+
+
+def make_base(root: str, size: int, shards: int, tensors: int | None = None) -> list[list[sample.Spec]]:
+    specs = specs_for(size, tensors)
     layout = sample.shard(specs, shards)
     sample.write_checkpoint(
         root, layout, lambda s: sample.bf16_normal(np.random.default_rng(_seed(s.name, 0)), s.nbytes // 2),
@@ -67,7 +75,7 @@ def make_base(root: str, size: int, shards: int) -> list[list[sample.Spec]]:
 
 def make_variant(root: str, layout, scenario: str) -> None:
     names = [s.name for sh in layout for s in sh]
-    layers = sorted({int(n.split(".")[2]) for n in names if n.startswith("model.layers.")})
+    layers = sorted({int(n.split(".")[2]) for n in names if n.startswith("model.layers.")}) or [0]
     hot = {f"model.layers.{i}." for i in layers[-2:]}
 
     def data(s: sample.Spec) -> np.ndarray:
@@ -137,12 +145,12 @@ def _in_child(fn: str, *args):
     return json.loads(p.stdout)
 
 
-def _child_make_base(root: str, size: int, shards: int) -> None:
-    make_base(root, size, shards)
+def _child_make_base(root: str, size: int, shards: int, tensors: int | None) -> None:
+    make_base(root, size, shards, tensors)
 
 
-def _child_make_variant(root: str, size: int, shards: int, scenario: str) -> None:
-    make_variant(root, sample.shard(sample.llama_specs(size), shards), scenario)
+def _child_make_variant(root: str, size: int, shards: int, scenario: str, tensors: int | None) -> None:
+    make_variant(root, sample.shard(specs_for(size, tensors), shards), scenario)
 
 
 def _child_information_floor(a: str, b: str):
@@ -187,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="2GB", help="checkpoint size (e.g. 256MB, 2GB, 16GB) [2GB]")
     ap.add_argument("--scenario", action="append", choices=SCENARIOS, help="repeatable [all]")
     ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--tensors", type=int, default=None,
+                    help="N equal bf16 tensors instead of a llama-like layout (e.g. 20000 vs 200)")
     ap.add_argument("--runs", type=int, default=3, help="runs per timing; the median is shown [3]")
     ap.add_argument("--threads", type=int, default=None, help="wdiff --threads [all cores]")
     ap.add_argument("--dir", default=None, help="work directory [a temporary one]")
@@ -207,12 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         a = os.path.join(work, "A")
         print(f"generating A: {size / 1e9:.2f} GB bf16, {args.shards} shards in {work}", file=sys.stderr)
-        _in_child("make_base", a, size, args.shards)
+        _in_child("make_base", a, size, args.shards, args.tensors)
         a_bytes = sum(os.path.getsize(f) for f in _files(a))
         for sc in scenarios:
             b = os.path.join(work, f"B-{sc}")
             print(f"generating B ({sc})", file=sys.stderr)
-            _in_child("make_variant", b, size, args.shards, sc)
+            _in_child("make_variant", b, size, args.shards, sc, args.tensors)
             k, floor = _in_child("information_floor", a, b)
             bundle = os.path.join(work, f"{sc}.wdb")
             out = os.path.join(work, f"C-{sc}")
