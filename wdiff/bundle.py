@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import xxhash
+import zstandard
 
 from . import format as fmt
-from .codecs import DEFAULT_LEVEL, ZSTD, compressor, decompress_exact
+from .codecs import DEFAULT_LEVEL, ZSTD, compressor, decompress_exact, decompressor
 from .errors import FormatError, IntegrityError, NotFoundError
 from .fsutil import fsync_dir, io_error, temp_name, write_all
 from .hashing import DIGEST_SIZE
@@ -271,35 +272,17 @@ class BundleReader:
         must discard what it wrote if this raises at the end."""
         h = rec.header
         where = f"{self.path}: record {rec.index}"
-        hasher = xxhash.xxh3_128()
         size = h.hi
-        from .codecs import _dctx  # thread-local decompressor
-
-        produced = 0
-        reader_pos = rec.offset
-        end = rec.offset + h.lens[0]
-
-        class _Src:
-            def read(_self, n=-1):
-                nonlocal reader_pos
-                n = min(n if n >= 0 else STREAM_PIECE, end - reader_pos)
-                if n <= 0:
-                    return b""
-                data = self._read_at(reader_pos, n)
-                reader_pos += n
-                hasher.update(data)
-                return data
-
-        import zstandard
-
         try:
             declared = zstandard.get_frame_parameters(self._read_at(rec.offset, min(18, h.lens[0]))).content_size
         except zstandard.ZstdError:
             raise FormatError(f"{where}: not a zstd frame") from None
         if declared != size:
             raise FormatError(f"{where}: compressed data declares {declared} bytes, expected {size}")
+        src = _HashingSource(self, rec.offset, rec.offset + h.lens[0])
+        produced = 0
         try:
-            rd = _dctx().stream_reader(_Src(), read_across_frames=True)
+            rd = decompressor().stream_reader(src, read_across_frames=True)
             while produced < size:
                 piece = rd.read(min(STREAM_PIECE, size - produced))
                 if not piece:
@@ -310,13 +293,33 @@ class BundleReader:
             extra = rd.read(1)
         except zstandard.ZstdError as e:
             raise FormatError(f"{where}: corrupt compressed data ({e})") from None
-        # hash whatever the decompressor left unread so the digest is complete
-        while reader_pos < end:
-            _Src().read(STREAM_PIECE)
-        if fmt.record_digest(hasher, h) != h.digest:
+        src.drain()  # hash what the decompressor left unread, so the digest covers it all
+        if fmt.record_digest(src.hasher, h) != h.digest:
             raise IntegrityError(f"{where}: record is corrupt (digest mismatch)")
         if produced != size or extra:
             raise FormatError(f"{where}: file data does not hold exactly {size} bytes")
+
+
+class _HashingSource:
+    """A byte range of a bundle as a file-like object for zstd's stream
+    reader, hashing everything it hands out."""
+
+    def __init__(self, reader: BundleReader, start: int, end: int) -> None:
+        self.reader, self.pos, self.end = reader, start, end
+        self.hasher = xxhash.xxh3_128()
+
+    def read(self, n: int = -1) -> bytes:
+        n = min(n if n >= 0 else STREAM_PIECE, self.end - self.pos)
+        if n <= 0:
+            return b""
+        data = self.reader._read_at(self.pos, n)
+        self.pos += n
+        self.hasher.update(data)
+        return data
+
+    def drain(self) -> None:
+        while self.read(STREAM_PIECE):
+            pass
 
 
 def decode_header_record(rec: Record, *, where: str) -> bytes:

@@ -53,7 +53,8 @@ def compressor(level: int) -> zstandard.ZstdCompressor:
     return c
 
 
-def _dctx() -> zstandard.ZstdDecompressor:
+def decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's zstd decompressor."""
     d = getattr(_local, "dctx", None)
     if d is None:
         d = _local.dctx = zstandard.ZstdDecompressor()
@@ -70,7 +71,7 @@ def decompress_exact(data, size: int, *, where: str) -> bytes:
     if params.content_size != size:
         raise FormatError(f"{where}: compressed data declares {params.content_size} bytes, expected {size}")
     try:
-        reader = _dctx().stream_reader(data, read_across_frames=True)
+        reader = decompressor().stream_reader(data, read_across_frames=True)
         out = reader.read(size) if size else b""
         extra = reader.read(1)
     except zstandard.ZstdError as e:

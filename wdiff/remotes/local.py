@@ -8,7 +8,7 @@ import shutil
 
 import xxhash
 
-from ..errors import ConflictError, NotFoundError, WdiffIOError
+from ..errors import ConflictError, IntegrityError, NotFoundError, WdiffIOError
 from ..fsutil import atomic_write_bytes, fsync_dir, io_error, temp_name, write_all
 from ..progress import SILENT, Reporter
 from .base import CHAIN, Upload, Writer
@@ -51,7 +51,7 @@ class LocalStore(Writer):
                 have = 0
             with open(src, "rb") as f, open(dest, "ab") as out:
                 if os.fstat(f.fileno()).st_size != size:
-                    raise WdiffIOError(f"{self.url}: {path} is not {size} bytes long")
+                    raise IntegrityError(f"{self.url}: {path} is not {size} bytes long (damaged remote)")
                 f.seek(have)
                 while have < size:
                     piece = f.read(min(PIECE, size - have))
