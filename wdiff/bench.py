@@ -40,14 +40,6 @@ from . import sample
 SCENARIOS = ("rl1", "rl3", "frozen", "dense", "new")
 
 
-def parse_size(text: str) -> int:
-    t = text.strip().upper().rstrip("B")
-    mult = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-    if t and t[-1] in mult:
-        return int(float(t[:-1]) * mult[t[-1]])
-    return int(t)
-
-
 # -- data ------------------------------------------------------------------------------
 
 
@@ -204,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peers", action="store_true", help="skip zstd")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
+
+    from .cli.output import parse_size
 
     size = parse_size(args.size)
     scenarios = args.scenario or list(SCENARIOS)

@@ -288,10 +288,8 @@ Remote = Annotated[str, typer.Argument(metavar="REMOTE", help="A directory, file
 
 
 def _size_arg(text: str) -> int:
-    from ..bench import parse_size
-
     try:
-        return parse_size(text)
+        return o.parse_size(text)
     except ValueError:
         raise UsageError(f"{text!r} is not a size (examples: 20GB, 500MB)") from None
 

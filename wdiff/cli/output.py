@@ -66,6 +66,15 @@ def size(n: int | None) -> str:
     return str(n)
 
 
+def parse_size(text: str) -> int:
+    """'20GB', '500MB', '1.5T' or plain bytes -> bytes (decimal units)."""
+    t = text.strip().upper().rstrip("B")
+    mult = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    if t and t[-1] in mult:
+        return int(float(t[:-1]) * mult[t[-1]])
+    return int(t)
+
+
 def count(n: int) -> str:
     return f"{n:,}"
 
