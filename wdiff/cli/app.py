@@ -50,6 +50,9 @@ TrustedKeys = Annotated[
     typer.Option("--trusted-key", metavar="KEY.pub", help="Accept only what this public key signed (repeatable; default: WDIFF_TRUSTED_KEYS).", show_default=False),
 ]
 RequireSig = Annotated[bool, typer.Option("--require-signature", help="Refuse anything unsigned (needs a trusted key).")]
+Level = Annotated[
+    int, typer.Option("--level", "-l", min=1, max=22, help="zstd level (1 is the fastest and, for weights, the smallest).")
+]
 
 
 def _setup(json_mode: bool, quiet: bool, verbose: int) -> o.Out:
@@ -184,7 +187,7 @@ def pack(
     ],
     output: Annotated[Path, typer.Option("--output", "-o", help="Bundle file to write.", show_default=False)],
     anchor: Annotated[bool, typer.Option("--anchor", help="Pack B whole, as a bundle that needs no base.")] = False,
-    level: Annotated[int, typer.Option("--level", "-l", min=1, max=22, help="zstd level (1 is the fastest and, for weights, the smallest).")] = 1,
+    level: Level = 1,
     sign: SignKey = None,
     json_mode: Json = False,
     quiet: Quiet = False,
@@ -303,7 +306,7 @@ def push(
     label: Annotated[Optional[str], typer.Option("--label", help="A name for the version, such as the training step.", show_default=False)] = None,
     part_size: Annotated[str, typer.Option("--part-size", metavar="SIZE", help="Largest part file stored on the remote.")] = "20GB",
     fork: Annotated[bool, typer.Option("--fork", help="Allow a base that is an older version, not the head.")] = False,
-    level: Annotated[int, typer.Option("--level", "-l", min=1, max=22, help="zstd level when packing.")] = 1,
+    level: Level = 1,
     sign: SignKey = None,
     json_mode: Json = False,
     quiet: Quiet = False,
@@ -459,7 +462,7 @@ def squash(
     start: Annotated[Optional[str], typer.Option("--from", metavar="VERSION", help="With --remote: start here [default: nothing, making an anchor].", show_default=False)] = None,
     to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="With --remote: end here [default: the head].", show_default=False)] = None,
     base: Annotated[Optional[Path], typer.Option("--base", help="The checkpoint the run starts from (not needed from an anchor).", show_default=False)] = None,
-    level: Annotated[int, typer.Option("--level", "-l", min=1, max=22, help="zstd level.")] = 1,
+    level: Level = 1,
     sign: SignKey = None,
     json_mode: Json = False,
     quiet: Quiet = False,
