@@ -38,7 +38,12 @@ assert PREAMBLE.size == 16 and FOOTER.size == 48 and RECORD.size == 112
 CHUNK, FILE, HEADER = 1, 2, 3
 RECORD_TYPES = {CHUNK: "chunk", FILE: "file", HEADER: "header"}
 
-MAX_INDEX_BYTES = 512 * 1024 * 1024
+#: an index lists every target tensor's digest (~35 bytes of JSON each), so a
+#: checkpoint of ~900,000 tensors fits; with the element count checked
+#: before parsing, a hostile index cannot make json.loads build more than
+#: about 150 MB of objects
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+MAX_INDEX_ELEMENTS = 1_000_000  # about 900,000 tensors
 #: a CHUNK record covers at most this many bytes (bounds every buffer)
 MAX_CHUNK_BYTES = 64 * 1024 * 1024
 MAX_FILES = 100_000
@@ -255,6 +260,8 @@ def decode_index(raw: bytes, *, where: str) -> Index:
     """Parse and cross-check an index. It must be canonical JSON with exactly
     the members this version defines; every digest that can be derived from
     others is recomputed, so a self-inconsistent index is refused here."""
+    if raw.count(b",") + raw.count(b":") > MAX_INDEX_ELEMENTS:
+        raise FormatError(f"{where}: index has more entries than this wdiff accepts")
     try:
         obj = json.loads(raw.decode("ascii"))
     except (UnicodeDecodeError, ValueError, RecursionError):

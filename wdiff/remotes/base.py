@@ -14,6 +14,21 @@ from dataclasses import dataclass
 from ..progress import SILENT, Reporter
 
 CHAIN = "chain.json"
+#: stores refuse to read a chain object larger than this (chain.py's limit),
+#: so that a hostile remote cannot make a reader hold gigabytes
+MAX_CHAIN_OBJECT = 32 * 1024 * 1024
+
+
+def read_chain_file(path: str, url: str) -> bytes:
+    """Read a downloaded chain index, refusing one over MAX_CHAIN_OBJECT."""
+    from ..errors import FormatError
+
+    with open(path, "rb") as f:
+        raw = f.read(MAX_CHAIN_OBJECT + 1)
+    if len(raw) > MAX_CHAIN_OBJECT:
+        raise FormatError(f"{url}: chain index is larger than this wdiff accepts",
+                          hint="start a new remote from a fresh anchor")
+    return raw
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import xxhash
 
 from ..errors import AuthError, ConflictError, NotFoundError, RemoteError, WdiffError
 from ..progress import SILENT, Reporter
-from .base import CHAIN, Upload, Writer
+from .base import CHAIN, Upload, Writer, read_chain_file
 
 REPO_ROOT = "wdiff"
 MAX_FILES_PER_COMMIT = 80  # the Hub asks for fewer than 100
@@ -157,8 +157,7 @@ class RepoStore(Writer):
                 return None
             except he.EntryNotFoundError:  # pragma: no cover - mapped above
                 return None
-            with open(path, "rb") as f:
-                return f.read()
+            return read_chain_file(path, self.url)
 
     def fetch(self, path: str, dest: str, *, size: int, reporter: Reporter = SILENT) -> None:
         from huggingface_hub import hf_hub_download
@@ -254,8 +253,7 @@ class BucketStore(Writer):
             dest = os.path.join(tmp, CHAIN)
             with hub_errors(self.url, CHAIN):
                 self.api.download_bucket_files(self.bucket_id, [(self._remote(CHAIN), dest)], raise_on_missing_files=True)
-            with open(dest, "rb") as f:
-                raw = f.read()
+            raw = read_chain_file(dest, self.url)
         return raw, xxhash.xxh3_128_digest(raw)
 
     def fetch(self, path: str, dest: str, *, size: int, reporter: Reporter = SILENT) -> None:

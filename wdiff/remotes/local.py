@@ -11,7 +11,7 @@ import xxhash
 from ..errors import ConflictError, IntegrityError, NotFoundError, WdiffIOError
 from ..fsutil import atomic_write_bytes, fsync_dir, io_error, temp_name, write_all
 from ..progress import SILENT, Reporter
-from .base import CHAIN, Upload, Writer
+from .base import CHAIN, Upload, Writer, read_chain_file
 
 PIECE = 8 * 1024 * 1024
 
@@ -26,8 +26,7 @@ class LocalStore(Writer):
 
     def read_chain(self) -> tuple[bytes | None, object]:
         try:
-            with open(self._path(CHAIN), "rb") as f:
-                raw = f.read()
+            raw = read_chain_file(self._path(CHAIN), self.url)
         except FileNotFoundError:
             return None, (b"" if os.path.isdir(self.root) else None)
         except OSError as e:
