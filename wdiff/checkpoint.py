@@ -162,12 +162,12 @@ def _entry(root: str, relpath: str, abspath: str, st: os.stat_result) -> FileEnt
 def read_header(path: str, size: int, *, where: str) -> Header:
     try:
         with open(path, "rb") as f:
-            prefix = f.read(8)
-            n = header_length(prefix, size, where=where)
-            body = f.read(n)
+            n = header_length(f.read(8), size, where=where)
+            f.seek(0)
+            raw = f.read(8 + n)  # one buffer: hostile headers are tens of MB
     except OSError as e:
         raise WdiffIOError(f"{where}: {e.strerror}") from None
-    return parse_header(prefix + body, size, where=where)
+    return parse_header(raw, size, where=where)
 
 
 def read_into(fd: int, offset: int, buf: memoryview, *, where: str) -> None:

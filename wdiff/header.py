@@ -97,15 +97,14 @@ def parse_header(raw: bytes, file_size: int, *, where: str) -> Header:
     n = header_length(raw, file_size, where=where)
     if len(raw) != 8 + n:
         raise HeaderError(f"{where}: header is truncated")
-    body = raw[8:]
-    if body[:1] != b"{":
+    if raw[8:9] != b"{":
         raise HeaderError(f"{where}: header is not a JSON object")
     # every tensor needs an object, and an object a literal "{": an upper
     # bound on the entries that costs nothing to check before parsing
-    if body.count(b"{") > MAX_TENSORS + 2:
+    if raw.count(b"{", 8) > MAX_TENSORS + 2:
         raise HeaderError(f"{where}: more than {MAX_TENSORS} tensors in one file")
     try:
-        obj = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        obj = json.loads(raw[8:].decode("utf-8"), object_pairs_hook=_no_duplicates)
     except HeaderError as e:
         raise HeaderError(f"{where}: {e}") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
