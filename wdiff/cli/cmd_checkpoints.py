@@ -1,0 +1,223 @@
+"""Commands on checkpoints and bundles: diff, pack, apply."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import ExitCode, UsageError
+from . import output as o
+from .common import (
+    Json, Level, Quiet, RequireSig, SignKey, Threads, TrustedKeys, Verbose, _setup, app,
+)
+from .help import epilog
+
+
+# -- diff --------------------------------------------------------------------------------
+
+
+@app.command(epilog=epilog("diff"))
+def diff(
+    a: Annotated[Path, typer.Argument(metavar="A", help="Old checkpoint directory.", show_default=False)],
+    b: Annotated[Path, typer.Argument(metavar="B", help="New checkpoint directory.", show_default=False)],
+    stat: Annotated[bool, typer.Option("--stat", help="Short form: one line per changed tensor, then totals.")] = False,
+    exit_code: Annotated[
+        bool, typer.Option("--exit-code", help="Exit 1 when the checkpoints differ, 0 when they do not.")
+    ] = False,
+    all_: Annotated[bool, typer.Option("--all", "-a", help="List unchanged tensors too.")] = False,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Show what changed between two checkpoints, tensor by tensor.
+
+    Tensors are matched by name, whatever shard holds them. Unchanged tensors
+    are recognised from block digests alone; for modified ones wdiff counts
+    changed blocks and elements and, for float types, reports the largest
+    absolute change and the L2 norm of the change relative to A's. Companion
+    files (config, tokenizer, ...) are compared whole.
+    """
+    from ..diffing import diff as run_diff
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_diff(a, b, threads=threads, reporter=o.TerminalReporter(out))
+    if out.json:
+        out.document(res.to_json())
+    elif stat:
+        _diff_stat(out, res)
+    else:
+        _diff_table(out, res, all_ or verbose > 0)
+    if exit_code and res.differs:
+        raise typer.Exit(int(ExitCode.DIFFERENCES))
+
+
+def _diff_table(out: o.Out, res, show_all: bool) -> None:
+    out.result(f"a: {o.name(str(res.a))}  fingerprint {res.a_fingerprint.hex()[:16]}")
+    out.result(f"b: {o.name(str(res.b))}  fingerprint {res.b_fingerprint.hex()[:16]}")
+    rows = [["status", "tensor", "dtype", "shape", "blocks", "changed", "elements", "max|d|", "rel-L2"]]
+    for t in res.tensors:
+        if t.status == "unchanged" and not show_all:
+            continue
+        dtype = o.name(t.dtype if t.status != "retyped" else f"{t.old_dtype}->{t.dtype}", 40)
+        shp = o.shape(t.shape) if t.status != "retyped" else f"{o.shape(t.old_shape)}->{o.shape(t.shape)}"
+        if t.status in ("modified", "unchanged"):
+            rows.append([
+                t.status, o.name(t.name, 60), dtype, shp, f"{t.blocks_changed}/{t.blocks}",
+                o.pct(t.fraction), o.count(t.changed), o.sci(t.max_abs), o.sci(t.rel_l2),
+            ])
+        else:
+            rows.append([t.status, o.name(t.name, 60), dtype, shp, "", "", "", "", ""])
+    if len(rows) > 1:
+        out.result("")
+        for line in o.table(rows, right={4, 5, 6, 7, 8}):
+            out.result(line)
+    if res.files:
+        out.result("")
+        for f in res.files:
+            sizes = f"{o.size(f.old_size)} -> {o.size(f.new_size)}" if f.status == "changed" else o.size(f.new_size or f.old_size)
+            out.result(f"{f.status:<9} file {o.name(f.path)}  ({sizes})")
+    for path in res.metadata_changed:
+        out.result(f"metadata  {o.name(path)}: __metadata__ changed")
+    if res.layout_changed:
+        out.result(f"layout    tensor files laid out differently ({res.a_tensor_files} -> {res.b_tensor_files} files); tensors matched by name")
+    out.result("")
+    out.result(_diff_summary(res))
+
+
+def _diff_summary(res) -> str:
+    t = res.totals
+    parts = [f"{t[k]} {k}" for k in ("modified", "added", "removed", "retyped") if t[k]]
+    head = ", ".join(parts) if parts else "no tensor changed"
+    line = f"{head}; {t['unchanged']} unchanged of {t['tensors']} tensors"
+    if t["compared_elements"]:
+        line += f"; {o.count(t['changed_elements'])} of {o.count(t['compared_elements'])} elements changed ({o.pct(t['changed_fraction'])})"
+    if t["files_changed"]:
+        line += f"; {t['files_changed']} companion file{'s' if t['files_changed'] != 1 else ''} differ"
+    if res.identical:
+        line = "identical: " + line
+    return line
+
+
+def _diff_stat(out: o.Out, res) -> None:
+    rows = []
+    for t in res.tensors:
+        if t.status == "unchanged":
+            continue
+        what = f"{o.pct(t.fraction)} changed" if t.status == "modified" else t.status
+        rows.append([o.name(t.name, 70), "|", what])
+    for f in res.files:
+        rows.append([o.name(f.path, 70), "|", f"file {f.status}"])
+    for line in o.table(rows):
+        out.result(" " + line)
+    out.result(" " + _diff_summary(res))
+
+
+# -- pack --------------------------------------------------------------------------------
+
+
+@app.command(epilog=epilog("pack"))
+def pack(
+    paths: Annotated[
+        list[Path],
+        typer.Argument(metavar="A B", help="Base and target checkpoint directories (only B with --anchor).", show_default=False),
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Bundle file to write.", show_default=False)],
+    anchor: Annotated[bool, typer.Option("--anchor", help="Pack B whole, as a bundle that needs no base.")] = False,
+    level: Level = 1,
+    sign: SignKey = None,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Write a bundle that turns checkpoint A into checkpoint B.
+
+    Unchanged blocks are skipped by digest; changed tensors are encoded element
+    by element (positions and the XOR of old and new values), the encoding
+    chosen per chunk by density, and compressed with zstd. The bundle records
+    the fingerprints of A and B and every digest apply needs to verify its
+    work. The same inputs and options always give the same bytes. The file
+    appears only when complete.
+    """
+    from ..packing import pack as run_pack
+
+    out = _setup(json_mode, quiet, verbose)
+    if anchor:
+        if len(paths) != 1:
+            raise UsageError("--anchor takes exactly one checkpoint directory (B)")
+        a, b = None, paths[0]
+    else:
+        if len(paths) != 2:
+            raise UsageError("pack takes two checkpoint directories, A and B (or --anchor B)")
+        a, b = paths
+    res = run_pack(a, b, output, level=level, threads=threads, reporter=o.TerminalReporter(out))
+    if sign is not None:
+        from ..signing import load_secret, sign_file
+        from ..sync import bundle_comment
+
+        sign_file(str(output), load_secret(str(sign)), bundle_comment(res.bundle_id, res.base_fingerprint, res.target_fingerprint))
+    if out.json:
+        out.document(res.to_json())
+        return
+    per = f", {res.bytes_per_changed:.2f} bytes per changed element" if res.bytes_per_changed else ""
+    out.result(
+        f"wrote {o.name(str(output))}: {o.size(res.bundle_bytes)} for a {o.size(res.target_bytes)} checkpoint "
+        f"({res.ratio:,.1f}x smaller{per})"
+    )
+    out.result(f"  {res.tensors_changed} of {res.tensors} tensors changed, {o.count(res.changed_elements)} elements; "
+               f"{res.files_stored} files stored whole")
+    if out.verbose:
+        for name, c in res.codecs.items():
+            out.result(f"  {name:<7} {c.records:>7} records {o.size(c.bytes):>10}  {o.count(c.changed)} elements")
+    base = res.base_fingerprint.hex()[:16] if res.base_fingerprint else "(none: anchor)"
+    out.result(f"  base {base}  target {res.target_fingerprint.hex()[:16]}  bundle {res.bundle_id.hex()[:16]}")
+
+
+# -- apply -------------------------------------------------------------------------------
+
+
+@app.command(epilog=epilog("apply"))
+def apply(
+    bundle: Annotated[Path, typer.Argument(metavar="BUNDLE", help="Bundle file.", show_default=False)],
+    base: Annotated[
+        Optional[Path], typer.Argument(metavar="BASE", help="Base checkpoint directory (omit for an anchor).", show_default=False)
+    ] = None,
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", help="New directory to create (must not exist, or be empty).", show_default=False)
+    ] = None,
+    in_place: Annotated[bool, typer.Option("--in-place", help="Update BASE itself (journaled, resumable).")] = False,
+    abort: Annotated[bool, typer.Option("--abort", help="With --in-place: roll back an interrupted apply.")] = False,
+    trusted_key: TrustedKeys = None,
+    require_signature: RequireSig = False,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Rebuild the target checkpoint of BUNDLE from BASE.
+
+    wdiff checks the bundle's digests and that BASE is the bundle's base (by
+    fingerprint) and refuses anything else. With -o the target is built in a
+    hidden temporary directory beside OUT, verified tensor by tensor against
+    the target digests, synced, and renamed into place: OUT appears complete
+    or not at all. With --in-place, BASE is updated inside its own directory
+    for checkpoints too large to copy: a journal and an undo log make the
+    change finish, or roll back with --abort, after any interruption.
+    """
+    from ..applying import apply as run_apply
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_apply(bundle, base, output, in_place=in_place, abort=abort, trusted_keys=trusted_key,
+                    require_signature=require_signature, threads=threads, reporter=o.TerminalReporter(out))
+    if out.json:
+        out.document(res.to_json())
+        return
+    if abort:
+        out.result(f"rolled back {o.name(res.output)} to the base {res.target_fingerprint.hex()[:16]}")
+        return
+    how = "updated in place" if res.in_place else "wrote"
+    again = " (finished an interrupted apply)" if res.resumed else ""
+    out.result(f"{how} {o.name(res.output)}{again}: {res.files} files verified, target {res.target_fingerprint.hex()[:16]}")

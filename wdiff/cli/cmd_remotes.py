@@ -1,0 +1,235 @@
+"""Commands on remotes: push, pull, log, status, squash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import ExitCode, UsageError
+from . import output as o
+from .common import (
+    Json, Level, Quiet, Remote, RequireSig, SignKey, Threads, TrustedKeys, Verbose, _setup, _size_arg, app,
+)
+from .help import epilog
+
+
+# -- push ---------------------------------------------------------------------------------
+
+
+@app.command(epilog=epilog("push"))
+def push(
+    source: Annotated[Path, typer.Argument(metavar="BUNDLE|DIR", help="A bundle file, or a checkpoint directory to pack first.", show_default=False)],
+    remote: Remote,
+    base: Annotated[Optional[Path], typer.Option("--base", help="Pack DIR against this checkpoint (the remote's head) first.", show_default=False)] = None,
+    anchor: Annotated[bool, typer.Option("--anchor", help="Push DIR whole, as an anchor new machines can start from.")] = False,
+    label: Annotated[Optional[str], typer.Option("--label", help="A name for the version, such as the training step.", show_default=False)] = None,
+    part_size: Annotated[str, typer.Option("--part-size", metavar="SIZE", help="Largest part file stored on the remote.")] = "20GB",
+    fork: Annotated[bool, typer.Option("--fork", help="Allow a base that is an older version, not the head.")] = False,
+    level: Level = 1,
+    sign: SignKey = None,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Upload a version to a remote and make it the head of its chain.
+
+    The bundle is verified, split into parts no larger than --part-size, and
+    stored; then the chain index that lists it is written, so a reader never
+    sees a version whose parts are missing. On a Hub repository both happen in
+    one commit that fails if anyone else pushed meanwhile. A bundle whose base
+    is not the head is refused. Pushing the same bundle again does nothing.
+    """
+    from ..sync import push as run_push
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_push(source, remote, base=base, anchor=anchor, label=label, part_size=_size_arg(part_size),
+                   fork=fork, level=level, sign_key=sign, threads=threads, reporter=o.TerminalReporter(out))
+    if out.json:
+        out.document(res.to_json())
+        return
+    what = "anchor" if res.parent is None else f"delta from {res.parent.hex()[:12]}"
+    verb = "pushed" if res.uploaded else "already on the remote:"
+    lab = f" ({o.name(res.label, 80)})" if res.label else ""
+    out.result(f"{verb} {res.version.hex()[:12]}{lab}, {what}: {o.size(res.bytes)} in {res.parts} part"
+               f"{'s' if res.parts != 1 else ''} to {o.name(res.remote)}")
+
+
+# -- pull ---------------------------------------------------------------------------------
+
+
+@app.command(epilog=epilog("pull"))
+def pull(
+    remote: Remote,
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="Checkpoint directory to update (created if missing).", show_default=False)],
+    to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="A fingerprint (or prefix) or label [default: the head].", show_default=False)] = None,
+    trusted_key: TrustedKeys = None,
+    require_signature: RequireSig = False,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Bring a checkpoint directory to a version of a remote.
+
+    wdiff fingerprints DIR, finds the smallest run of bundles from there to the
+    wanted version (or from the nearest anchor when DIR is empty or holds a
+    version the remote does not know), downloads and verifies every part
+    (resuming after an interruption), squashes the run into one delta and
+    applies it in place: no intermediate checkpoint is written. When DIR is
+    already at the version nothing is downloaded. Two pulls into one DIR
+    never both write: the second exits with status 8.
+    """
+    from ..sync import pull as run_pull
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_pull(remote, directory, to=to, trusted_keys=trusted_key, require_signature=require_signature,
+                   threads=threads, reporter=o.TerminalReporter(out))
+    if out.json:
+        out.document(res.to_json())
+        return
+    if res.up_to_date:
+        out.result(f"{o.name(res.directory)} is already at {res.after.hex()[:12]}")
+        return
+    start = "an anchor" if res.from_anchor else res.before.hex()[:12] if res.before else "empty"
+    out.result(f"updated {o.name(res.directory)}: {start} -> {res.after.hex()[:12]} with {len(res.bundles)} bundle"
+               f"{'s' if len(res.bundles) != 1 else ''}, {o.size(res.downloaded)} downloaded")
+
+
+# -- log ----------------------------------------------------------------------------------
+
+
+@app.command(epilog=epilog("log"))
+def log(
+    remote: Remote,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+) -> None:
+    """List the versions on a remote, newest first.
+
+    Each line is one bundle: the version it leads to, the version it starts
+    from (or "anchor"), its label, size, parts and creation time. The head is
+    marked with an asterisk.
+    """
+    from ..sync import log as run_log
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_log(remote)
+    if out.json:
+        out.document(res.to_json())
+        return
+    if not res.entries:
+        out.result(f"{o.name(res.remote)}: no versions yet")
+        return
+    rows = [["", "version", "from", "label", "size", "parts", "created"]]
+    for e in res.entries:
+        rows.append([
+            "*" if e.version == res.head else "", e.version.hex()[:12],
+            "anchor" if e.anchor else e.parent.hex()[:12], o.name(e.label or "", 40),
+            o.size(e.size), str(len(e.parts)), e.created,
+        ])
+    for line in o.table(rows, right={4, 5}):
+        out.result(line)
+
+
+# -- status -------------------------------------------------------------------------------
+
+
+@app.command(epilog=epilog("status"))
+def status(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="Checkpoint directory.", show_default=False)],
+    remote: Remote,
+    to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="Compare with this version [default: the head].", show_default=False)] = None,
+    exit_code: Annotated[bool, typer.Option("--exit-code", help="Exit 1 when DIR is not at the version.")] = False,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Say whether a checkpoint directory is at the head of a remote.
+
+    Reports the directory's fingerprint, whether the remote knows it, and how
+    many bundles (and bytes) a pull would fetch to reach the head or --to.
+    """
+    from ..sync import status as run_status
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_status(directory, remote, to=to, threads=threads, reporter=o.TerminalReporter(out))
+    if out.json:
+        out.document(res.to_json())
+    elif res.up_to_date:
+        out.result(f"{o.name(res.directory)} is up to date at {res.target.hex()[:12]}")
+    elif res.behind < 0:
+        out.result(f"{o.name(res.directory)} is at {res.current.hex()[:12]}; the remote cannot rebuild {res.target.hex()[:12]}")
+    else:
+        how = "from an anchor" if res.from_anchor else f"from {res.current.hex()[:12]}"
+        out.result(f"{o.name(res.directory)} is {res.behind} bundle{'s' if res.behind != 1 else ''} behind "
+                   f"{res.target.hex()[:12]} ({how}; {o.size(res.download)} to download)")
+    if exit_code and not res.up_to_date:
+        raise typer.Exit(int(ExitCode.DIFFERENCES))
+
+
+# -- squash -------------------------------------------------------------------------------
+
+
+@app.command(epilog=epilog("squash"))
+def squash(
+    bundles: Annotated[Optional[list[Path]], typer.Argument(metavar="[BUNDLE...]", help="Bundles, each one's base the previous one's target.", show_default=False)] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Bundle file to write (with BUNDLE...).", show_default=False)] = None,
+    remote: Annotated[Optional[str], typer.Option("--remote", metavar="REMOTE", help="Squash a run of the remote's chain and add it there.", show_default=False)] = None,
+    start: Annotated[Optional[str], typer.Option("--from", metavar="VERSION", help="With --remote: start here [default: nothing, making an anchor].", show_default=False)] = None,
+    to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="With --remote: end here [default: the head].", show_default=False)] = None,
+    base: Annotated[Optional[Path], typer.Option("--base", help="The checkpoint the run starts from (not needed from an anchor).", show_default=False)] = None,
+    level: Level = 1,
+    sign: SignKey = None,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Compose a run of bundles into one, from the first base to the last target.
+
+    XOR deltas compose exactly: the result applies to the first bundle's base
+    and rebuilds the last bundle's target bit for bit, checked against its
+    digests. A run that starts with an anchor squashes into an anchor, which
+    materialises the chain as a plain checkpoint at any version. With
+    --remote, the run comes from the remote's chain and the squashed bundle is
+    added to it, so a late joiner downloads one bundle instead of many; from
+    nothing (the default) this makes a fresh anchor without any local
+    checkpoint.
+    """
+    out = _setup(json_mode, quiet, verbose)
+    reporter = o.TerminalReporter(out)
+    if remote is not None:
+        if bundles or output is not None:
+            raise UsageError("give either BUNDLE... -o FILE or --remote, not both")
+        from ..sync import squash_remote
+
+        res = squash_remote(remote, start=start, to=to, base=base, sign_key=sign, threads=threads, reporter=reporter)
+        if out.json:
+            out.document(res.to_json())
+            return
+        what = "already one bundle" if not res.uploaded else f"added a {o.size(res.bytes)} bundle"
+        origin = res.parent.hex()[:12] if res.parent else "nothing"
+        out.result(f"{o.name(res.remote)}: {origin} -> {res.version.hex()[:12]}: {what}")
+        return
+    if not bundles or output is None:
+        raise UsageError("squash takes BUNDLE... -o FILE, or --remote REMOTE")
+    if start is not None or to is not None:
+        raise UsageError("--from and --to go with --remote")
+    from ..compose import squash as run_squash
+
+    res = run_squash(bundles, base, output, level=level, threads=threads, reporter=reporter)
+    if sign is not None:
+        from ..signing import load_secret, sign_file
+        from ..sync import bundle_comment
+
+        sign_file(str(output), load_secret(str(sign)), bundle_comment(res.bundle_id, res.base_fingerprint, res.target_fingerprint))
+    if out.json:
+        out.document(res.to_json())
+        return
+    out.result(f"wrote {o.name(str(output))}: {len(bundles)} bundles as one, {o.size(res.bundle_bytes)} "
+               f"({res.target_fingerprint.hex()[:12]} from {res.base_fingerprint.hex()[:12] if res.base_fingerprint else 'nothing'})")

@@ -1,0 +1,84 @@
+"""The Typer application object and what every command shares: the options
+defined once, the output setup, the version flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .. import __version__
+from ..errors import EXIT_CODE_TABLE, UsageError
+from . import output as o
+from .state import STATE
+
+EXIT_STATUS = "\n".join(f"  {int(code):>3}  {text}" for code, text in EXIT_CODE_TABLE)
+
+app = typer.Typer(
+    name="wdiff",
+    help=(
+        "Diff, pack, ship and apply model checkpoint deltas: bit-exact, verified, streaming.\n\n"
+        "wdiff finds what changed between two checkpoint directories (sharded safetensors "
+        "plus companion files), packs only that into a small verified bundle, and rebuilds "
+        "the new checkpoint bit for bit from the old one."
+    ),
+    epilog="Exit status (every command):\n\n\b\n" + EXIT_STATUS + "\n\nEnvironment: WDIFF_THREADS (worker threads), WDIFF_CACHE_DIR (manifest cache; none: off), WDIFF_DEBUG=1 (tracebacks), NO_COLOR.",
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80},
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+# -- options shared by every command, defined once -------------------------------------
+
+Json = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on success.")]
+Verbose = Annotated[int, typer.Option("--verbose", "-v", count=True, help="More detail (repeatable).")]
+Threads = Annotated[
+    Optional[int],
+    typer.Option("--threads", "-j", min=1, max=256, help="Worker threads [default: all cores, or WDIFF_THREADS]."),
+]
+SignKey = Annotated[
+    Optional[Path],
+    typer.Option("--sign", metavar="KEY", help="Sign with this minisign secret key (see wdiff keygen).", show_default=False),
+]
+TrustedKeys = Annotated[
+    Optional[list[Path]],
+    typer.Option("--trusted-key", metavar="KEY.pub", help="Accept only what this public key signed (repeatable; default: WDIFF_TRUSTED_KEYS).", show_default=False),
+]
+RequireSig = Annotated[bool, typer.Option("--require-signature", help="Refuse anything unsigned (needs a trusted key).")]
+Level = Annotated[
+    int, typer.Option("--level", "-l", min=1, max=22, help="zstd level (1 is the fastest and, for weights, the smallest).")
+]
+
+
+def _setup(json_mode: bool, quiet: bool, verbose: int) -> o.Out:
+    out = o.Out(quiet=quiet, verbose=verbose, json_mode=json_mode)
+    STATE.out = out
+    return out
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"wdiff {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    pass
+
+
+Remote = Annotated[str, typer.Argument(metavar="REMOTE", help="A directory, file://PATH, hf://ORG/NAME[@REV], hf://datasets/ORG/NAME or hf://buckets/ORG/NAME[/PREFIX].", show_default=False)]
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return o.parse_size(text)
+    except ValueError:
+        raise UsageError(f"{text!r} is not a size (examples: 20GB, 500MB)") from None
