@@ -237,7 +237,10 @@ def _chain_signature(encoded: bytes, key, beside: str) -> Upload:
 
 
 def chain_signature_path(encoded: bytes) -> str:
-    return f"signatures/chain-{xxhash.xxh3_128_hexdigest(encoded)}{signing.SUFFIX}"
+    """signatures/XX/chain-DIGEST.minisig: sharded like objects/, since the
+    Hub wants fewer than 10,000 entries per folder and there is one per push."""
+    h = xxhash.xxh3_128_hexdigest(encoded)
+    return f"signatures/{h[:2]}/chain-{h}{signing.SUFFIX}"
 
 
 def _verify_records(reader: BundleReader, reporter: Reporter) -> None:
