@@ -157,7 +157,7 @@ def _push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_k
         parts.append(Part(name, length, _digest_range(path, off, length)))
     signature = None
     if key is not None:
-        sig_file = signing.sign_file(path, key, bundle_comment(bundle_id, parent, version))
+        sig_file = sign_bundle(path, key, verify=False)  # verified above
         signature = names[0] + signing.SUFFIX
         uploads.append(Upload(signature, sig_file, 0, os.path.getsize(sig_file)))
     entry = Entry(
@@ -216,6 +216,19 @@ def squash_remote(
         label = label or next((e.label for e in reversed(run) if e.label), None)
         return _push_bundle(out, remote, label=label, part_size=part_size, fork=False, sign_key=sign_key,
                             reporter=reporter, shortcut=True)
+
+
+def sign_bundle(path, key, *, verify: bool = True, reporter: Reporter = SILENT) -> str:
+    """Write ``path.minisig``: ``key`` (a SecretKey or a key file) signs the
+    bundle, its trusted comment naming the bundle, its base and its target.
+    With ``verify``, every record is checked first. Returns the signature path."""
+    path = os.fspath(path)
+    secret = key if isinstance(key, signing.SecretKey) else signing.load_secret(os.fspath(key))
+    with BundleReader(path) as r:
+        if verify:
+            _verify_records(r, reporter)
+        comment = bundle_comment(r.id, r.index.base_fingerprint, r.index.target_fingerprint)
+    return signing.sign_file(path, secret, comment)
 
 
 def bundle_comment(bundle_id: bytes, parent: bytes | None, version: bytes) -> str:

@@ -155,10 +155,9 @@ def pack(
         a, b = paths
     res = run_pack(a, b, output, level=level, threads=threads, reporter=o.TerminalReporter(out))
     if sign is not None:
-        from ..signing import load_secret, sign_file
-        from ..sync import bundle_comment
+        from ..sync import sign_bundle
 
-        sign_file(str(output), load_secret(str(sign)), bundle_comment(res.bundle_id, res.base_fingerprint, res.target_fingerprint))
+        sign_bundle(output, sign, verify=False)  # just written and verified
     if out.json:
         out.document(res.to_json())
         return

@@ -224,10 +224,9 @@ def squash(
 
     res = run_squash(bundles, base, output, level=level, threads=threads, reporter=reporter)
     if sign is not None:
-        from ..signing import load_secret, sign_file
-        from ..sync import bundle_comment
+        from ..sync import sign_bundle
 
-        sign_file(str(output), load_secret(str(sign)), bundle_comment(res.bundle_id, res.base_fingerprint, res.target_fingerprint))
+        sign_bundle(output, sign, verify=False)  # just written and verified
     if out.json:
         out.document(res.to_json())
         return

@@ -100,16 +100,12 @@ def sign(
     base and its target. `wdiff apply --trusted-key KEY.pub` and
     `minisign -Vm BUNDLE -p KEY.pub` both check it.
     """
-    from ..bundle import BundleReader
-    from ..signing import load_secret, sign_file
-    from ..sync import _verify_records, bundle_comment
+    from ..signing import load_secret
+    from ..sync import sign_bundle
 
     out = _setup(json_mode, quiet, verbose)
     secret = load_secret(str(key))
-    with BundleReader(bundle) as r:
-        _verify_records(r, o.TerminalReporter(out))
-        comment = bundle_comment(r.id, r.index.base_fingerprint, r.index.target_fingerprint)
-    sig = sign_file(str(bundle), secret, comment)
+    sig = sign_bundle(bundle, secret, reporter=o.TerminalReporter(out))
     if out.json:
         out.document({"schema": "wdiff.sign/1", "bundle": str(bundle), "signature": sig, "key_id": secret.public_key.id_hex})
         return
