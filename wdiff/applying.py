@@ -78,9 +78,7 @@ def apply(
     threads = threads or default_threads()
     from . import signing
 
-    keys = signing.trusted_keys(trusted_keys)
-    if require_signature and not keys:
-        raise UsageError("--require-signature needs a trusted key", hint=f"give --trusted-key or set {signing.ENV_KEYS}")
+    keys = signing.required_keys(trusted_keys, require_signature)
     if keys and not abort:
         signing.verify_file(os.fspath(bundle), os.fspath(bundle) + signing.SUFFIX, keys)
     if in_place:
@@ -192,8 +190,7 @@ def verify_bundle(
         if records is not None and h.type != fmt.HEADER:
             records.append(Record(h, rec.offset, rec.index, None))
         if h.type == fmt.FILE:
-            for _ in reader.file_payload(rec, verify_only=True):
-                pass
+            reader.check_file_payload(rec)
         elif h.type == fmt.HEADER:
             f = index.files[h.file]
             raw = decode_header_record(rec, where=where)
@@ -345,7 +342,7 @@ def build(
                 old = A.file(f.path) if A else None
                 if old is None or old.kind == KIND_TENSORS:
                     raise BaseMismatchError(f"{printable(f.path)}: the base lacks this file")
-                blocks = _copy_file(old.abspath, old.size, fd, reporter)
+                blocks = manifest.hash_file(old.abspath, old.size, reporter=reporter, copy_to=fd)
                 da.files[f.path] = blocks
             else:
                 blocks = _write_stream(reader.file_payload(rec), fd, reporter)
@@ -434,26 +431,6 @@ def _preallocate(fd: int, size: int, path: str) -> None:
             os.ftruncate(fd, size)
         else:
             raise io_error(path, e) from None
-
-
-def _copy_file(src: str, size: int, fd: int, reporter: Reporter) -> bytes:
-    from .hashing import block_digests
-
-    buf = scratch("file", manifest.READ_PIECE)
-    parts = []
-    sfd = os.open(src, os.O_RDONLY)
-    try:
-        from .checkpoint import read_into
-
-        for off in range(0, size, manifest.READ_PIECE):
-            n = min(manifest.READ_PIECE, size - off)
-            read_into(sfd, off, memoryview(buf[:n]), where=src)
-            parts.append(block_digests(buf[:n]))
-            write_all(fd, buf[:n], off)
-            reporter.advance(n)
-    finally:
-        os.close(sfd)
-    return b"".join(parts)
 
 
 def _write_stream(pieces, fd: int, reporter: Reporter) -> bytes:

@@ -266,6 +266,11 @@ class BundleReader:
         if missing:
             raise FormatError(f"{self.path}: no data for target file {index.files[missing[0]].path!r}")
 
+    def check_file_payload(self, rec: Record) -> None:
+        """Read a FILE record's payload through to its digest check."""
+        for _ in self.file_payload(rec, verify_only=True):
+            pass
+
     def file_payload(self, rec: Record, *, verify_only: bool = False) -> Iterator[bytes]:
         """Stream the decompressed content of a FILE record in pieces,
         checking the record digest once the payload has been read. The caller

@@ -96,14 +96,20 @@ class _Step:
             k += 1
         return out
 
-    def payload(self, rec: Record) -> tuple[bytes, bytes, bytes]:
-        """The record's payload sections, re-read and re-checked."""
+    def raw_payload(self, rec: Record) -> bytes:
+        """The record's payload, re-read and re-checked against its digest."""
         h = rec.header
         data = os.pread(self.fd, h.payload_len, rec.offset)
         hasher = xxhash.xxh3_128()
         hasher.update(data)
         if len(data) != h.payload_len or fmt.record_digest(hasher, h) != h.digest:
             raise IntegrityError(f"{self.path}: record {rec.index} changed while it was being read")
+        return data
+
+    def payload(self, rec: Record) -> tuple[bytes, bytes, bytes]:
+        """The record's payload sections, re-read and re-checked."""
+        h = rec.header
+        data = self.raw_payload(rec)
         a, b = h.lens[0], h.lens[0] + h.lens[1]
         return data[:a], data[a:b], data[b:]
 
@@ -351,11 +357,7 @@ def _companion(w: BundleWriter, i: int, f: fmt.TargetFile, steps, versions, A) -
     # copy the compressed bytes as they are, under this bundle's file index
     st = steps[j - 1]
     h = rec.header
-    data = os.pread(st.fd, h.payload_len, rec.offset)
-    hasher = xxhash.xxh3_128()
-    hasher.update(data)
-    if fmt.record_digest(hasher, h) != h.digest:
-        raise IntegrityError(f"{st.path}: record {rec.index} changed while it was being read")
+    data = st.raw_payload(rec)
     if h.target != f.digest:
         raise IntegrityError(f"squash: {printable(f.path)} of bundle {st.path} is not the last bundle's")
     hdr = fmt.RecordHeader(

@@ -51,8 +51,7 @@ def inspect(bundle) -> BundleInfo:
         for rec in r.records():
             h = rec.header
             if h.type == fmt.FILE:
-                for _ in r.file_payload(rec, verify_only=True):
-                    pass
+                r.check_file_payload(rec)
                 kind = "file"
             elif h.type == fmt.HEADER:
                 decode_header_record(rec, where=f"{r.path}: record {rec.index}")

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from .blockio import FdCache, read_target, scratch, span_digests
 from .checkpoint import KIND_TENSORS, Checkpoint, FileEntry, read_into
+from .fsutil import write_all
 from .hashing import BLOCK_SIZE, FileDigest, Manifest, block_digests, file_digest_from_blocks, n_blocks
 from .parallel import ordered_map
 from .plan import DEFAULT_CHUNK, Unit, pack_units
@@ -68,8 +69,9 @@ def _hdr(raw: bytes | None) -> bytes | None:
     return xxhash.xxh3_128_digest(raw)
 
 
-def hash_file(path: str, size: int, *, reporter: Reporter = SILENT) -> bytes:
-    """Block digests of a whole (companion) file, read in pieces."""
+def hash_file(path: str, size: int, *, reporter: Reporter = SILENT, copy_to: int | None = None) -> bytes:
+    """Block digests of a whole (companion) file, read in pieces; with
+    ``copy_to`` (a file descriptor) each piece is also written there."""
     buf = scratch("file", READ_PIECE)
     parts = []
     try:
@@ -83,6 +85,8 @@ def hash_file(path: str, size: int, *, reporter: Reporter = SILENT) -> bytes:
             n = min(READ_PIECE, size - off)
             read_into(fd, off, memoryview(buf[:n]), where=path)
             parts.append(block_digests(buf[:n]))
+            if copy_to is not None:
+                write_all(copy_to, buf[:n], off)
             reporter.advance(n)
     finally:
         os.close(fd)

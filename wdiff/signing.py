@@ -146,6 +146,15 @@ def trusted_keys(paths: list[str] | None) -> list[PublicKey]:
     return [load_public(os.fspath(p)) for p in paths]
 
 
+def required_keys(paths: list | None, require: bool) -> list[PublicKey]:
+    """The trusted keys (given, or from WDIFF_TRUSTED_KEYS); having any means
+    signatures are required, and ``require`` without any is a usage error."""
+    keys = trusted_keys(paths)
+    if require and not keys:
+        raise UsageError("--require-signature needs a trusted key", hint=f"give --trusted-key or set {ENV_KEYS}")
+    return keys
+
+
 def _blake2b_file(path: str) -> bytes:
     h = hashlib.blake2b(digest_size=64)
     try:

@@ -261,8 +261,7 @@ def _verify_records(reader: BundleReader, reporter: Reporter) -> None:
     reporter.phase("verify bundle", reader.size)
     for rec in reader.records():
         if rec.payload is None:
-            for _ in reader.file_payload(rec, verify_only=True):
-                pass
+            reader.check_file_payload(rec)
         reporter.advance(rec.header.payload_len)
 
 
@@ -298,7 +297,7 @@ class LogResult:
         }
 
 
-def _read(store, *, keys: list | None = None, work: str | None = None) -> Chain:
+def _read(store, *, keys: list | None = None) -> Chain:
     """The chain of a remote that must exist (log, status, pull); with
     ``keys``, its signature must verify with one of them."""
     raw, token = store.read_chain()
@@ -307,14 +306,14 @@ def _read(store, *, keys: list | None = None, work: str | None = None) -> Chain:
     if keys:
         if raw is None:
             raise IntegrityError(f"{store.url}: has no signed chain")
-        _verify_chain(store, raw, keys, work)
+        _verify_chain(store, raw, keys)
     return Chain.decode(raw, where=store.url)
 
 
-def _verify_chain(store, raw: bytes, keys: list, work: str | None) -> None:
+def _verify_chain(store, raw: bytes, keys: list) -> None:
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix=".wdiff-sig-", dir=work) as tmp:
+    with tempfile.TemporaryDirectory(prefix="wdiff-sig-") as tmp:
         chain_file = os.path.join(tmp, "chain.json")
         with open(chain_file, "wb") as f:
             f.write(raw)
@@ -460,18 +459,17 @@ def pull(
     every bundle must carry a valid signature by one of them."""
     directory = os.path.abspath(os.fspath(directory))
     threads = threads or default_threads()
-    keys = signing.trusted_keys(trusted_keys)
-    if require_signature and not keys:
-        raise UsageError("--require-signature needs a trusted key", hint=f"give --trusted-key or set {signing.ENV_KEYS}")
+    keys = signing.required_keys(trusted_keys, require_signature)
     store = open_remote(remote)
-    _read(store, keys=keys)  # a missing or untrusted remote must not leave an empty DIR behind
+    # read (and check) the chain before creating DIR: a missing or untrusted
+    # remote must not leave an empty directory behind
+    chain = _read(store, keys=keys)
     os.makedirs(directory, exist_ok=True)
     # the lock sits beside the directory: a pull may swap the directory itself
     parent, name = os.path.split(directory)
     with locked(os.path.join(parent, f".{name}.wdiff-lock"), what=directory):
         work = os.path.join(directory, STATE, "pull")
         _finish_interrupted(directory, work, threads, reporter)
-        chain = _read(store, keys=keys, work=directory)
         goal = chain.resolve(to)
         current = _fingerprint(directory, threads, reporter)
         run, from_anchor = _plan(chain, current, goal)
