@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import xxhash
 
 from . import format as fmt
-from . import manifest
-from .blockio import FdCache, read_base, scratch, span_digests
+from . import kernels, manifest
+from .blockio import FdCache, known_digests, read_base, scratch, span_digests
 from .bundle import ZERO, BundleReader, Record, decode_header_record
 from .checkpoint import KIND_TENSORS, Checkpoint, scan
 from .codecs import RAW, decode_into
@@ -274,15 +274,24 @@ def _unit_work(reader: BundleReader, index: fmt.Index, headers: dict[int, Header
         yield from gaps(current, index.files[current].data_len)
 
 
-def apply_unit(fds: FdCache, out_fd: int, data_start: int, unit: Unit, rec: Record | None, *, where: str):
+def apply_unit(
+    fds: FdCache, out_fd: int, data_start: int, unit: Unit, rec: Record | None, *, where: str, known_a: dict | None = None
+):
     """Produce one unit of the target: base bytes, patched by ``rec`` if any;
     check base and target chunk digests; write at its offset in ``out_fd``
-    (or nowhere when ``out_fd`` is negative). Returns the digests."""
+    (or nowhere when ``out_fd`` is negative). Returns the digests. The base
+    digests of a patched unit come from the manifest cache (``known_a``)
+    when it holds them; every byte written is hashed."""
     buf = scratch("b", unit.nbytes)
     a_dig = None
     if unit.spans[0].base is not None:
         read_base(fds, unit, buf)
-        a_dig = span_digests(unit, buf)
+        # bytes copied as they are must be hashed (they are the target);
+        # bytes about to be patched are checked by the cache's digests, and
+        # the patched result is hashed below
+        a_dig = known_digests(unit, known_a, base=True) if known_a and rec is not None else None
+        if a_dig is None:
+            a_dig = span_digests(unit, buf)
     if rec is None:
         t_dig = a_dig
     else:
@@ -300,6 +309,7 @@ def apply_unit(fds: FdCache, out_fd: int, data_start: int, unit: Unit, rec: Reco
             write_all(out_fd, buf, data_start + unit.lo)
         except OSError as e:
             raise io_error(where, e) from None
+        kernels.start_writeback(out_fd, data_start + unit.lo, unit.nbytes)
     return unit, a_dig, t_dig
 
 
@@ -354,6 +364,7 @@ def build(
             os.close(fd)
         written += f.size
 
+    known_a = manifest.cached_tensors(A) if A is not None else {}
     with FdCache() as fds:
         try:
 
@@ -362,7 +373,7 @@ def build(
                     return item
                 i, lay, unit, rec = item
                 where = f"{reader.path}: {printable(index.files[i].path)}"
-                return (i,) + apply_unit(fds, out_fds[i], lay.header.data_start, unit, rec, where=where)
+                return (i,) + apply_unit(fds, out_fds[i], lay.header.data_start, unit, rec, where=where, known_a=known_a)
 
             def items():
                 for item in _unit_work(reader, index, headers, A, on_file):

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import manifest
-from .blockio import FdCache, read_base, read_target, scratch, span_digests
+from . import kernels, manifest
+from .blockio import FdCache, known_digests, read_base, read_target, scratch, span_digests
 from .checkpoint import KIND_TENSORS, Checkpoint, scan
-from .dtypes import SUMSQ_TILE, dtype_info, sum_squares, to_float, uint_type
+from .dtypes import dtype_info, uint_type
 from .hashing import BLOCK_SIZE, hexd, n_blocks
 from .parallel import default_threads, ordered_map
 from .plan import DEFAULT_CHUNK, Unit, pack_units
@@ -178,8 +178,10 @@ def diff(a, b, *, threads: int | None = None, reporter: Reporter = SILENT) -> Di
     acc: dict[str, _Acc] = {}
     work = [(f, u) for f in B.files if f.kind == KIND_TENSORS for u in pack_units(f.header, base_tensors, DEFAULT_CHUNK)]
     reporter.phase("compare", sum(u.nbytes for _, u in work))
+    known_a, known_b = manifest.cached_tensors(A), manifest.cached_tensors(B)
     with FdCache() as fds:
-        for unit, a_dig, b_dig, stats in ordered_map(lambda it: _diff_unit(fds, *it), work, threads=threads):
+        units = ordered_map(lambda it: _diff_unit(fds, known_a, known_b, *it), work, threads=threads)
+        for unit, a_dig, b_dig, stats in units:
             db.put_unit(unit, b_dig)
             if a_dig is not None:
                 da.put_unit(unit, a_dig, base=True)
@@ -200,53 +202,46 @@ def diff(a, b, *, threads: int | None = None, reporter: Reporter = SILENT) -> Di
     return _result(A, B, ma, mb, acc, warnings)
 
 
-def _diff_unit(fds: FdCache, f, unit: Unit):
+def _diff_unit(fds: FdCache, known_a: dict, known_b: dict, f, unit: Unit):
+    """Digests and statistics of one unit. Digests the manifest cache knows
+    are not computed again, and a side is not read when digests alone show
+    the unit unchanged."""
+    b_dig = known_digests(unit, known_b)
+    if not unit.delta:
+        if b_dig is None:
+            bbuf = scratch("b", unit.nbytes)
+            read_target(fds, f, unit, bbuf)
+            b_dig = span_digests(unit, bbuf)
+        return unit, None, b_dig, None
+    unchanged = [None] * len(unit.spans)
+    a_dig = known_digests(unit, known_a, base=True)
+    if a_dig is not None and a_dig == b_dig:
+        return unit, a_dig, b_dig, unchanged
     bbuf = scratch("b", unit.nbytes)
     read_target(fds, f, unit, bbuf)
-    b_dig = span_digests(unit, bbuf)
-    if not unit.delta:
-        return unit, None, b_dig, None
+    if b_dig is None:
+        b_dig = span_digests(unit, bbuf)
+        if a_dig == b_dig:
+            return unit, a_dig, b_dig, unchanged
     abuf = scratch("a", unit.nbytes)
     read_base(fds, unit, abuf)
-    a_dig = span_digests(unit, abuf)
-    if a_dig == b_dig:
-        return unit, a_dig, b_dig, [None] * len(unit.spans)
-    w = unit.word
-    ut = uint_type(w)
+    if a_dig is None:
+        a_dig = span_digests(unit, abuf)
+        if a_dig == b_dig:
+            return unit, a_dig, b_dig, unchanged
+    ut = uint_type(unit.word)
     av, bv = abuf.view(ut), bbuf.view(ut)
-    mask = scratch("mask", av.size).view(bool)
-    np.not_equal(av, bv, out=mask)
-    pos = np.flatnonzero(mask)
-    bounds = np.cumsum([0] + [s.nbytes // w for s in unit.spans])
-    cuts = np.searchsorted(pos, bounds)
     stats = []
-    with np.errstate(all="ignore"):  # NaN and inf values are data, not errors
-        for i, s in enumerate(unit.spans):
-            stats.append(_span_stats(i, s, a_dig, b_dig, pos, cuts, bounds, av, bv))
+    lo = 0
+    for i, s in enumerate(unit.spans):
+        hi = lo + s.nbytes // unit.word
+        if a_dig[i] == b_dig[i]:
+            stats.append(None)
+        else:
+            changed, max_abs, sum_d2, sum_a2 = kernels.diff_stats(av[lo:hi], bv[lo:hi], s.tensor.dtype)
+            stats.append((_blocks_changed(a_dig[i], b_dig[i]), changed, max_abs, sum_d2, sum_a2))
+        lo = hi
     return unit, a_dig, b_dig, stats
-
-
-def _span_stats(i, s, a_dig, b_dig, pos, cuts, bounds, av, bv):
-    """Changed blocks, changed words and float statistics of one span."""
-    if a_dig[i] == b_dig[i]:
-        return None
-    p = pos[cuts[i] : cuts[i + 1]]
-    blocks_changed = _blocks_changed(a_dig[i], b_dig[i])
-    lo, hi = bounds[i], bounds[i + 1]
-    fa = to_float(av[p], s.tensor.dtype)
-    if fa is None:
-        return (blocks_changed, p.size, None, 0.0, 0.0)
-    fb = to_float(bv[p], s.tensor.dtype)
-    d = _finite_only(fb.astype(np.float64) - fa.astype(np.float64))
-    max_abs = float(np.abs(d).max()) if d.size else math.nan
-    sum_d2 = float(np.dot(d, d))
-    sum_a2 = sum_squares(av[lo:hi], s.tensor.dtype, scratch("f32", 4 * SUMSQ_TILE))
-    return (blocks_changed, p.size, max_abs, sum_d2, sum_a2)
-
-
-def _finite_only(x: np.ndarray) -> np.ndarray:
-    ok = np.isfinite(x)
-    return x if ok.all() else x[ok]
 
 
 def _blocks_changed(a: bytes, b: bytes) -> int:

@@ -90,7 +90,8 @@ def _fp8_table(exp_bits: int, man_bits: int, bias: int, fnuz: bool, ieee: bool) 
 
 
 @lru_cache(maxsize=None)
-def _lut(name: str) -> np.ndarray:
+def fp8_table(name: str) -> np.ndarray:
+    """The float64 value of each of the 256 codes of an 8-bit float type."""
     if name == "F8_E4M3":
         return _fp8_table(4, 3, 7, fnuz=False, ieee=False)
     if name == "F8_E5M2":
@@ -118,7 +119,7 @@ def to_float(words: np.ndarray, name: str) -> np.ndarray | None:
     if name == "F64":
         return words.view(np.float64)
     if name.startswith("F8_"):
-        return _lut(name)[words]
+        return fp8_table(name)[words]
     return None
 
 
@@ -165,4 +166,4 @@ def _dot_finite(f: np.ndarray) -> float:
 
 @lru_cache(maxsize=None)
 def _lut32(name: str) -> np.ndarray:
-    return _lut(name).astype(np.float32)
+    return fp8_table(name).astype(np.float32)

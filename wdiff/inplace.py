@@ -43,7 +43,7 @@ from .applying import ApplyResult, apply_unit, build, check_base_listing, check_
 from .blockio import FdCache, span_digests
 from .bundle import BundleReader
 from .checkpoint import KIND_TENSORS, Checkpoint, read_into, scan
-from .codecs import RAW, compressor, decode_into, decompress_exact, planes, rice_decode, rice_encode, unplanes
+from .codecs import RAW, decode_into, plane_compressor, decompress_exact, planes, rice_decode, rice_encode, unplanes
 from .dtypes import uint_type
 from .errors import BaseMismatchError, BusyError, FormatError, IntegrityError, UsageError, WdiffIOError
 from .fsutil import atomic_write_bytes, fsync_dir, io_error, locked, remove_tree, write_all
@@ -454,7 +454,7 @@ class UndoEntry:
     def make(cls, file: int, lo: int, hi: int, old: np.ndarray, new: np.ndarray, base: bytes, target: bytes) -> UndoEntry:
         positions = np.flatnonzero(old != new)
         r, unary, rem = rice_encode(positions)
-        values = compressor(1).compress(planes(old[positions]))
+        values = plane_compressor(1).compress(planes(old[positions]))
         return cls(file, lo, hi, old.dtype.itemsize, positions.size, base, target, r, (unary, rem, values))
 
     def pack(self) -> bytes:

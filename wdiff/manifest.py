@@ -117,6 +117,23 @@ def _from_cache(ckpt: Checkpoint, digests: Digests) -> set[str]:
     return served
 
 
+def cached_tensors(ckpt: Checkpoint) -> dict[str, bytes]:
+    """Block digests of the tensors of ``ckpt`` that the manifest cache
+    holds (tensor name -> concatenated block digests): a data pass can use
+    them instead of hashing what it reads, and skip reading blocks whose
+    digests match on both sides."""
+    from . import cache
+
+    out: dict[str, bytes] = {}
+    for f in ckpt.files:
+        if f.kind != KIND_TENSORS:
+            continue
+        hit = cache.lookup(f)
+        if hit is not None:
+            out.update((t.name, b) for t, b in zip(f.header.tensors, hit))
+    return out
+
+
 def remember(ckpt: Checkpoint, digests: Digests, *, skip: set[str] = frozenset()) -> None:
     """Store in the manifest cache every file of ``ckpt`` that ``digests``
     covers completely (what a data pass or a hash pass just read)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from . import format as fmt
 from . import manifest
-from .blockio import FdCache, read_base, read_target, scratch, span_digests
+from .blockio import FdCache, known_digests, read_base, read_target, scratch, span_digests
 from .bundle import ZERO, BundleWriter
 from .checkpoint import KIND_TENSORS, Checkpoint, FileEntry, scan
 from .codecs import CODEC_NAMES, DEFAULT_LEVEL, ZSTD, compressor, encode_delta, encode_raw
@@ -116,7 +116,8 @@ def pack(
     work = [(i, f, u) for i, f in enumerate(B.files) if f.kind == KIND_TENSORS for u in pack_units(f.header, base_tensors, chunk)]
     reporter.phase("pack", sum(u.nbytes for _, _, u in work) + sum(f.size for f in B.files if f.kind != KIND_TENSORS))
     with BundleWriter(out, level=level) as w, FdCache() as fds:
-        results = ordered_map(lambda it: _pack_unit(fds, level, *it), work, threads=threads)
+        known = (manifest.cached_tensors(A) if A else {}, manifest.cached_tensors(B))
+        results = ordered_map(lambda it: _pack_unit(fds, level, known, *it), work, threads=threads)
         pending = next(results, None)
         for i, f in enumerate(B.files):
             if f.kind != KIND_TENSORS:
@@ -179,27 +180,39 @@ def pack(
     )
 
 
-def _pack_unit(fds: FdCache, level: int, i: int, f: FileEntry, unit: Unit):
+def _pack_unit(fds: FdCache, level: int, known: tuple[dict, dict], i: int, f: FileEntry, unit: Unit):
+    known_a, known_b = known
+    b_dig = known_digests(unit, known_b)
+    if b_dig is not None and unit.delta:
+        a_dig = known_digests(unit, known_a, base=True)
+        if a_dig == b_dig:  # unchanged by digests the manifest cache holds: nothing to read
+            return i, unit, a_dig, b_dig, None
     bbuf = scratch("b", unit.nbytes)
     read_target(fds, f, unit, bbuf)
-    return encode_unit(fds, level, i, unit, bbuf)
+    return encode_unit(fds, level, i, unit, bbuf, b_dig=b_dig, known_a=known_a)
 
 
-def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf):
+def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf, *, b_dig=None, known_a: dict | None = None):
     """Encode the target bytes ``bbuf`` of a unit against its base bytes
     (read here): (file index, unit, base digests, target digests, Encoded
-    or None when nothing changed). Shared by pack and squash."""
-    b_dig = span_digests(unit, bbuf)
+    or None when nothing changed). Shared by pack and squash. Digests
+    already known (``b_dig``, ``known_a``: from the manifest cache) are not
+    computed again."""
+    if b_dig is None:
+        b_dig = span_digests(unit, bbuf)
     ut = uint_type(unit.word)
     if not unit.delta:
         return i, unit, None, b_dig, encode_raw(bbuf.view(ut), level)
-    abuf = scratch("a", unit.nbytes)
-    read_base(fds, unit, abuf)
-    a_dig = span_digests(unit, abuf)
+    a_dig = known_digests(unit, known_a, base=True) if known_a else None
     if a_dig == b_dig:
         return i, unit, a_dig, b_dig, None
-    mask = scratch("mask", unit.nbytes // unit.word).view(bool)
-    return i, unit, a_dig, b_dig, encode_delta(abuf.view(ut), bbuf.view(ut), level, mask)
+    abuf = scratch("a", unit.nbytes)
+    read_base(fds, unit, abuf)
+    if a_dig is None:
+        a_dig = span_digests(unit, abuf)
+    if a_dig == b_dig:
+        return i, unit, a_dig, b_dig, None
+    return i, unit, a_dig, b_dig, encode_delta(abuf.view(ut), bbuf.view(ut), level)
 
 
 def _changed_spans(unit: Unit, a_dig, b_dig):

@@ -61,7 +61,15 @@ def _setup(json_mode: bool, quiet: bool, verbose: int) -> o.Out:
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"wdiff {__version__}")
+        from .. import kernels
+
+        if kernels.native():
+            how = "C kernels"
+        elif kernels.available():
+            how = "numpy kernels: WDIFF_NATIVE=0"
+        else:
+            how = "numpy kernels: the C extension is not built"
+        typer.echo(f"wdiff {__version__} ({how})")
         raise typer.Exit()
 
 

@@ -1,0 +1,221 @@
+"""The C kernels (wdiff._native) and their numpy twins (wdiff.kernels) must
+agree byte for byte: bundles must not depend on whether the extension was
+built. Every test runs a kernel both ways on the same input and compares."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wdiff import kernels
+from wdiff.dtypes import uint_type
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="the C extension is not built")
+
+WORDS = [1, 2, 4, 8]
+FLOAT_DTYPES = {1: ["U8", "F8_E4M3", "F8_E5M2", "F8_E8M0"], 2: ["BF16", "F16", "I16"], 4: ["F32", "C64", "U32"], 8: ["F64", "I64"]}
+
+
+def both(fn, *args):
+    """(numpy result, C result) of ``fn(*args)``."""
+    old = kernels.set_native(False)
+    try:
+        slow = fn(*args)
+    finally:
+        kernels.set_native(True)
+    try:
+        fast = fn(*args)
+    finally:
+        kernels.set_native(old)
+    return slow, fast
+
+
+@st.composite
+def pairs(draw, words=WORDS):
+    """Two equal-length word arrays that differ at a drawn density, with
+    clustered, edge and random positions."""
+    w = draw(st.sampled_from(words))
+    n = draw(st.integers(0, 3000))
+    seed = draw(st.integers(0, 2**32 - 1))
+    density = draw(st.sampled_from([0.0, 0.001, 0.01, 0.1, 0.5, 0.9, 1.0]))
+    rng = np.random.default_rng(seed)
+    t = uint_type(w)
+    a = rng.integers(0, np.iinfo(t).max, size=n, dtype=t, endpoint=True)
+    b = a.copy()
+    mask = rng.random(n) < density
+    if n and draw(st.booleans()):
+        mask[[0, n - 1]] = True
+    flip = rng.integers(1, np.iinfo(t).max, size=n, dtype=t, endpoint=True)
+    b[mask] ^= flip[mask]
+    return a, b
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs())
+def test_delta_scan_agrees(ab):
+    a, b = ab
+    (p0, v0), (p1, v1) = both(lambda x, y: tuple(z.copy() for z in kernels.delta_scan(x, y)), a, b)
+    assert np.array_equal(p0, p1) and np.array_equal(v0, v1)
+    assert np.array_equal(p0, np.flatnonzero(a != b))
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs())
+def test_planes_agree(ab):
+    a, b = ab
+    s, f = both(lambda x: kernels.planes(x).tobytes(), a)
+    assert s == f
+    s2, f2 = both(lambda x, y: kernels.xor_planes(x, y).tobytes(), a, b)
+    assert s2 == f2
+    back_s, back_f = both(lambda d: kernels.unplanes(d, a.size, a.dtype).copy(), s)
+    assert np.array_equal(back_s, a) and np.array_equal(back_f, a)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs())
+def test_scatter_xor_agrees(ab):
+    a, b = ab
+    pos = np.flatnonzero(a != b)
+    xor = a[pos] ^ b[pos]
+
+    def run(p):
+        buf = a.copy()
+        kernels.scatter_xor(buf, p, xor)
+        return buf
+
+    assert np.array_equal(run(pos), b)
+    assert np.array_equal(run(pos.astype(np.uint32)), b)
+
+
+@st.composite
+def positions(draw):
+    n = draw(st.integers(1, 1 << 22))
+    k = draw(st.integers(1, min(n, 2000)))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    style = draw(st.sampled_from(["uniform", "clustered", "far", "dense"]))
+    if style == "dense":
+        p = np.arange(n - min(n, k), n)
+    elif style == "far":
+        p = np.unique(np.concatenate([[0, n - 1], rng.integers(0, n, size=min(k, 3))]))
+    elif style == "clustered":
+        start = int(rng.integers(0, n))
+        p = np.unique(np.clip(start + rng.integers(0, 64, size=k), 0, n - 1))
+    else:
+        p = np.unique(rng.integers(0, n, size=k))
+    return p.astype(np.int64), n
+
+
+@settings(max_examples=300, deadline=None)
+@given(positions())
+def test_rice_agrees_and_round_trips(pn):
+    p, n = pn
+    slow, fast = both(kernels.rice_encode, p)
+    assert slow == fast
+    fast32 = kernels.rice_encode(p.astype(np.uint32))
+    assert fast32 == slow
+    r, unary, rem = slow
+    ds, df = both(kernels.rice_decode, r, unary, rem, p.size, n)
+    assert np.array_equal(ds, p) and np.array_equal(df, p)
+
+
+@settings(max_examples=300, deadline=None)
+@given(positions(), st.data())
+def test_rice_decode_rejects_alike(pn, data):
+    """Damaged streams are refused with the same reason by both decoders,
+    and whatever either accepts, the other accepts with the same result."""
+    p, n = pn
+    r, unary, rem = kernels.rice_encode(p)
+    k = p.size
+    which = data.draw(st.sampled_from(["unary", "rem", "k", "n", "r"]))
+    if which == "unary" and unary:
+        b = bytearray(unary)
+        i = data.draw(st.integers(0, len(b) - 1))
+        b[i] ^= 1 << data.draw(st.integers(0, 7))
+        unary = bytes(b) + (b"\0" if data.draw(st.booleans()) else b"")
+    elif which == "rem":
+        b = bytearray(rem) + (b"\x01" if not rem or data.draw(st.booleans()) else b"")
+        if rem:
+            b[data.draw(st.integers(0, len(rem) - 1))] ^= 1 << data.draw(st.integers(0, 7))
+        rem = bytes(b)
+    elif which == "k":
+        k = max(0, k + data.draw(st.sampled_from([-1, 1])))
+    elif which == "n":
+        n = data.draw(st.integers(1, max(1, int(p[-1]))))
+    else:
+        r = data.draw(st.integers(0, kernels.MAX_RICE))
+    slow, fast = both(kernels.rice_decode, r, unary, rem, k, n)
+    if isinstance(slow, str) or isinstance(fast, str):
+        assert slow == fast
+    else:
+        assert np.array_equal(slow, fast)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs(), st.data())
+def test_diff_stats_agree(ab, data):
+    a, b = ab
+    dtype = data.draw(st.sampled_from(FLOAT_DTYPES[a.dtype.itemsize]))
+    (c0, m0, d0, s0), (c1, m1, d1, s1) = both(kernels.diff_stats, a, b, dtype)
+    assert c0 == c1 == int(np.count_nonzero(a != b))
+    if m0 is None:
+        assert m1 is None and d0 == d1 == s0 == s1 == 0
+        return
+    assert (math.isnan(m0) and math.isnan(m1)) or m0 == m1
+    for x, y in ((d0, d1), (s0, s1)):
+        assert math.isfinite(x) == math.isfinite(y)
+        assert x == pytest.approx(y, rel=1e-5, abs=1e-30)
+
+
+def test_bf16_sum_of_squares_survives_huge_values():
+    """Squares of bf16 values past 2^64 overflow a float: the kernel sums
+    those runs in double, and skips infinities and NaNs like the numpy twin."""
+    big = np.array([0x7F00, 0x3F80, 0x7F80, 0x7FC0, 0xFF00] * 40, dtype=np.uint16)
+    other = big.copy()
+    other[1] ^= 1
+    slow, fast = both(kernels.diff_stats, big, other, "BF16")
+    assert math.isfinite(fast[3]) and fast[3] == pytest.approx(slow[3], rel=1e-6)
+
+
+def test_native_switch_is_reported():
+    old = kernels.set_native(False)
+    try:
+        assert not kernels.native()
+    finally:
+        kernels.set_native(old)
+    assert kernels.native() == old
+
+
+@pytest.mark.parametrize("density", [0.01, 0.3, 0.9])
+def test_same_bundle_and_result_without_the_extension(tmp_path, density, monkeypatch):
+    """End to end: pack writes the same bytes with either kernels, apply with
+    either rebuilds the target, and diff reports the same changes."""
+    import wdiff
+    from factory import simple_pair, tree
+
+    monkeypatch.setenv("WDIFF_CACHE_DIR", "none")  # both runs do all the work
+    A, B = simple_pair(tmp_path, density=density)
+    bundles, diffs = [], []
+    for on in (True, False):
+        was = kernels.set_native(on)
+        try:
+            out = tmp_path / f"b-{on}.wdb"
+            wdiff.pack(A, B, out)
+            bundles.append(out.read_bytes())
+            wdiff.apply(out, A, tmp_path / f"C-{on}")
+            assert tree(tmp_path / f"C-{on}") == tree(B)
+            diffs.append(wdiff.diff(A, B).to_json())
+        finally:
+            kernels.set_native(was)
+    assert bundles[0] == bundles[1]
+    for x, y in zip(diffs[0]["tensors"], diffs[1]["tensors"]):
+        assert x.keys() == y.keys()
+        for key in x:
+            if isinstance(x[key], float):
+                assert x[key] == pytest.approx(y[key], rel=1e-5), (x["name"], key)
+            else:
+                assert x[key] == y[key], (x["name"], key)

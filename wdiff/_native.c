@@ -1,0 +1,782 @@
+/*
+ * wdiff._native: single-pass kernels for the hot loops of diff, pack and
+ * apply. Optional: wdiff/kernels.py falls back to numpy when this module is
+ * not built, and every function here has a numpy twin there that produces
+ * the same bytes (tests/test_kernels.py checks that they agree).
+ *
+ * Why C: numpy makes one memory pass per operation (compare, nonzero,
+ * gather, convert, square, sum, transpose), and on a checkpoint the data
+ * does not fit in any cache, so each pass costs a trip through memory.
+ * These kernels touch each byte once, skip runs of unchanged words sixteen
+ * at a time, and release the GIL so that threads run them side by side.
+ *
+ * Words are little-endian unsigned integers of 1, 2, 4 or 8 bytes, loaded
+ * with memcpy so that no alignment is assumed.
+ */
+
+#define _GNU_SOURCE /* sync_file_range */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__linux__)
+#include <fcntl.h>
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+/* one build runs everywhere; AVX2 where the CPU has it */
+#define HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define HOT
+#endif
+
+
+static inline uint64_t load(const uint8_t *p, int w)
+{
+    switch (w) {
+    case 1: return p[0];
+    case 2: { uint16_t v; memcpy(&v, p, 2); return v; }
+    case 4: { uint32_t v; memcpy(&v, p, 4); return v; }
+    default: { uint64_t v; memcpy(&v, p, 8); return v; }
+    }
+}
+
+static inline void store(uint8_t *p, int w, uint64_t v)
+{
+    switch (w) {
+    case 1: p[0] = (uint8_t)v; break;
+    case 2: { uint16_t x = (uint16_t)v; memcpy(p, &x, 2); break; }
+    case 4: { uint32_t x = (uint32_t)v; memcpy(p, &x, 4); break; }
+    default: memcpy(p, &v, 8); break;
+    }
+}
+
+/* nonzero when any byte of a[0:len] differs from b[0:len]; vectorizes */
+static inline int differ(const uint8_t *a, const uint8_t *b, size_t len)
+{
+    uint64_t acc = 0;
+    for (size_t i = 0; i < len; i += 8) {
+        uint64_t x, y;
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        acc |= x ^ y;
+    }
+    return acc != 0;
+}
+
+static int check_word(int w)
+{
+    if (w != 1 && w != 2 && w != 4 && w != 8) {
+        PyErr_SetString(PyExc_ValueError, "word must be 1, 2, 4 or 8");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- diff statistics ---------------------------------------------------- */
+
+enum { F_NONE = 0, F_BF16 = 1, F_F32 = 2, F_F64 = 3, F_LUT = 4 };
+
+typedef struct {
+    uint64_t changed;
+    double max_abs; /* -1 while no finite difference was seen */
+    double sum_d2;
+    double sum_a2;
+} stats_t;
+
+static inline double as_float(uint64_t v, int kind, const double *lut)
+{
+    switch (kind) {
+    case F_BF16: { uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, 4); return f; }
+    case F_F32: { uint32_t u = (uint32_t)v; float f; memcpy(&f, &u, 4); return f; }
+    case F_F64: { double d; memcpy(&d, &v, 8); return d; }
+    default: return lut[v];
+    }
+}
+
+/* sum of squares of the finite values of n bf16 words. Squares are summed in
+   float, eight lanes wide (GCC/clang vector extensions), 64 words at a time,
+   then added in double: exact enough for a statistic and several times
+   faster. A run holding a value of 2^64 or more (whose square could overflow
+   a float), an infinity or a NaN is summed again in double, value by value. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+
+static double sumsq_bf16_exact(const uint16_t *p, size_t n)
+{
+    double total = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = as_float(p[i], F_BF16, NULL);
+        if ((p[i] & 0x7f80) != 0x7f80)
+            total += d * d;
+    }
+    return total;
+}
+
+HOT static double sumsq_bf16(const uint16_t *p, size_t n)
+{
+    double total = 0;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        v8f acc = {0};
+        v8u big = {0};
+        for (int j = 0; j < 64; j += 8) {
+            v8h h;
+            memcpy(&h, p + i + j, sizeof h);
+            v8u u = __builtin_convertvector(h, v8u) << 16;
+            v8f f = (v8f)u;
+            acc += f * f;
+            big |= (u & 0x7f800000u) + 0x20800000u; /* sign bit set: exponent >= 2^64 */
+        }
+        uint32_t any = 0;
+        for (int l = 0; l < 8; l++)
+            any |= big[l];
+        if (any & 0x80000000u)
+            total += sumsq_bf16_exact(p + i, 64);
+        else
+            total += (double)(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+    }
+    return total + sumsq_bf16_exact(p + i, n - i);
+}
+
+static double sumsq_generic(const uint8_t *p, size_t n, int w, int kind, const double *lut)
+{
+    double acc[4] = {0, 0, 0, 0};
+    for (size_t i = 0; i < n; i++) {
+        double d = as_float(load(p + i * w, w), kind, lut);
+        if (isfinite(d))
+            acc[i & 3] += d * d;
+    }
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+static inline void count_pair(uint64_t x, uint64_t y, int kind, const double *lut, stats_t *st)
+{
+    st->changed++;
+    if (kind == F_NONE)
+        return;
+    double d = as_float(y, kind, lut) - as_float(x, kind, lut);
+    if (isfinite(d)) {
+        double m = fabs(d);
+        if (m > st->max_abs)
+            st->max_abs = m;
+        st->sum_d2 += d * d;
+    }
+}
+
+/* Visit each word that differs between a and b (n words of W bytes): 64
+   bytes are compared at once, then 8, then single words. BODY sees j (the
+   word's index), x and y (its old and new values). */
+#define FOR_EACH_CHANGED(W, a, b, n, BODY)                                          \
+    do {                                                                            \
+        const size_t nb_ = (n) * (W);                                               \
+        size_t off_ = 0;                                                            \
+        for (; off_ + 64 <= nb_; off_ += 64) {                                      \
+            if (!differ((a) + off_, (b) + off_, 64))                                \
+                continue;                                                           \
+            for (size_t c_ = off_; c_ < off_ + 64; c_ += 8) {                       \
+                uint64_t p_, q_;                                                    \
+                memcpy(&p_, (a) + c_, 8);                                           \
+                memcpy(&q_, (b) + c_, 8);                                           \
+                if (p_ == q_)                                                       \
+                    continue;                                                       \
+                for (size_t j = c_ / (W); j < (c_ + 8) / (W); j++) {                \
+                    uint64_t x = load((a) + j * (W), (W)), y = load((b) + j * (W), (W)); \
+                    if (x != y) {                                                   \
+                        BODY;                                                       \
+                    }                                                               \
+                }                                                                   \
+            }                                                                       \
+        }                                                                           \
+        for (size_t j = off_ / (W); j < (n); j++) {                                 \
+            uint64_t x = load((a) + j * (W), (W)), y = load((b) + j * (W), (W));    \
+            if (x != y) {                                                           \
+                BODY;                                                               \
+            }                                                                       \
+        }                                                                           \
+    } while (0)
+
+#define DEFINE_COMPARE(W)                                                                        \
+    HOT static void compare_##W(const uint8_t *a, const uint8_t *b, size_t n, int kind,          \
+                                const double *lut, stats_t *st)                                  \
+    {                                                                                            \
+        FOR_EACH_CHANGED(W, a, b, n, count_pair(x, y, kind, lut, st));                           \
+    }
+DEFINE_COMPARE(1)
+DEFINE_COMPARE(2)
+DEFINE_COMPARE(4)
+DEFINE_COMPARE(8)
+
+static void compare_words(const uint8_t *a, const uint8_t *b, size_t n, int w, int kind,
+                          const double *lut, stats_t *st)
+{
+    switch (w) {
+    case 1: compare_1(a, b, n, kind, lut, st); break;
+    case 2: compare_2(a, b, n, kind, lut, st); break;
+    case 4: compare_4(a, b, n, kind, lut, st); break;
+    default: compare_8(a, b, n, kind, lut, st); break;
+    }
+}
+
+#define TILE 8192 /* words: both inputs of a tile stay in L1/L2 between the two passes */
+
+static PyObject *diff_stats(PyObject *self, PyObject *args)
+{
+    Py_buffer a, b, lut = {0};
+    int w, kind;
+    if (!PyArg_ParseTuple(args, "y*y*ii|y*", &a, &b, &w, &kind, &lut))
+        return NULL;
+    PyObject *res = NULL;
+    size_t lut_need = w == 1 ? 256 : 65536;
+    if (check_word(w) < 0)
+        goto done;
+    if (a.len != b.len || a.len % w) {
+        PyErr_SetString(PyExc_ValueError, "inputs must be equal and hold whole words");
+        goto done;
+    }
+    if (kind < F_NONE || kind > F_LUT || (kind == F_BF16 && w != 2) || (kind == F_F32 && w != 4) ||
+        (kind == F_F64 && w != 8) ||
+        (kind == F_LUT && (w > 2 || lut.buf == NULL || (size_t)lut.len != lut_need * sizeof(double)))) {
+        PyErr_SetString(PyExc_ValueError, "bad float kind for this word size");
+        goto done;
+    }
+    stats_t st = {0, -1.0, 0.0, 0.0};
+    size_t n = (size_t)a.len / w;
+    const uint8_t *pa = a.buf, *pb = b.buf;
+    const double *tab = lut.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (size_t lo = 0; lo < n; lo += TILE) {
+        size_t m = n - lo < TILE ? n - lo : TILE;
+        if (kind == F_BF16)
+            st.sum_a2 += sumsq_bf16((const uint16_t *)(pa + lo * w), m);
+        else if (kind != F_NONE)
+            st.sum_a2 += sumsq_generic(pa + lo * w, m, w, kind, tab);
+        compare_words(pa + lo * w, pb + lo * w, m, w, kind, tab, &st);
+    }
+    Py_END_ALLOW_THREADS
+    res = Py_BuildValue("Kddd", (unsigned long long)st.changed, st.max_abs < 0 ? NAN : st.max_abs,
+                        st.sum_d2, st.sum_a2);
+done:
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    if (lut.buf)
+        PyBuffer_Release(&lut);
+    return res;
+}
+
+/* ---- delta scan: positions and XOR of changed words --------------------- */
+
+#define DEFINE_SCAN(W)                                                                           \
+    HOT static size_t scan_##W(const uint8_t *a, const uint8_t *b, size_t n, uint32_t *pos,       \
+                               uint8_t *val)                                                     \
+    {                                                                                            \
+        size_t k = 0;                                                                            \
+        FOR_EACH_CHANGED(W, a, b, n, {                                                           \
+            pos[k] = (uint32_t)j;                                                                \
+            store(val + k * (W), (W), x ^ y);                                                    \
+            k++;                                                                                 \
+        });                                                                                      \
+        return k;                                                                                \
+    }
+DEFINE_SCAN(1)
+DEFINE_SCAN(2)
+DEFINE_SCAN(4)
+DEFINE_SCAN(8)
+
+static size_t scan_words(const uint8_t *a, const uint8_t *b, size_t n, int w, uint32_t *pos, uint8_t *val)
+{
+    switch (w) {
+    case 1: return scan_1(a, b, n, pos, val);
+    case 2: return scan_2(a, b, n, pos, val);
+    case 4: return scan_4(a, b, n, pos, val);
+    default: return scan_8(a, b, n, pos, val);
+    }
+}
+
+/* delta_scan(old, new, word, positions_out, values_out) -> k
+   positions_out: uint32 buffer of at least n entries; values_out: at least
+   n * word bytes. Writes the positions of the k changed words and their
+   XOR (old ^ new). */
+static PyObject *delta_scan(PyObject *self, PyObject *args)
+{
+    Py_buffer a, b, pos, val;
+    int w;
+    if (!PyArg_ParseTuple(args, "y*y*iw*w*", &a, &b, &w, &pos, &val))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_word(w) < 0)
+        goto done;
+    size_t n = (size_t)a.len / w;
+    if (a.len != b.len || a.len % w || n >= UINT32_MAX || (size_t)pos.len < 4 * n ||
+        (size_t)val.len < w * n) {
+        PyErr_SetString(PyExc_ValueError, "delta_scan: bad buffer sizes");
+        goto done;
+    }
+    size_t k;
+    Py_BEGIN_ALLOW_THREADS
+    k = scan_words(a.buf, b.buf, n, w, pos.buf, val.buf);
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromSize_t(k);
+done:
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&pos);
+    PyBuffer_Release(&val);
+    return res;
+}
+
+/* ---- byte planes -------------------------------------------------------- */
+
+/* plane j holds byte (w - 1 - j) of every word: most significant first */
+HOT static void to_planes(const uint8_t *src, const uint8_t *xor_with, size_t n, int w, uint8_t *dst)
+{
+    if (w == 2) {
+        uint8_t *hi = dst, *lo = dst + n;
+        if (xor_with) {
+            for (size_t i = 0; i < n; i++) {
+                hi[i] = src[2 * i + 1] ^ xor_with[2 * i + 1];
+                lo[i] = src[2 * i] ^ xor_with[2 * i];
+            }
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                hi[i] = src[2 * i + 1];
+                lo[i] = src[2 * i];
+            }
+        }
+        return;
+    }
+    for (int j = 0; j < w; j++) {
+        uint8_t *d = dst + (size_t)j * n;
+        const uint8_t *s = src + (w - 1 - j);
+        if (xor_with) {
+            const uint8_t *x = xor_with + (w - 1 - j);
+            for (size_t i = 0; i < n; i++)
+                d[i] = s[(size_t)i * w] ^ x[(size_t)i * w];
+        } else {
+            for (size_t i = 0; i < n; i++)
+                d[i] = s[(size_t)i * w];
+        }
+    }
+}
+
+/* planes(src, word, dst): dst gets the byte planes of src's words */
+static PyObject *planes(PyObject *self, PyObject *args)
+{
+    Py_buffer src, dst;
+    int w;
+    if (!PyArg_ParseTuple(args, "y*iw*", &src, &w, &dst))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_word(w) < 0)
+        goto done;
+    if (src.len % w || dst.len < src.len) {
+        PyErr_SetString(PyExc_ValueError, "planes: bad buffer sizes");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    to_planes(src.buf, NULL, (size_t)src.len / w, w, dst.buf);
+    Py_END_ALLOW_THREADS
+    res = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return res;
+}
+
+/* xor_planes(old, new, word, dst) -> words that differ; dst gets the byte
+   planes of old ^ new */
+static PyObject *xor_planes(PyObject *self, PyObject *args)
+{
+    Py_buffer a, b, dst;
+    int w;
+    if (!PyArg_ParseTuple(args, "y*y*iw*", &a, &b, &w, &dst))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_word(w) < 0)
+        goto done;
+    if (a.len != b.len || a.len % w || dst.len < a.len) {
+        PyErr_SetString(PyExc_ValueError, "xor_planes: bad buffer sizes");
+        goto done;
+    }
+    size_t n = (size_t)a.len / w, k = 0;
+    Py_BEGIN_ALLOW_THREADS
+    to_planes(a.buf, b.buf, n, w, dst.buf);
+    const uint8_t *pa = a.buf, *pb = b.buf;
+    for (size_t i = 0; i < n; i++)
+        k += load(pa + i * w, w) != load(pb + i * w, w);
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromSize_t(k);
+done:
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&dst);
+    return res;
+}
+
+/* unplanes(src, word, dst, xor) -> nonzero words of src. Rebuilds words from
+   byte planes into dst, or XORs them into dst's words when xor is true. */
+HOT static size_t from_planes(const uint8_t *src, size_t n, int w, uint8_t *dst, int xor)
+{
+    size_t nz = 0;
+    if (w == 2) {
+        const uint8_t *hi = src, *lo = src + n;
+        for (size_t i = 0; i < n; i++) {
+            nz += (hi[i] | lo[i]) != 0;
+            if (xor) {
+                dst[2 * i] ^= lo[i];
+                dst[2 * i + 1] ^= hi[i];
+            } else {
+                dst[2 * i] = lo[i];
+                dst[2 * i + 1] = hi[i];
+            }
+        }
+        return nz;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = 0;
+        for (int j = 0; j < w; j++)
+            v |= (uint64_t)src[(size_t)j * n + i] << (8 * (w - 1 - j));
+        nz += v != 0;
+        if (xor)
+            v ^= load(dst + i * w, w);
+        store(dst + i * w, w, v);
+    }
+    return nz;
+}
+
+static PyObject *unplanes(PyObject *self, PyObject *args)
+{
+    Py_buffer src, dst;
+    int w, xor;
+    if (!PyArg_ParseTuple(args, "y*iw*p", &src, &w, &dst, &xor))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_word(w) < 0)
+        goto done;
+    if (src.len % w || dst.len != src.len) {
+        PyErr_SetString(PyExc_ValueError, "unplanes: bad buffer sizes");
+        goto done;
+    }
+    size_t nz;
+    Py_BEGIN_ALLOW_THREADS
+    nz = from_planes(src.buf, (size_t)src.len / w, w, dst.buf, xor);
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromSize_t(nz);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return res;
+}
+
+/* scatter_xor(buf, word, positions, values) -> True when every value is
+   nonzero. XORs value i into word positions[i] of buf; positions must be
+   < the number of words in buf (checked). */
+static PyObject *scatter_xor(PyObject *self, PyObject *args)
+{
+    Py_buffer buf, pos, val;
+    int w;
+    if (!PyArg_ParseTuple(args, "w*iy*y*", &buf, &w, &pos, &val))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_word(w) < 0)
+        goto done;
+    size_t k = (size_t)pos.len / 4, n = (size_t)buf.len / w;
+    if (pos.len % 4 || (size_t)val.len != k * w) {
+        PyErr_SetString(PyExc_ValueError, "scatter_xor: bad buffer sizes");
+        goto done;
+    }
+    int ok = 1, inside = 1;
+    Py_BEGIN_ALLOW_THREADS
+    const uint32_t *p = pos.buf;
+    const uint8_t *v = val.buf;
+    uint8_t *d = buf.buf;
+    for (size_t i = 0; i < k; i++) {
+        if (p[i] >= n) {
+            inside = 0;
+            break;
+        }
+        uint64_t x = load(v + i * w, w);
+        ok &= x != 0;
+        store(d + (size_t)p[i] * w, w, load(d + (size_t)p[i] * w, w) ^ x);
+    }
+    Py_END_ALLOW_THREADS
+    if (!inside) {
+        PyErr_SetString(PyExc_ValueError, "scatter_xor: position out of range");
+        goto done;
+    }
+    res = PyBool_FromLong(ok);
+done:
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&pos);
+    PyBuffer_Release(&val);
+    return res;
+}
+
+/* ---- Rice-coded gaps ---------------------------------------------------- */
+
+#define MAX_RICE 40
+
+/* MSB-first bit writer into a zeroed buffer, 64 bits at a time */
+typedef struct {
+    uint8_t *p;
+    uint64_t acc;  /* pending bits, right-aligned */
+    int n;         /* how many */
+} bitw_t;
+
+static inline void put_bits(bitw_t *w, uint64_t v, int n) /* n <= 56 */
+{
+    w->acc = (w->acc << n) | v;
+    w->n += n;
+    while (w->n >= 8) {
+        w->n -= 8;
+        *w->p++ = (uint8_t)(w->acc >> w->n);
+    }
+}
+
+static inline void put_zeros(bitw_t *w, uint64_t n)
+{
+    while (n > 48) {
+        put_bits(w, 0, 48);
+        n -= 48;
+    }
+    put_bits(w, 0, (int)n);
+}
+
+static inline void flush_bits(bitw_t *w)
+{
+    if (w->n)
+        *w->p++ = (uint8_t)(w->acc << (8 - w->n));
+    w->n = 0;
+}
+
+/* the Rice parameter of wdiff-format(5): floor(log2(max(mean * 0.69, 1)))
+   capped at 40, then the cheapest of it and its two neighbours, exactly */
+static int rice_param(const uint32_t *pos, size_t k)
+{
+    double sum = 0;
+    uint32_t prev = (uint32_t)-1;
+    for (size_t i = 0; i < k; i++) {
+        sum += (double)(uint32_t)(pos[i] - prev - 1);
+        prev = pos[i];
+    }
+    double x = sum / (double)k * 0.69;
+    if (x < 1.0)
+        x = 1.0;
+    int e;
+    frexp(x, &e);
+    int guess = e - 1 < MAX_RICE ? e - 1 : MAX_RICE;
+    int best_r = -1;
+    uint64_t best = 0;
+    for (int r = guess > 0 ? guess - 1 : 0; r <= (guess + 1 < MAX_RICE ? guess + 1 : MAX_RICE); r++) {
+        uint64_t bits = (uint64_t)k * (r + 1);
+        prev = (uint32_t)-1;
+        for (size_t i = 0; i < k; i++) {
+            uint64_t gap = (uint32_t)(pos[i] - prev - 1);
+            bits += gap >> r;
+            prev = pos[i];
+        }
+        if (best_r < 0 || bits < best) {
+            best = bits;
+            best_r = r;
+        }
+    }
+    return best_r;
+}
+
+/* rice_encode(positions uint32, strictly increasing) -> (r, unary, remainder) */
+static PyObject *rice_encode(PyObject *self, PyObject *args)
+{
+    Py_buffer pos;
+    if (!PyArg_ParseTuple(args, "y*", &pos))
+        return NULL;
+    PyObject *res = NULL, *un = NULL, *rem = NULL;
+    size_t k = (size_t)pos.len / 4;
+    const uint32_t *p = pos.buf;
+    if (pos.len % 4) {
+        PyErr_SetString(PyExc_ValueError, "rice_encode: positions must be uint32");
+        goto done;
+    }
+    if (k == 0) {
+        res = Py_BuildValue("iy#y#", 0, "", (Py_ssize_t)0, "", (Py_ssize_t)0);
+        goto done;
+    }
+    for (size_t i = 1; i < k; i++) {
+        if (p[i] <= p[i - 1]) {
+            PyErr_SetString(PyExc_ValueError, "rice_encode: positions must increase");
+            goto done;
+        }
+    }
+    int r = rice_param(p, k);
+    uint64_t ubits = 0;
+    uint32_t prev = (uint32_t)-1;
+    for (size_t i = 0; i < k; i++) {
+        ubits += ((uint64_t)(uint32_t)(p[i] - prev - 1) >> r) + 1;
+        prev = p[i];
+    }
+    un = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((ubits + 7) / 8));
+    rem = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(((uint64_t)k * r + 7) / 8));
+    if (!un || !rem)
+        goto done;
+    uint8_t *up = (uint8_t *)PyBytes_AS_STRING(un), *rp = (uint8_t *)PyBytes_AS_STRING(rem);
+    memset(up, 0, PyBytes_GET_SIZE(un));
+    memset(rp, 0, PyBytes_GET_SIZE(rem));
+    Py_BEGIN_ALLOW_THREADS
+    bitw_t u = {up, 0, 0}, rb = {rp, 0, 0};
+    const uint64_t low = r ? (((uint64_t)1 << r) - 1) : 0;
+    prev = (uint32_t)-1;
+    for (size_t i = 0; i < k; i++) {
+        uint64_t gap = (uint32_t)(p[i] - prev - 1);
+        prev = p[i];
+        put_zeros(&u, gap >> r);
+        put_bits(&u, 1, 1);
+        if (r > 32) {
+            put_bits(&rb, (gap & low) >> 32, r - 32);
+            put_bits(&rb, gap & 0xffffffffu, 32);
+        } else if (r) {
+            put_bits(&rb, gap & low, r);
+        }
+    }
+    flush_bits(&u);
+    flush_bits(&rb);
+    Py_END_ALLOW_THREADS
+    res = Py_BuildValue("iOO", r, un, rem);
+done:
+    Py_XDECREF(un);
+    Py_XDECREF(rem);
+    PyBuffer_Release(&pos);
+    return res;
+}
+
+/* rice_decode(r, unary, remainder, k, n, positions_out uint32[k]) -> error
+   code: 0 ok, 1 the unary stream does not hold exactly k entries, 2 the
+   remainder stream has the wrong length, 3 a position is out of range, 4
+   nonzero padding in the remainder stream. Checks in the numpy twin's order. */
+static PyObject *rice_decode(PyObject *self, PyObject *args)
+{
+    int r;
+    Py_buffer un, rem, out;
+    unsigned long long k, n;
+    if (!PyArg_ParseTuple(args, "iy*y*KKw*", &r, &un, &rem, &k, &n, &out))
+        return NULL;
+    PyObject *res = NULL;
+    if (r < 0 || r > MAX_RICE || (size_t)out.len < 4 * k || n > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "rice_decode: bad arguments");
+        goto done;
+    }
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const uint8_t *u = un.buf;
+    uint32_t *q = out.buf; /* first the quotients, then the positions */
+    size_t len = (size_t)un.len, ones = 0, last = 0;
+    uint64_t run = 0, qmax = 0;
+    for (size_t i = 0; i < len; i++) {
+        uint8_t byte = u[i];
+        if (!byte) {
+            run += 8;
+            continue;
+        }
+        for (int bit = 7; bit >= 0; bit--) {
+            if ((byte >> bit) & 1) {
+                if (ones < k) {
+                    if (run > qmax)
+                        qmax = run;
+                    q[ones] = run > UINT32_MAX ? UINT32_MAX : (uint32_t)run;
+                }
+                ones++;
+                last = i;
+                run = 0;
+            } else {
+                run++;
+            }
+        }
+    }
+    if (ones != k || (k && len != last + 1))
+        err = 1;
+    else if ((uint64_t)rem.len != (k * (uint64_t)r + 7) / 8)
+        err = 2;
+    else if (k && qmax > (n >> r))
+        err = 3;
+    else {
+        const uint8_t *rp = rem.buf;
+        uint64_t tail = k * (uint64_t)r;
+        for (uint64_t b = tail; b < (uint64_t)rem.len * 8; b++)
+            if ((rp[b >> 3] >> (7 - (b & 7))) & 1)
+                err = 4;
+        uint64_t p = (uint64_t)-1, acc = 0;
+        int have = 0; /* bits in acc, right-aligned */
+        size_t next = 0;
+        for (size_t i = 0; i < k && !err; i++) {
+            uint64_t low = 0;
+            for (int need = r; need > 0;) {
+                if (have == 0) {
+                    acc = rp[next++];
+                    have = 8;
+                }
+                int take = need < have ? need : have;
+                low = (low << take) | ((acc >> (have - take)) & ((1u << take) - 1));
+                have -= take;
+                need -= take;
+            }
+            uint64_t gap = ((uint64_t)q[i] << r) | low;
+            p += gap + 1;
+            if (p >= n)
+                err = 3;
+            else
+                q[i] = (uint32_t)p;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromLong(err);
+done:
+    PyBuffer_Release(&un);
+    PyBuffer_Release(&rem);
+    PyBuffer_Release(&out);
+    return res;
+}
+
+/* ---- write-back --------------------------------------------------------- */
+
+/* start_writeback(fd, offset, nbytes): ask the kernel to start writing a
+   range of a file to disk now, without waiting, so that the fsync at the
+   end has little left to do. A no-op where the call does not exist. */
+static PyObject *start_writeback(PyObject *self, PyObject *args)
+{
+    int fd;
+    long long off, len;
+    if (!PyArg_ParseTuple(args, "iLL", &fd, &off, &len))
+        return NULL;
+#if defined(__linux__) && defined(SYNC_FILE_RANGE_WRITE)
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sync_file_range(fd, off, len, SYNC_FILE_RANGE_WRITE);
+    Py_END_ALLOW_THREADS
+    (void)rc; /* advisory: the fsync that follows reports any error */
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"diff_stats", diff_stats, METH_VARARGS, "(a, b, word, kind[, lut]) -> (changed, max_abs, sum_d2, sum_a2)"},
+    {"delta_scan", delta_scan, METH_VARARGS, "(old, new, word, positions_out, values_out) -> k"},
+    {"planes", planes, METH_VARARGS, "(src, word, dst) -> None"},
+    {"xor_planes", xor_planes, METH_VARARGS, "(old, new, word, dst) -> changed words"},
+    {"unplanes", unplanes, METH_VARARGS, "(src, word, dst, xor) -> nonzero words"},
+    {"scatter_xor", scatter_xor, METH_VARARGS, "(buf, word, positions, values) -> all values nonzero"},
+    {"rice_encode", rice_encode, METH_VARARGS, "(positions) -> (r, unary, remainder)"},
+    {"rice_decode", rice_decode, METH_VARARGS, "(r, unary, remainder, k, n, out) -> error code"},
+    {"start_writeback", start_writeback, METH_VARARGS, "(fd, offset, nbytes) -> None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "wdiff._native", "Single-pass kernels for wdiff (optional).", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+    return PyModule_Create(&module);
+}

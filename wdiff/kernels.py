@@ -1,0 +1,278 @@
+"""The hot loops of diff, pack and apply, each in two implementations that
+give the same results: single-pass C in the optional extension
+``wdiff._native`` (built by ``pip install`` where a C compiler is present),
+and numpy, which is always there.
+
+numpy spends one trip through memory per operation (compare, nonzero,
+gather, convert, square, sum, transpose); the C kernels read each byte once,
+skip runs of unchanged words sixteen at a time, and release the GIL so that
+``--threads`` workers run them side by side. ``WDIFF_NATIVE=0`` selects the
+numpy twins, and ``wdiff --version`` says which are in use.
+
+Every function takes and returns numpy arrays of the codec's unsigned word
+type (see :func:`wdiff.dtypes.uint_type`). Positions are uint32 from the C
+kernels and int64 from numpy; both index arrays alike. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from functools import lru_cache
+
+import numpy as np
+
+from .dtypes import SUMSQ_TILE, fp8_table, sum_squares, to_float
+
+try:
+    from . import _native
+except ImportError:  # no compiler at install time: numpy does the work
+    _native = None
+
+_use_native = _native is not None and os.environ.get("WDIFF_NATIVE", "1") != "0"
+_local = threading.local()
+
+_KIND_NONE, _KIND_BF16, _KIND_F32, _KIND_F64, _KIND_LUT = 0, 1, 2, 3, 4
+
+
+def available() -> bool:
+    """True when the C extension is built."""
+    return _native is not None
+
+
+def native() -> bool:
+    """True when the C kernels are in use."""
+    return _use_native
+
+
+def set_native(on: bool) -> bool:
+    """Select the C kernels (when built) or the numpy twins; returns the
+    previous setting. For tests and measurements."""
+    global _use_native
+    old = _use_native
+    _use_native = bool(on) and _native is not None
+    return old
+
+
+def _scratch(name: str, nbytes: int) -> np.ndarray:
+    """A uint8 buffer of this thread's, reused by the next call with the same name."""
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    buf = bufs.get(name)
+    if buf is None or buf.size < nbytes:
+        buf = bufs[name] = np.empty(max(nbytes, 64), dtype=np.uint8)
+    return buf[:nbytes]
+
+
+# -- diff statistics -----------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def _float_kind(name: str) -> tuple[int, np.ndarray | None]:
+    if name == "BF16":
+        return _KIND_BF16, None
+    if name in ("F32", "C64"):
+        return _KIND_F32, None
+    if name == "F64":
+        return _KIND_F64, None
+    if name == "F16":
+        return _KIND_LUT, np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float64)
+    if name.startswith("F8_"):
+        return _KIND_LUT, fp8_table(name)
+    return _KIND_NONE, None
+
+
+def diff_stats(a: np.ndarray, b: np.ndarray, dtype: str) -> tuple[int, float | None, float, float]:
+    """Compare two runs of words of safetensors type ``dtype``:
+    ``(changed words, max |b - a|, sum (b - a)^2, sum a^2)``, where the float
+    figures count finite values only and are ``None, 0, 0`` for dtypes with no
+    float meaning; ``max`` is NaN when no changed pair has a finite difference."""
+    kind, lut = _float_kind(dtype)
+    if _use_native:
+        args = (a, b, a.dtype.itemsize, kind) + ((lut,) if lut is not None else ())
+        changed, max_abs, sum_d2, sum_a2 = _native.diff_stats(*args)
+    else:
+        changed, max_abs, sum_d2, sum_a2 = _diff_stats_numpy(a, b, dtype)
+    if kind == _KIND_NONE:
+        return changed, None, 0.0, 0.0
+    return changed, max_abs, sum_d2, sum_a2
+
+
+def _diff_stats_numpy(a: np.ndarray, b: np.ndarray, dtype: str):
+    p = np.flatnonzero(a != b)
+    fa = to_float(a[p], dtype)
+    if fa is None:
+        return p.size, None, 0.0, 0.0
+    with np.errstate(all="ignore"):  # NaN and inf values are data, not errors
+        d = to_float(b[p], dtype).astype(np.float64) - fa.astype(np.float64)
+        d = d[np.isfinite(d)]
+        max_abs = float(np.abs(d).max()) if d.size else math.nan
+        sum_a2 = sum_squares(a, dtype, _scratch("f32", 4 * SUMSQ_TILE))
+        return p.size, max_abs, float(np.dot(d, d)), sum_a2
+
+
+# -- changed words ---------------------------------------------------------------
+
+
+def delta_scan(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The positions of the words that differ, increasing, and the XOR of old
+    and new there. The arrays are this thread's scratch: they are valid until
+    its next call."""
+    n = new.size
+    w = new.dtype.itemsize
+    if _use_native and n < 0xFFFFFFFF:
+        pos = _scratch("pos", 4 * n).view(np.uint32)
+        val = _scratch("val", w * n).view(new.dtype)
+        k = _native.delta_scan(old, new, w, pos, val)
+        return pos[:k], val[:k]
+    positions = np.flatnonzero(old != new)
+    return positions, old[positions] ^ new[positions]
+
+
+def bitmap(positions: np.ndarray, n: int) -> np.ndarray:
+    """A bit per word, MSB first, set where a word changed (``n`` words)."""
+    bits = np.zeros(n, dtype=bool)
+    bits[positions] = True
+    return np.packbits(bits)
+
+
+# -- byte planes ----------------------------------------------------------------
+
+
+def planes(words: np.ndarray) -> np.ndarray:
+    """The byte planes of ``words`` as a uint8 array: every word's most
+    significant byte first, then the next byte of every word, and so on."""
+    w = words.dtype.itemsize
+    if w == 1:
+        return words.view(np.uint8)
+    if _use_native:
+        out = np.empty(words.size * w, dtype=np.uint8)
+        _native.planes(words, w, out)
+        return out
+    return np.ascontiguousarray(words.view(np.uint8).reshape(-1, w)[:, ::-1].T).reshape(-1)
+
+
+def xor_planes(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """The byte planes of ``old ^ new``."""
+    if _use_native and old.dtype.itemsize > 1:
+        out = np.empty(old.nbytes, dtype=np.uint8)
+        _native.xor_planes(old, new, old.dtype.itemsize, out)
+        return out
+    return planes(old ^ new)
+
+
+def unplanes(data, n: int, word: np.dtype) -> np.ndarray:
+    """Inverse of :func:`planes`: ``n`` words of type ``word`` from ``n * w``
+    bytes of planes (a fresh array)."""
+    word = np.dtype(word)
+    w = word.itemsize
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if w == 1:
+        return raw
+    if _use_native:
+        out = np.empty(n, dtype=word)
+        _native.unplanes(raw, w, out, False)
+        return out
+    return np.ascontiguousarray(raw.reshape(w, n)[::-1].T).view(word).reshape(n)
+
+
+def scatter_xor(buf: np.ndarray, positions: np.ndarray, values: np.ndarray) -> None:
+    """``buf[positions] ^= values``; positions must be in range and increasing."""
+    if _use_native and positions.dtype == np.uint32:
+        _native.scatter_xor(buf, buf.dtype.itemsize, positions, values)
+        return
+    buf[positions] ^= values
+
+
+# -- Rice-coded gaps --------------------------------------------------------------
+
+MAX_RICE = 40
+
+
+def rice_param(gaps: np.ndarray) -> int:
+    """The Rice parameter that codes ``gaps`` in the fewest bits: near
+    log2(mean * ln 2) for geometric gaps, its neighbours tried exactly.
+    floor(log2 x) is taken from the float's exponent, so that it is exact."""
+    k = gaps.size
+    mean = float(gaps.sum(dtype=np.float64)) / k
+    guess = min(MAX_RICE, math.frexp(max(mean * 0.69, 1.0))[1] - 1)
+    best = None
+    for r in range(max(0, guess - 1), min(MAX_RICE, guess + 1) + 1):
+        bits = k * (r + 1) + int((gaps >> r).sum(dtype=np.int64))
+        if best is None or bits < best[0]:
+            best = (bits, r)
+    return best[1]
+
+
+def rice_encode(positions: np.ndarray) -> tuple[int, bytes, bytes]:
+    """Strictly increasing positions -> (r, unary stream, remainder stream)."""
+    if positions.size == 0:
+        return 0, b"", b""
+    if _use_native and (positions.dtype == np.uint32 or int(positions[-1]) < 0xFFFFFFFF):
+        return _native.rice_encode(np.ascontiguousarray(positions, dtype=np.uint32))
+    positions = positions.astype(np.int64, copy=False)
+    gaps = np.diff(positions, prepend=-1) - 1
+    r = rice_param(gaps)
+    q = gaps >> r
+    ones = np.cumsum(q + 1) - 1
+    bits = np.zeros(int(ones[-1]) + 1, dtype=np.uint8)
+    bits[ones] = 1
+    unary = np.packbits(bits).tobytes()
+    if r == 0:
+        return 0, unary, b""
+    # the low r bits of each gap, MSB first: unpack big-endian bytes, keep r columns
+    width = 8 if r <= 8 else 16 if r <= 16 else 32 if r <= 32 else 64
+    big_endian = (gaps & ((1 << r) - 1)).astype(np.dtype(f">u{width // 8}"))
+    rbits = np.unpackbits(big_endian.view(np.uint8).reshape(-1, width // 8), axis=1)[:, width - r :]
+    return r, unary, np.packbits(rbits).tobytes()
+
+
+#: what :func:`rice_decode` reports, by the C kernel's error code
+RICE_ERRORS = {
+    1: "position stream does not hold {k} entries",
+    2: "remainder stream has the wrong length",
+    3: "position out of range",
+    4: "nonzero padding in remainder stream",
+}
+
+
+def rice_decode(r: int, unary, remainder, k: int, n: int) -> np.ndarray | str:
+    """Inverse of :func:`rice_encode` for ``k`` positions below ``n``: the
+    positions, or the reason the streams are malformed. Every bound is
+    checked; ``r`` must already be within 0..MAX_RICE."""
+    if _use_native and n < 0xFFFFFFFF:
+        out = np.empty(k, dtype=np.uint32)
+        err = _native.rice_decode(r, unary, remainder, k, n, out)
+        return RICE_ERRORS[err].format(k=k) if err else out
+    ones = np.flatnonzero(np.unpackbits(np.frombuffer(unary, dtype=np.uint8)))
+    if ones.size != k or (k and len(unary) != int(ones[-1]) // 8 + 1):
+        return RICE_ERRORS[1].format(k=k)
+    q = np.diff(ones, prepend=-1) - 1
+    if len(remainder) != (k * r + 7) // 8:
+        return RICE_ERRORS[2]
+    if k and int(q.max()) > (n >> r):
+        return RICE_ERRORS[3]
+    gaps = q.astype(np.int64) << r
+    if r:
+        rbits = np.unpackbits(np.frombuffer(remainder, dtype=np.uint8))
+        if rbits[k * r :].any():
+            return RICE_ERRORS[4]
+        rb = rbits[: k * r].reshape(k, r).astype(np.int64)
+        gaps |= rb @ (np.int64(1) << np.arange(r - 1, -1, -1, dtype=np.int64))
+    positions = np.cumsum(gaps + 1) - 1
+    if k and int(positions[-1]) >= n:
+        return RICE_ERRORS[3]
+    return positions
+
+
+# -- write-back -------------------------------------------------------------------
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start writing a range of a file to disk now, so that
+    the fsync that follows has little left to do. Advisory: a no-op without
+    the C extension or on systems without ``sync_file_range``."""
+    if _native is not None:
+        _native.start_writeback(fd, offset, nbytes)
