@@ -14,17 +14,12 @@
  * with memcpy so that no alignment is assumed.
  */
 
-#define _GNU_SOURCE /* sync_file_range */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-#if defined(__linux__)
-#include <fcntl.h>
-#endif
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 /* one build runs everywhere; AVX2 where the CPU has it */
@@ -738,27 +733,6 @@ done:
     return res;
 }
 
-/* ---- write-back --------------------------------------------------------- */
-
-/* start_writeback(fd, offset, nbytes): ask the kernel to start writing a
-   range of a file to disk now, without waiting, so that the fsync at the
-   end has little left to do. A no-op where the call does not exist. */
-static PyObject *start_writeback(PyObject *self, PyObject *args)
-{
-    int fd;
-    long long off, len;
-    if (!PyArg_ParseTuple(args, "iLL", &fd, &off, &len))
-        return NULL;
-#if defined(__linux__) && defined(SYNC_FILE_RANGE_WRITE)
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = sync_file_range(fd, off, len, SYNC_FILE_RANGE_WRITE);
-    Py_END_ALLOW_THREADS
-    (void)rc; /* advisory: the fsync that follows reports any error */
-#endif
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef methods[] = {
     {"diff_stats", diff_stats, METH_VARARGS, "(a, b, word, kind[, lut]) -> (changed, max_abs, sum_d2, sum_a2)"},
     {"delta_scan", delta_scan, METH_VARARGS, "(old, new, word, positions_out, values_out) -> k"},
@@ -768,7 +742,6 @@ static PyMethodDef methods[] = {
     {"scatter_xor", scatter_xor, METH_VARARGS, "(buf, word, positions, values) -> all values nonzero"},
     {"rice_encode", rice_encode, METH_VARARGS, "(positions) -> (r, unary, remainder)"},
     {"rice_decode", rice_decode, METH_VARARGS, "(r, unary, remainder, k, n, out) -> error code"},
-    {"start_writeback", start_writeback, METH_VARARGS, "(fd, offset, nbytes) -> None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import xxhash
 
 from . import format as fmt
-from . import kernels, manifest
+from . import manifest
 from .blockio import FdCache, known_digests, read_base, scratch, span_digests
 from .bundle import ZERO, BundleReader, Record, decode_header_record
 from .checkpoint import KIND_TENSORS, Checkpoint, scan
@@ -309,7 +309,6 @@ def apply_unit(
             write_all(out_fd, buf, data_start + unit.lo)
         except OSError as e:
             raise io_error(where, e) from None
-        kernels.start_writeback(out_fd, data_start + unit.lo, unit.nbytes)
     return unit, a_dig, t_dig
 
 

@@ -239,15 +239,23 @@ def main(argv: list[str] | None = None) -> int:
             add("read A+B (cat)", t, rss, 2 * a_bytes)
             t, rss, _ = run(["cp", "-r", a, out], before=rm_out)
             add("copy A (cp -r)", t, rss, a_bytes)
+
+            def rm_out_synced():
+                rm_out()
+                os.sync()
+
+            t, rss, _ = run(["sh", "-c", 'cp -r "$1" "$2" && sync', "cp", a, out], before=rm_out_synced)
+            add("copy A durably (cp -r; sync)", t, rss, a_bytes, note="apply fsyncs too")
             rm_out()
+            t, rss, _ = run([*wd, "--version"])
+            add("wdiff startup (--version)", t, rss, 0, note="fixed cost in every row below")
             t, rss, r = run([*wd, "diff", "--json", *threads, a, b])
             add("wdiff diff", t, rss, 2 * a_bytes)
             t, rss, r = run([*wd, "pack", "--json", *threads, a, b, "-o", bundle])
             if r.returncode != 0:
                 raise SystemExit(r.stderr.decode())
             doc = json.loads(r.stdout)
-            add("wdiff pack", t, rss, 2 * a_bytes, doc["bundle_bytes"],
-                note=" ".join(f"{n}:{c['records']}" for n, c in doc["codecs"].items()))
+            add("wdiff pack", t, rss, 2 * a_bytes, doc["bundle_bytes"], note=_codec_note(doc["codecs"]))
             t, rss, r = run([*wd, "apply", "-q", *threads, bundle, a, "-o", out], before=rm_out)
             if r.returncode != 0:
                 raise SystemExit(r.stderr.decode())
@@ -280,6 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_table(rows, a_bytes)
     return 0
+
+
+def _codec_note(codecs: dict) -> str:
+    """Per encoding chosen: chunks, and bytes per changed element."""
+    out = []
+    for name, c in codecs.items():
+        per = f" {c['bytes'] / c['changed_elements']:.3f} B/changed" if c["changed_elements"] else ""
+        out.append(f"{name}: {c['records']} chunks{per}")
+    return "; ".join(out)
 
 
 def print_table(rows: list[dict], a_bytes: int) -> None:

@@ -265,14 +265,3 @@ def rice_decode(r: int, unary, remainder, k: int, n: int) -> np.ndarray | str:
     if k and int(positions[-1]) >= n:
         return RICE_ERRORS[3]
     return positions
-
-
-# -- write-back -------------------------------------------------------------------
-
-
-def start_writeback(fd: int, offset: int, nbytes: int) -> None:
-    """Ask the kernel to start writing a range of a file to disk now, so that
-    the fsync that follows has little left to do. Advisory: a no-op without
-    the C extension or on systems without ``sync_file_range``."""
-    if _native is not None:
-        _native.start_writeback(fd, offset, nbytes)
