@@ -160,15 +160,22 @@ def test_rice_decode_rejects_alike(pn, data):
 def test_diff_stats_agree(ab, data):
     a, b = ab
     dtype = data.draw(st.sampled_from(FLOAT_DTYPES[a.dtype.itemsize]))
-    (c0, m0, d0, s0), (c1, m1, d1, s1) = both(kernels.diff_stats, a, b, dtype)
-    assert c0 == c1 == int(np.count_nonzero(a != b))
-    if m0 is None:
-        assert m1 is None and d0 == d1 == s0 == s1 == 0
-        return
-    assert (math.isnan(m0) and math.isnan(m1)) or m0 == m1
-    for x, y in ((d0, d1), (s0, s1)):
-        assert math.isfinite(x) == math.isfinite(y)
-        assert x == pytest.approx(y, rel=1e-5, abs=1e-30)
+    cuts = sorted(data.draw(st.lists(st.integers(0, a.size), max_size=6)))
+    spans = np.array(list(zip([0] + cuts, cuts + [a.size])), dtype=np.int64)
+    whole_s, whole_f = both(kernels.diff_stats, a, b, dtype)
+    many_s, many_f = both(kernels.diff_stats, a, b, dtype, spans)
+    assert len(whole_s) == len(whole_f) == 1 and len(many_s) == len(many_f) == len(spans)
+    for (lo, hi), s, f in zip([(0, a.size)] + spans.tolist(), whole_s + many_s, whole_f + many_f):
+        c0, m0, d0, s0 = s
+        c1, m1, d1, s1 = f
+        assert c0 == c1 == int(np.count_nonzero(a[lo:hi] != b[lo:hi]))
+        if m0 is None:
+            assert m1 is None and d0 == d1 == s0 == s1 == 0
+            continue
+        assert (math.isnan(m0) and math.isnan(m1)) or m0 == m1
+        for x, y in ((d0, d1), (s0, s1)):
+            assert math.isfinite(x) == math.isfinite(y)
+            assert x == pytest.approx(y, rel=1e-5, abs=1e-30)
 
 
 def test_bf16_sum_of_squares_survives_huge_values():
@@ -177,7 +184,7 @@ def test_bf16_sum_of_squares_survives_huge_values():
     big = np.array([0x7F00, 0x3F80, 0x7F80, 0x7FC0, 0xFF00] * 40, dtype=np.uint16)
     other = big.copy()
     other[1] ^= 1
-    slow, fast = both(kernels.diff_stats, big, other, "BF16")
+    [slow], [fast] = both(kernels.diff_stats, big, other, "BF16")
     assert math.isfinite(fast[3]) and fast[3] == pytest.approx(slow[3], rel=1e-6)
 
 

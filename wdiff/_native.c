@@ -219,47 +219,108 @@ static void compare_words(const uint8_t *a, const uint8_t *b, size_t n, int w, i
 
 #define TILE 8192 /* words: both inputs of a tile stay in L1/L2 between the two passes */
 
-static PyObject *diff_stats(PyObject *self, PyObject *args)
+static void stats_range(const uint8_t *pa, const uint8_t *pb, size_t n, int w, int kind, const double *tab,
+                        stats_t *st)
 {
-    Py_buffer a, b, lut = {0};
-    int w, kind;
-    if (!PyArg_ParseTuple(args, "y*y*ii|y*", &a, &b, &w, &kind, &lut))
-        return NULL;
-    PyObject *res = NULL;
-    size_t lut_need = w == 1 ? 256 : 65536;
-    if (check_word(w) < 0)
-        goto done;
-    if (a.len != b.len || a.len % w) {
-        PyErr_SetString(PyExc_ValueError, "inputs must be equal and hold whole words");
-        goto done;
-    }
-    if (kind < F_NONE || kind > F_LUT || (kind == F_BF16 && w != 2) || (kind == F_F32 && w != 4) ||
-        (kind == F_F64 && w != 8) ||
-        (kind == F_LUT && (w > 2 || lut.buf == NULL || (size_t)lut.len != lut_need * sizeof(double)))) {
-        PyErr_SetString(PyExc_ValueError, "bad float kind for this word size");
-        goto done;
-    }
-    stats_t st = {0, -1.0, 0.0, 0.0};
-    size_t n = (size_t)a.len / w;
-    const uint8_t *pa = a.buf, *pb = b.buf;
-    const double *tab = lut.buf;
-    Py_BEGIN_ALLOW_THREADS
     for (size_t lo = 0; lo < n; lo += TILE) {
         size_t m = n - lo < TILE ? n - lo : TILE;
         if (kind == F_BF16)
-            st.sum_a2 += sumsq_bf16((const uint16_t *)(pa + lo * w), m);
+            st->sum_a2 += sumsq_bf16((const uint16_t *)(pa + lo * w), m);
         else if (kind != F_NONE)
-            st.sum_a2 += sumsq_generic(pa + lo * w, m, w, kind, tab);
-        compare_words(pa + lo * w, pb + lo * w, m, w, kind, tab, &st);
+            st->sum_a2 += sumsq_generic(pa + lo * w, m, w, kind, tab);
+        compare_words(pa + lo * w, pb + lo * w, m, w, kind, tab, st);
+    }
+}
+
+static int check_stats_args(Py_buffer *a, Py_buffer *b, int w, int kind, PyObject *lut_obj, Py_buffer *lut)
+{
+    if (check_word(w) < 0)
+        return -1;
+    if (a->len != b->len || a->len % w) {
+        PyErr_SetString(PyExc_ValueError, "inputs must be equal and hold whole words");
+        return -1;
+    }
+    if (lut_obj != Py_None && PyObject_GetBuffer(lut_obj, lut, PyBUF_SIMPLE) < 0)
+        return -1;
+    size_t lut_need = w == 1 ? 256 : 65536;
+    if (kind < F_NONE || kind > F_LUT || (kind == F_BF16 && w != 2) || (kind == F_F32 && w != 4) ||
+        (kind == F_F64 && w != 8) ||
+        (kind == F_LUT && (w > 2 || lut->buf == NULL || (size_t)lut->len != lut_need * sizeof(double)))) {
+        PyErr_SetString(PyExc_ValueError, "bad float kind for this word size");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *stats_tuple(const stats_t *st)
+{
+    return Py_BuildValue("Kddd", (unsigned long long)st->changed, st->max_abs < 0 ? NAN : st->max_abs, st->sum_d2,
+                         st->sum_a2);
+}
+
+/* diff_stats(a, b, word, kind, lut, spans) -> [(changed, max_abs, sum_d2, sum_a2)]
+   One tuple per span: spans is an int64 buffer of (first word, end word)
+   pairs, or None for one span over everything. lut is None or the float64
+   value of each code (256 of them for 1-byte words, 65536 for 2). max_abs
+   is NaN when no changed pair has a finite difference. */
+static PyObject *diff_stats(PyObject *self, PyObject *args)
+{
+    Py_buffer a, b, lut = {0}, spans = {0};
+    PyObject *lut_obj, *spans_obj, *res = NULL;
+    int w, kind;
+    if (!PyArg_ParseTuple(args, "y*y*iiOO", &a, &b, &w, &kind, &lut_obj, &spans_obj))
+        return NULL;
+    if (check_stats_args(&a, &b, w, kind, lut_obj, &lut) < 0)
+        goto done;
+    size_t n = (size_t)a.len / w, m = 1;
+    const int64_t *sp = NULL;
+    if (spans_obj != Py_None) {
+        if (PyObject_GetBuffer(spans_obj, &spans, PyBUF_SIMPLE) < 0)
+            goto done;
+        m = (size_t)spans.len / 16;
+        sp = spans.buf;
+        if (spans.len % 16) {
+            PyErr_SetString(PyExc_ValueError, "spans must be int64 pairs");
+            goto done;
+        }
+        for (size_t i = 0; i < m; i++) {
+            if (sp[2 * i] < 0 || sp[2 * i] > sp[2 * i + 1] || (size_t)sp[2 * i + 1] > n) {
+                PyErr_SetString(PyExc_ValueError, "span out of range");
+                goto done;
+            }
+        }
+    }
+    stats_t *st = PyMem_Calloc(m, sizeof(stats_t));
+    if (!st) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const uint8_t *pa = a.buf, *pb = b.buf;
+    const double *tab = lut.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (size_t i = 0; i < m; i++) {
+        size_t lo = sp ? (size_t)sp[2 * i] : 0, hi = sp ? (size_t)sp[2 * i + 1] : n;
+        st[i].max_abs = -1.0;
+        stats_range(pa + lo * w, pb + lo * w, hi - lo, w, kind, tab, &st[i]);
     }
     Py_END_ALLOW_THREADS
-    res = Py_BuildValue("Kddd", (unsigned long long)st.changed, st.max_abs < 0 ? NAN : st.max_abs,
-                        st.sum_d2, st.sum_a2);
+    res = PyList_New((Py_ssize_t)m);
+    for (size_t i = 0; res && i < m; i++) {
+        PyObject *t = stats_tuple(&st[i]);
+        if (!t) {
+            Py_CLEAR(res);
+            break;
+        }
+        PyList_SET_ITEM(res, (Py_ssize_t)i, t);
+    }
+    PyMem_Free(st);
 done:
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);
     if (lut.buf)
         PyBuffer_Release(&lut);
+    if (spans.buf)
+        PyBuffer_Release(&spans);
     return res;
 }
 
@@ -734,7 +795,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"diff_stats", diff_stats, METH_VARARGS, "(a, b, word, kind[, lut]) -> (changed, max_abs, sum_d2, sum_a2)"},
+    {"diff_stats", diff_stats, METH_VARARGS, "(a, b, word, kind, lut, spans) -> [(changed, max_abs, sum_d2, sum_a2)]"},
     {"delta_scan", delta_scan, METH_VARARGS, "(old, new, word, positions_out, values_out) -> k"},
     {"planes", planes, METH_VARARGS, "(src, word, dst) -> None"},
     {"xor_planes", xor_planes, METH_VARARGS, "(old, new, word, dst) -> changed words"},

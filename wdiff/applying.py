@@ -363,7 +363,7 @@ def build(
             os.close(fd)
         written += f.size
 
-    known_a = manifest.cached_tensors(A) if A is not None else {}
+    known_a = manifest.cached_tensors(A) if A is not None else manifest.Known()
     with FdCache() as fds:
         try:
 
@@ -414,7 +414,7 @@ def build(
     check_target_digests(index, headers, dt, only=outputs)
     if A is not None and check_base:
         reporter.phase("check base", None)
-        fp = manifest.complete(A, da, threads=threads).fingerprint
+        fp = manifest.complete(A, da, threads=threads, cached=known_a.paths).fingerprint
         if fp != index.base_fingerprint:
             raise BaseMismatchError(
                 f"{A.root}: fingerprint {hexd(fp)[:16]} is not the bundle's base {hexd(index.base_fingerprint)[:16]}"

@@ -22,7 +22,7 @@ import xxhash
 from .checkpoint import KIND_TENSORS, FileEntry
 
 ENV = "WDIFF_CACHE_DIR"
-MAGIC = b"WDIFF-MANIFEST-CACHE 1\n"
+MAGIC = b"WDIFF-MANIFEST-CACHE 2\n"
 PROBE = 64 * 1024
 MAX_ENTRIES = 20_000
 
@@ -54,9 +54,10 @@ def _probe(path: str, size: int) -> str:
 
 
 def _shape(entry: FileEntry) -> list:
+    # the header's digest covers every tensor's name and extent
     if entry.kind == KIND_TENSORS:
-        return [xxhash.xxh3_128_hexdigest(entry.header.raw), [[t.name, t.nbytes] for t in entry.header.tensors]]
-    return [None, [["", entry.size]]]
+        return [xxhash.xxh3_128_hexdigest(entry.header.raw), len(entry.header.tensors)]
+    return [None, entry.size]
 
 
 def lookup(entry: FileEntry) -> list[bytes] | None:

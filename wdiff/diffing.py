@@ -197,8 +197,8 @@ def diff(a, b, *, threads: int | None = None, reporter: Reporter = SILENT) -> Di
                             x.sum_a2 += st[4]
             reporter.advance(unit.nbytes)
     reporter.phase("hash", None)
-    ma = manifest.complete(A, da, threads=threads, reporter=reporter)
-    mb = manifest.complete(B, db, threads=threads, reporter=reporter)
+    ma = manifest.complete(A, da, threads=threads, reporter=reporter, cached=known_a.paths)
+    mb = manifest.complete(B, db, threads=threads, reporter=reporter, cached=known_b.paths)
     return _result(A, B, ma, mb, acc, warnings)
 
 
@@ -230,21 +230,20 @@ def _diff_unit(fds: FdCache, known_a: dict, known_b: dict, f, unit: Unit):
         if a_dig == b_dig:
             return unit, a_dig, b_dig, unchanged
     ut = uint_type(unit.word)
-    av, bv = abuf.view(ut), bbuf.view(ut)
-    stats = []
-    lo = 0
-    for i, s in enumerate(unit.spans):
-        hi = lo + s.nbytes // unit.word
-        if a_dig[i] == b_dig[i]:
-            stats.append(None)
-        else:
-            changed, max_abs, sum_d2, sum_a2 = kernels.diff_stats(av[lo:hi], bv[lo:hi], s.tensor.dtype)
-            stats.append((_blocks_changed(a_dig[i], b_dig[i]), changed, max_abs, sum_d2, sum_a2))
-        lo = hi
+    bounds = np.cumsum([0] + [s.nbytes // unit.word for s in unit.spans])
+    changed = [i for i in range(len(unit.spans)) if a_dig[i] != b_dig[i]]
+    rows = np.stack([bounds[changed], bounds[np.array(changed) + 1]], axis=1)
+    # one call for all changed spans: small tensors are batched in units
+    found = kernels.diff_stats(abuf.view(ut), bbuf.view(ut), unit.spans[changed[0]].tensor.dtype, rows)
+    stats: list = [None] * len(unit.spans)
+    for i, (n, max_abs, sum_d2, sum_a2) in zip(changed, found):
+        stats[i] = (_blocks_changed(a_dig[i], b_dig[i]), n, max_abs, sum_d2, sum_a2)
     return unit, a_dig, b_dig, stats
 
 
 def _blocks_changed(a: bytes, b: bytes) -> int:
+    if len(a) == 16:
+        return int(a != b)
     x = np.frombuffer(a, dtype=np.uint8).reshape(-1, 16)
     y = np.frombuffer(b, dtype=np.uint8).reshape(-1, 16)
     return int((x != y).any(axis=1).sum())

@@ -15,8 +15,10 @@ than the JSON parser's recursion limit is refused by the parser itself.
 from __future__ import annotations
 
 import json
+import operator
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .dtypes import dtype_info
 from .errors import FormatError
@@ -32,17 +34,17 @@ class HeaderError(FormatError):
     """A safetensors header that wdiff cannot use as a tensor file."""
 
 
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
+    """One tensor of a header. A named tuple, not a dataclass: checkpoints
+    hold hundreds of thousands of these, and they are built and read in the
+    per-tensor loops of every command."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]
     start: int  # byte offset inside the data region
     end: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.start
+    nbytes: int  # end - start
 
     @property
     def word(self) -> int:
@@ -81,11 +83,13 @@ def header_length(prefix: bytes, file_size: int, *, where: str) -> int:
 
 
 def _no_duplicates(pairs):
-    d = {}
-    for k, v in pairs:
-        if k in d:
-            raise HeaderError(f"duplicate key {k!r} in header")
-        d[k] = v
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise HeaderError(f"duplicate key {k!r} in header")
+            seen.add(k)
     return d
 
 
@@ -121,7 +125,7 @@ def parse_header(raw: bytes, file_size: int, *, where: str) -> Header:
     if len(obj) > MAX_TENSORS:
         raise HeaderError(f"{where}: more than {MAX_TENSORS} tensors in one file")
     tensors = [_tensor(name, spec, data_len, where) for name, spec in obj.items()]
-    tensors.sort(key=lambda t: (t.start, t.end, t.name))
+    tensors.sort(key=_DATA_ORDER)
     pos = 0
     for t in tensors:
         if t.start != pos:
@@ -135,35 +139,36 @@ def parse_header(raw: bytes, file_size: int, *, where: str) -> Header:
     return Header(raw=bytes(raw), tensors=tuple(tensors), metadata=metadata)
 
 
+_SPEC_KEYS = frozenset(("dtype", "shape", "data_offsets"))
+_DATA_ORDER = operator.attrgetter("start", "end", "name")
+
+
 def _tensor(name: str, spec: object, data_len: int, where: str) -> TensorInfo:
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+    # written for speed: this runs once per tensor of every file read
+    # a UTF-8 character is at most 4 bytes: encode only names that might be too long
+    if 4 * len(name) > MAX_NAME_BYTES and len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
         raise HeaderError(f"{where}: a tensor name is longer than {MAX_NAME_BYTES} bytes")
-    if not isinstance(spec, dict) or set(spec) != {"dtype", "shape", "data_offsets"}:
+    if type(spec) is not dict or len(spec) != 3 or not _SPEC_KEYS.issuperset(spec):
         raise HeaderError(f"{where}: tensor {name!r} needs exactly dtype, shape, data_offsets")
     dtype, shape, offsets = spec["dtype"], spec["shape"], spec["data_offsets"]
-    if not isinstance(dtype, str) or not dtype or len(dtype) > 32:
+    if type(dtype) is not str or not dtype or len(dtype) > 32:
         raise HeaderError(f"{where}: tensor {name!r} has an invalid dtype")
-    if (
-        not isinstance(shape, list)
-        or len(shape) > MAX_NDIM
-        or not all(type(d) is int and d >= 0 for d in shape)
-    ):
+    if type(shape) is not list or len(shape) > MAX_NDIM:
         raise HeaderError(f"{where}: tensor {name!r} has an invalid shape")
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(type(o) is int for o in offsets)
-        or not 0 <= offsets[0] <= offsets[1] <= data_len
-    ):
+    numel = 1
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise HeaderError(f"{where}: tensor {name!r} has an invalid shape")
+        numel *= d
+    if type(offsets) is not list or len(offsets) != 2:
         raise HeaderError(f"{where}: tensor {name!r} has data offsets outside the file")
     start, end = offsets
+    if type(start) is not int or type(end) is not int or not 0 <= start <= end <= data_len:
+        raise HeaderError(f"{where}: tensor {name!r} has data offsets outside the file")
     info = dtype_info(dtype)
     if info.bits is not None:
-        numel = 1
-        for d in shape:
-            numel *= d
         if numel * info.bits != (end - start) * 8:
             raise HeaderError(f"{where}: tensor {name!r} is {end - start} bytes, which does not fit {dtype}{shape}")
     elif (end - start) % info.word:
         raise HeaderError(f"{where}: tensor {name!r} has a size that is not whole words")
-    return TensorInfo(name, dtype, tuple(shape), start, end)
+    return TensorInfo(name, dtype, tuple(shape), start, end, end - start)

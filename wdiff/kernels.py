@@ -84,20 +84,24 @@ def _float_kind(name: str) -> tuple[int, np.ndarray | None]:
     return _KIND_NONE, None
 
 
-def diff_stats(a: np.ndarray, b: np.ndarray, dtype: str) -> tuple[int, float | None, float, float]:
-    """Compare two runs of words of safetensors type ``dtype``:
-    ``(changed words, max |b - a|, sum (b - a)^2, sum a^2)``, where the float
-    figures count finite values only and are ``None, 0, 0`` for dtypes with no
-    float meaning; ``max`` is NaN when no changed pair has a finite difference."""
+def diff_stats(a: np.ndarray, b: np.ndarray, dtype: str, spans: np.ndarray | None = None) -> list[tuple]:
+    """Compare two runs of words of safetensors type ``dtype``, over each
+    span (an int64 array of (first word, end word) rows; ``None`` for the
+    whole run): ``(changed words, max |b - a|, sum (b - a)^2, sum a^2)`` per
+    span. The float figures count finite values only and are ``None, 0, 0``
+    for dtypes with no float meaning; ``max`` is NaN when no changed pair has
+    a finite difference."""
     kind, lut = _float_kind(dtype)
     if _use_native:
-        args = (a, b, a.dtype.itemsize, kind) + ((lut,) if lut is not None else ())
-        changed, max_abs, sum_d2, sum_a2 = _native.diff_stats(*args)
+        if spans is not None:
+            spans = np.ascontiguousarray(spans, dtype=np.int64)
+        out = _native.diff_stats(a, b, a.dtype.itemsize, kind, lut, spans)
     else:
-        changed, max_abs, sum_d2, sum_a2 = _diff_stats_numpy(a, b, dtype)
+        rows = [(0, a.size)] if spans is None else spans.tolist()
+        out = [_diff_stats_numpy(a[lo:hi], b[lo:hi], dtype) for lo, hi in rows]
     if kind == _KIND_NONE:
-        return changed, None, 0.0, 0.0
-    return changed, max_abs, sum_d2, sum_a2
+        return [(c[0], None, 0.0, 0.0) for c in out]
+    return out
 
 
 def _diff_stats_numpy(a: np.ndarray, b: np.ndarray, dtype: str):

@@ -117,20 +117,31 @@ def _from_cache(ckpt: Checkpoint, digests: Digests) -> set[str]:
     return served
 
 
-def cached_tensors(ckpt: Checkpoint) -> dict[str, bytes]:
-    """Block digests of the tensors of ``ckpt`` that the manifest cache
-    holds (tensor name -> concatenated block digests): a data pass can use
-    them instead of hashing what it reads, and skip reading blocks whose
-    digests match on both sides."""
+class Known(dict):
+    """Block digests of tensors that the manifest cache holds (tensor name ->
+    concatenated block digests), and the paths of the files they came from."""
+
+    paths: frozenset[str] = frozenset()
+
+
+def cached_tensors(ckpt: Checkpoint) -> Known:
+    """What the manifest cache holds of the tensor files of ``ckpt``: a data
+    pass can use these digests instead of hashing what it reads, skip
+    reading blocks whose digests match on both sides, and need not store
+    these files in the cache again (pass ``known.paths`` to
+    :func:`complete`)."""
     from . import cache
 
-    out: dict[str, bytes] = {}
+    out = Known()
+    paths = set()
     for f in ckpt.files:
         if f.kind != KIND_TENSORS:
             continue
         hit = cache.lookup(f)
         if hit is not None:
             out.update((t.name, b) for t, b in zip(f.header.tensors, hit))
+            paths.add(f.path)
+    out.paths = frozenset(paths)
     return out
 
 
@@ -152,11 +163,19 @@ def remember(ckpt: Checkpoint, digests: Digests, *, skip: set[str] = frozenset()
 
 
 def complete(
-    ckpt: Checkpoint, digests: Digests, *, threads: int, reporter: Reporter = SILENT, use_cache: bool = True
+    ckpt: Checkpoint,
+    digests: Digests,
+    *,
+    threads: int,
+    reporter: Reporter = SILENT,
+    use_cache: bool = True,
+    cached: frozenset[str] = frozenset(),
 ) -> Manifest:
     """Hash whatever of ``ckpt`` is not in ``digests`` yet (unless the
-    manifest cache has it and ``use_cache``); return the manifest."""
-    served = _from_cache(ckpt, digests) if use_cache else set()
+    manifest cache has it and ``use_cache``); return the manifest. Files
+    whose paths are in ``cached`` came from the cache and are not stored
+    in it again."""
+    served = (_from_cache(ckpt, digests) if use_cache else set()) | cached
     for f in ckpt.files:
         if f.kind != KIND_TENSORS and f.path not in digests.files:
             digests.files[f.path] = hash_file(f.abspath, f.size, reporter=reporter)
@@ -183,6 +202,8 @@ def complete(
 
 
 def _missing_units(f: FileEntry, digests: Digests) -> Iterable[Unit]:
+    if all(digests.has_tensor(t.name) for t in f.header.tensors if t.nbytes):
+        return  # the usual case after a data pass: nothing to plan
     for unit in pack_units(f.header, {}, DEFAULT_CHUNK):
         if not all(digests.has_tensor(s.tensor.name) for s in unit.spans):
             yield unit

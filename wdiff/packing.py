@@ -116,7 +116,7 @@ def pack(
     work = [(i, f, u) for i, f in enumerate(B.files) if f.kind == KIND_TENSORS for u in pack_units(f.header, base_tensors, chunk)]
     reporter.phase("pack", sum(u.nbytes for _, _, u in work) + sum(f.size for f in B.files if f.kind != KIND_TENSORS))
     with BundleWriter(out, level=level) as w, FdCache() as fds:
-        known = (manifest.cached_tensors(A) if A else {}, manifest.cached_tensors(B))
+        known = (manifest.cached_tensors(A) if A else manifest.Known(), manifest.cached_tensors(B))
         results = ordered_map(lambda it: _pack_unit(fds, level, known, *it), work, threads=threads)
         pending = next(results, None)
         for i, f in enumerate(B.files):
@@ -147,7 +147,7 @@ def pack(
         reporter.phase("hash base", None)
         base_fp, base_rows = None, ()
         if A is not None:
-            mA = manifest.complete(A, da, threads=threads, reporter=reporter)
+            mA = manifest.complete(A, da, threads=threads, reporter=reporter, cached=known[0].paths)
             base_fp = mA.fingerprint
             base_rows = tuple(fmt.FileRow(d.path, d.kind, d.size, d.digest) for d in mA.files)
         mB = db.manifest(B)
@@ -162,7 +162,7 @@ def pack(
             records_digest=w.records_digest,
         )
         bundle_id = w.finish(index)
-    manifest.remember(B, db)  # B is the next step's base: its digests are known now
+    manifest.remember(B, db, skip=known[1].paths)  # B is the next step's base: its digests are known now
     reporter.done()
     return PackResult(
         bundle=os.fspath(out),

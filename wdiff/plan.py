@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import FormatError
 from .hashing import BLOCK_SIZE
@@ -21,16 +22,18 @@ from .paths import printable
 DEFAULT_CHUNK = 4 * BLOCK_SIZE
 
 
-@dataclass(frozen=True, slots=True)
-class BaseRef:
+# BaseRef and Span are named tuples, not dataclasses: one of each is built
+# per tensor in the planning loops of every command
+
+
+class BaseRef(NamedTuple):
     """Where a target tensor's old bytes live: a file of the base and a tensor."""
 
     file: object  # checkpoint.FileEntry (or anything with .abspath and .header)
     tensor: TensorInfo
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
+class Span(NamedTuple):
     index: int  # tensor position in its file (data order)
     tensor: TensorInfo
     lo: int  # byte range relative to the tensor's first byte
