@@ -92,11 +92,6 @@ static inline double as_float(uint64_t v, int kind, const double *lut)
     }
 }
 
-/* sum of squares of the finite values of n bf16 words. Squares are summed in
-   float, eight lanes wide (GCC/clang vector extensions), 64 words at a time,
-   then added in double: exact enough for a statistic and several times
-   faster. A run holding a value of 2^64 or more (whose square could overflow
-   a float), an infinity or a NaN is summed again in double, value by value. */
 typedef float v8f __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
@@ -110,32 +105,6 @@ static double sumsq_bf16_exact(const uint16_t *p, size_t n)
             total += d * d;
     }
     return total;
-}
-
-HOT static double sumsq_bf16(const uint16_t *p, size_t n)
-{
-    double total = 0;
-    size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        v8f acc = {0};
-        v8u big = {0};
-        for (int j = 0; j < 64; j += 8) {
-            v8h h;
-            memcpy(&h, p + i + j, sizeof h);
-            v8u u = __builtin_convertvector(h, v8u) << 16;
-            v8f f = (v8f)u;
-            acc += f * f;
-            big |= (u & 0x7f800000u) + 0x20800000u; /* sign bit set: exponent >= 2^64 */
-        }
-        uint32_t any = 0;
-        for (int l = 0; l < 8; l++)
-            any |= big[l];
-        if (any & 0x80000000u)
-            total += sumsq_bf16_exact(p + i, 64);
-        else
-            total += (double)(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
-    }
-    return total + sumsq_bf16_exact(p + i, n - i);
 }
 
 static double sumsq_generic(const uint8_t *p, size_t n, int w, int kind, const double *lut)
@@ -219,14 +188,66 @@ static void compare_words(const uint8_t *a, const uint8_t *b, size_t n, int w, i
 
 #define TILE 8192 /* words: both inputs of a tile stay in L1/L2 between the two passes */
 
+/* bf16, fused: one pass over a and b, 64 words at a time. Squares of a are
+   summed in float, eight lanes wide (GCC/clang vector extensions), then
+   added in double: exact enough for a statistic and several times faster.
+   A run holding a value of 2^64 or more (whose square could overflow a
+   float), an infinity or a NaN is summed again in double, value by value.
+   The XOR of each 8-word vector marks the vectors that hold a change, and
+   only those are looked at word by word. */
+HOT static void stats_bf16(const uint16_t *a, const uint16_t *b, size_t n, stats_t *st)
+{
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        v8f acc = {0};
+        v8u big = {0};
+        unsigned marks = 0;
+        for (int j = 0; j < 64; j += 8) {
+            v8h h, g;
+            memcpy(&h, a + i + j, sizeof h);
+            memcpy(&g, b + i + j, sizeof g);
+            v8u u = __builtin_convertvector(h, v8u) << 16;
+            v8f f = (v8f)u;
+            acc += f * f;
+            big |= (u & 0x7f800000u) + 0x20800000u;
+            v8h x = h ^ g;
+            uint64_t x0, x1;
+            memcpy(&x0, &x, 8);
+            memcpy(&x1, (const char *)&x + 8, 8);
+            marks |= (unsigned)((x0 | x1) != 0) << (j / 8);
+        }
+        uint32_t any = 0;
+        for (int l = 0; l < 8; l++)
+            any |= big[l];
+        if (any & 0x80000000u)
+            st->sum_a2 += sumsq_bf16_exact(a + i, 64);
+        else
+            st->sum_a2 +=
+                (double)(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+        while (marks) {
+            int v = __builtin_ctz(marks);
+            marks &= marks - 1;
+            for (size_t j = i + 8 * (size_t)v; j < i + 8 * (size_t)v + 8; j++)
+                if (a[j] != b[j])
+                    count_pair(a[j], b[j], F_BF16, NULL, st);
+        }
+    }
+    st->sum_a2 += sumsq_bf16_exact(a + i, n - i);
+    for (; i < n; i++)
+        if (a[i] != b[i])
+            count_pair(a[i], b[i], F_BF16, NULL, st);
+}
+
 static void stats_range(const uint8_t *pa, const uint8_t *pb, size_t n, int w, int kind, const double *tab,
                         stats_t *st)
 {
+    if (kind == F_BF16) {
+        stats_bf16((const uint16_t *)pa, (const uint16_t *)pb, n, st);
+        return;
+    }
     for (size_t lo = 0; lo < n; lo += TILE) {
         size_t m = n - lo < TILE ? n - lo : TILE;
-        if (kind == F_BF16)
-            st->sum_a2 += sumsq_bf16((const uint16_t *)(pa + lo * w), m);
-        else if (kind != F_NONE)
+        if (kind != F_NONE)
             st->sum_a2 += sumsq_generic(pa + lo * w, m, w, kind, tab);
         compare_words(pa + lo * w, pb + lo * w, m, w, kind, tab, st);
     }

@@ -95,7 +95,8 @@ def _diff_summary(res) -> str:
     if t["compared_elements"]:
         line += f"; {o.count(t['changed_elements'])} of {o.count(t['compared_elements'])} elements changed ({o.pct(t['changed_fraction'])})"
     if t["files_changed"]:
-        line += f"; {t['files_changed']} companion file{'s' if t['files_changed'] != 1 else ''} differ"
+        n = t["files_changed"]
+        line += f"; {n} companion file{'s differ' if n != 1 else ' differs'}"
     if res.identical:
         line = "identical: " + line
     return line
