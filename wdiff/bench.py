@@ -4,9 +4,12 @@ Generates a synthetic llama-like bf16 checkpoint and, per scenario, a second
 version; runs ``wdiff diff``, ``pack`` and ``apply`` on them as separate
 processes and prints one table: wall seconds (median of --runs), throughput,
 peak RSS of the process, bundle size, bytes per changed element, compression
-ratio, and the bundle's distance from the information floor. Beside them, in
-the same run: the time to read A and B (``cat``), to copy A (``cp -r``), and,
-where installed, ``zstd -3`` of B and ``zstd --patch-from`` per shard.
+ratio, the bundle's distance from the information floor, and the bytes per
+changed element of each encoding chosen. Beside them, in the same run: the
+time to read A and B (``cat``), to copy A (``cp -r``, and ``cp -r`` then
+``sync``: apply fsyncs what it writes), wdiff's fixed start-up cost
+(``wdiff --version``), and, where installed, ``zstd -3`` of B and
+``zstd --patch-from`` per shard.
 
 Scenarios:
   rl1     an RL step: 1% of elements moved by one ulp at random positions

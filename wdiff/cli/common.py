@@ -23,7 +23,7 @@ app = typer.Typer(
         "plus companion files), packs only that into a small verified bundle, and rebuilds "
         "the new checkpoint bit for bit from the old one."
     ),
-    epilog="Exit status (every command):\n\n\b\n" + EXIT_STATUS + "\n\nEnvironment: WDIFF_THREADS (worker threads), WDIFF_CACHE_DIR (manifest cache; none: off), WDIFF_DEBUG=1 (tracebacks), NO_COLOR.",
+    epilog="Exit status (every command):\n\n\b\n" + EXIT_STATUS + "\n\nEnvironment: WDIFF_THREADS (worker threads), WDIFF_CACHE_DIR (manifest cache; none: off), WDIFF_NATIVE=0 (numpy kernels), WDIFF_DEBUG=1 (tracebacks), NO_COLOR.",
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80},
     no_args_is_help=True,
