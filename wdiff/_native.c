@@ -347,16 +347,42 @@ done:
 
 /* ---- delta scan: positions and XOR of changed words --------------------- */
 
+/* Like FOR_EACH_CHANGED, but the words of an 8-byte piece that holds a
+   change are stored without a branch (the store is overwritten when the
+   word did not change): at a few percent of changed words, the branch
+   per word is mispredicted often enough to double the time. */
 #define DEFINE_SCAN(W)                                                                           \
     HOT static size_t scan_##W(const uint8_t *a, const uint8_t *b, size_t n, uint32_t *pos,       \
                                uint8_t *val)                                                     \
     {                                                                                            \
         size_t k = 0;                                                                            \
-        FOR_EACH_CHANGED(W, a, b, n, {                                                           \
-            pos[k] = (uint32_t)j;                                                                \
-            store(val + k * (W), (W), x ^ y);                                                    \
-            k++;                                                                                 \
-        });                                                                                      \
+        const size_t nb = n * (W);                                                               \
+        size_t off = 0;                                                                          \
+        for (; off + 64 <= nb; off += 64) {                                                      \
+            if (!differ(a + off, b + off, 64))                                                   \
+                continue;                                                                        \
+            for (size_t c = off; c < off + 64; c += 8) {                                         \
+                uint64_t p, q;                                                                   \
+                memcpy(&p, a + c, 8);                                                            \
+                memcpy(&q, b + c, 8);                                                            \
+                if (p == q)                                                                      \
+                    continue;                                                                    \
+                for (size_t j = c / (W); j < (c + 8) / (W); j++) {                               \
+                    uint64_t x = load(a + j * (W), (W)) ^ load(b + j * (W), (W));                \
+                    pos[k] = (uint32_t)j;                                                        \
+                    store(val + k * (W), (W), x);                                                \
+                    k += x != 0;                                                                 \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+        for (size_t j = off / (W); j < n; j++) {                                                 \
+            uint64_t x = load(a + j * (W), (W)) ^ load(b + j * (W), (W));                        \
+            if (x) {                                                                             \
+                pos[k] = (uint32_t)j;                                                            \
+                store(val + k * (W), (W), x);                                                    \
+                k++;                                                                             \
+            }                                                                                    \
+        }                                                                                        \
         return k;                                                                                \
     }
 DEFINE_SCAN(1)
