@@ -16,6 +16,7 @@ from wdiff.dtypes import uint_type
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the C extension is not built")
 
+
 WORDS = [1, 2, 4, 8]
 FLOAT_DTYPES = {1: ["U8", "F8_E4M3", "F8_E5M2", "F8_E8M0"], 2: ["BF16", "F16", "I16"], 4: ["F32", "C64", "U32"], 8: ["F64", "I64"]}
 
