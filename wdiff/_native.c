@@ -132,10 +132,12 @@ static inline void count_pair(uint64_t x, uint64_t y, int kind, const double *lu
     }
 }
 
-/* Visit each word that differs between a and b (n words of W bytes): 64
-   bytes are compared at once, then 8, then single words. BODY sees j (the
-   word's index), x and y (its old and new values). */
-#define FOR_EACH_CHANGED(W, a, b, n, BODY)                                          \
+/* Visit the words of a and b (n words of W bytes) that may differ: 64
+   bytes are compared at once, then each 8-byte piece of a 64-byte run that
+   differs; BODY runs for every word of a piece that differs, and for every
+   word of the tail, with j (the word's index), x and y (its old and new
+   values) in scope. BODY itself tests x != y, with a branch or without. */
+#define FOR_EACH_CANDIDATE(W, a, b, n, BODY)                                        \
     do {                                                                            \
         const size_t nb_ = (n) * (W);                                               \
         size_t off_ = 0;                                                            \
@@ -150,17 +152,13 @@ static inline void count_pair(uint64_t x, uint64_t y, int kind, const double *lu
                     continue;                                                       \
                 for (size_t j = c_ / (W); j < (c_ + 8) / (W); j++) {                \
                     uint64_t x = load((a) + j * (W), (W)), y = load((b) + j * (W), (W)); \
-                    if (x != y) {                                                   \
-                        BODY;                                                       \
-                    }                                                               \
+                    BODY;                                                           \
                 }                                                                   \
             }                                                                       \
         }                                                                           \
         for (size_t j = off_ / (W); j < (n); j++) {                                 \
             uint64_t x = load((a) + j * (W), (W)), y = load((b) + j * (W), (W));    \
-            if (x != y) {                                                           \
-                BODY;                                                               \
-            }                                                                       \
+            BODY;                                                                   \
         }                                                                           \
     } while (0)
 
@@ -168,7 +166,7 @@ static inline void count_pair(uint64_t x, uint64_t y, int kind, const double *lu
     HOT static void compare_##W(const uint8_t *a, const uint8_t *b, size_t n, int kind,          \
                                 const double *lut, stats_t *st)                                  \
     {                                                                                            \
-        FOR_EACH_CHANGED(W, a, b, n, count_pair(x, y, kind, lut, st));                           \
+        FOR_EACH_CANDIDATE(W, a, b, n, if (x != y) count_pair(x, y, kind, lut, st));              \
     }
 DEFINE_COMPARE(1)
 DEFINE_COMPARE(2)
@@ -347,42 +345,19 @@ done:
 
 /* ---- delta scan: positions and XOR of changed words --------------------- */
 
-/* Like FOR_EACH_CHANGED, but the words of an 8-byte piece that holds a
-   change are stored without a branch (the store is overwritten when the
-   word did not change): at a few percent of changed words, the branch
-   per word is mispredicted often enough to double the time. */
+/* Every candidate word is stored without a branch (the store is
+   overwritten when the word did not change): at a few percent of changed
+   words, a branch per word is mispredicted often enough to double the time. */
 #define DEFINE_SCAN(W)                                                                           \
     HOT static size_t scan_##W(const uint8_t *a, const uint8_t *b, size_t n, uint32_t *pos,       \
                                uint8_t *val)                                                     \
     {                                                                                            \
         size_t k = 0;                                                                            \
-        const size_t nb = n * (W);                                                               \
-        size_t off = 0;                                                                          \
-        for (; off + 64 <= nb; off += 64) {                                                      \
-            if (!differ(a + off, b + off, 64))                                                   \
-                continue;                                                                        \
-            for (size_t c = off; c < off + 64; c += 8) {                                         \
-                uint64_t p, q;                                                                   \
-                memcpy(&p, a + c, 8);                                                            \
-                memcpy(&q, b + c, 8);                                                            \
-                if (p == q)                                                                      \
-                    continue;                                                                    \
-                for (size_t j = c / (W); j < (c + 8) / (W); j++) {                               \
-                    uint64_t x = load(a + j * (W), (W)) ^ load(b + j * (W), (W));                \
-                    pos[k] = (uint32_t)j;                                                        \
-                    store(val + k * (W), (W), x);                                                \
-                    k += x != 0;                                                                 \
-                }                                                                                \
-            }                                                                                    \
-        }                                                                                        \
-        for (size_t j = off / (W); j < n; j++) {                                                 \
-            uint64_t x = load(a + j * (W), (W)) ^ load(b + j * (W), (W));                        \
-            if (x) {                                                                             \
-                pos[k] = (uint32_t)j;                                                            \
-                store(val + k * (W), (W), x);                                                    \
-                k++;                                                                             \
-            }                                                                                    \
-        }                                                                                        \
+        FOR_EACH_CANDIDATE(W, a, b, n, {                                                         \
+            pos[k] = (uint32_t)j;                                                                \
+            store(val + k * (W), (W), x ^ y);                                                    \
+            k += x != y;                                                                         \
+        });                                                                                      \
         return k;                                                                                \
     }
 DEFINE_SCAN(1)
