@@ -183,35 +183,33 @@ def pack(
 def _pack_unit(fds: FdCache, level: int, known: tuple[dict, dict], i: int, f: FileEntry, unit: Unit):
     known_a, known_b = known
     b_dig = known_digests(unit, known_b)
-    if b_dig is not None and unit.delta:
-        a_dig = known_digests(unit, known_a, base=True)
-        if a_dig == b_dig:  # unchanged by digests the manifest cache holds: nothing to read
-            return i, unit, a_dig, b_dig, None
+    a_dig = known_digests(unit, known_a, base=True) if unit.delta else None
+    if a_dig is not None and a_dig == b_dig:  # unchanged by digests the manifest cache holds: nothing to read
+        return i, unit, a_dig, b_dig, None
     bbuf = scratch("b", unit.nbytes)
     read_target(fds, f, unit, bbuf)
-    return encode_unit(fds, level, i, unit, bbuf, b_dig=b_dig, known_a=known_a)
+    return encode_unit(fds, level, i, unit, bbuf, b_dig=b_dig, a_dig=a_dig)
 
 
-def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf, *, b_dig=None, known_a: dict | None = None):
+def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf, *, b_dig=None, a_dig=None):
     """Encode the target bytes ``bbuf`` of a unit against its base bytes
     (read here): (file index, unit, base digests, target digests, Encoded
     or None when nothing changed). Shared by pack and squash. Digests
-    already known (``b_dig``, ``known_a``: from the manifest cache) are not
+    already known (``b_dig``, ``a_dig``: from the manifest cache) are not
     computed again."""
     if b_dig is None:
         b_dig = span_digests(unit, bbuf)
     ut = uint_type(unit.word)
     if not unit.delta:
         return i, unit, None, b_dig, encode_raw(bbuf.view(ut), level)
-    a_dig = known_digests(unit, known_a, base=True) if known_a else None
     if a_dig == b_dig:
         return i, unit, a_dig, b_dig, None
     abuf = scratch("a", unit.nbytes)
     read_base(fds, unit, abuf)
     if a_dig is None:
         a_dig = span_digests(unit, abuf)
-    if a_dig == b_dig:
-        return i, unit, a_dig, b_dig, None
+        if a_dig == b_dig:
+            return i, unit, a_dig, b_dig, None
     return i, unit, a_dig, b_dig, encode_delta(abuf.view(ut), bbuf.view(ut), level)
 
 
