@@ -179,6 +179,51 @@ def test_diff_stats_agree(ab, data):
             assert x == pytest.approx(y, rel=1e-5, abs=1e-30)
 
 
+@st.composite
+def weight_pairs(draw):
+    """Two runs of bf16 or f32 weights of realistic magnitude (the vector
+    path of the C kernel), nudged by a few ulps at a drawn density, with the
+    odd zero, signed zero, huge value, infinity or NaN (its fallback)."""
+    dtype = draw(st.sampled_from(["BF16", "F32"]))
+    n = draw(st.integers(0, 2000))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    f = (rng.standard_normal(n) * draw(st.sampled_from([1e-10, 0.02, 1.0, 1e18]))).astype(np.float32)
+    a = f.view(np.uint32) >> 16 if dtype == "BF16" else f.view(np.uint32)
+    a = a.astype(np.uint16 if dtype == "BF16" else np.uint32)
+    b = a.copy()
+    mask = rng.random(n) < draw(st.sampled_from([0.0, 0.01, 0.3, 1.0]))
+    b[mask] += rng.integers(1, 4, int(mask.sum())).astype(a.dtype)
+    specials = np.array([0, 0x8000, 0x7F7F, 0x7F80, 0x7FC0, 0xFF80] if dtype == "BF16" else
+                        [0, 0x80000000, 0x7F7FFFFF, 0x7F800000, 0x7FC00000, 0x00000001], dtype=a.dtype)
+    for _ in range(draw(st.integers(0, 3))):
+        if n:
+            side = draw(st.sampled_from([a, b]))
+            side[draw(st.integers(0, n - 1))] = specials[draw(st.integers(0, len(specials) - 1))]
+    return dtype, a, b
+
+
+@settings(max_examples=300, deadline=None)
+@given(weight_pairs())
+def test_diff_stats_agree_on_weights(pair):
+    dtype, a, b = pair
+    [slow], [fast] = both(kernels.diff_stats, a, b, dtype)
+    assert slow[0] == fast[0] == int(np.count_nonzero(a != b))
+    assert (math.isnan(slow[1]) and math.isnan(fast[1])) or slow[1] == fast[1]
+    for x, y in zip(slow[2:], fast[2:]):
+        assert math.isfinite(x) == math.isfinite(y)
+        assert x == pytest.approx(y, rel=1e-5, abs=1e-30)
+
+
+def test_bf16_difference_is_taken_in_float32():
+    """A relative change of 2^16 or more is not exact in float32: both
+    kernels round it the same way."""
+    a = np.array([0x3F80] * 70, dtype=np.uint16)  # 1.0
+    b = a.copy()
+    b[5] = 0x3780  # 2^-16: 1 - 2^-16 needs 17 bits
+    [slow], [fast] = both(kernels.diff_stats, a, b, "BF16")
+    assert slow[1] == fast[1] == float(np.float32(1.0) - np.float32(2.0**-16))
+
+
 def test_bf16_sum_of_squares_survives_huge_values():
     """Squares of bf16 values past 2^64 overflow a float: the kernel sums
     those runs in double, and skips infinities and NaNs like the numpy twin."""

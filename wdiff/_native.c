@@ -92,20 +92,6 @@ static inline double as_float(uint64_t v, int kind, const double *lut)
     }
 }
 
-typedef float v8f __attribute__((vector_size(32)));
-typedef uint32_t v8u __attribute__((vector_size(32)));
-typedef uint16_t v8h __attribute__((vector_size(16)));
-
-static double sumsq_bf16_exact(const uint16_t *p, size_t n)
-{
-    double total = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = as_float(p[i], F_BF16, NULL);
-        if ((p[i] & 0x7f80) != 0x7f80)
-            total += d * d;
-    }
-    return total;
-}
 
 static double sumsq_generic(const uint8_t *p, size_t n, int w, int kind, const double *lut)
 {
@@ -124,6 +110,8 @@ static inline void count_pair(uint64_t x, uint64_t y, int kind, const double *lu
     if (kind == F_NONE)
         return;
     double d = as_float(y, kind, lut) - as_float(x, kind, lut);
+    if (kind == F_BF16) /* in float: see stats_bf16 */
+        d = (float)as_float(y, kind, lut) - (float)as_float(x, kind, lut);
     if (isfinite(d)) {
         double m = fabs(d);
         if (m > st->max_abs)
@@ -186,61 +174,152 @@ static void compare_words(const uint8_t *a, const uint8_t *b, size_t n, int w, i
 
 #define TILE 8192 /* words: both inputs of a tile stay in L1/L2 between the two passes */
 
-/* bf16, fused: one pass over a and b, 64 words at a time. Squares of a are
-   summed in float, eight lanes wide (GCC/clang vector extensions), then
-   added in double: exact enough for a statistic and several times faster.
-   A run holding a value of 2^64 or more (whose square could overflow a
-   float), an infinity or a NaN is summed again in double, value by value.
-   The XOR of each 8-word vector marks the vectors that hold a change, and
-   only those are looked at word by word. */
-HOT static void stats_bf16(const uint16_t *a, const uint16_t *b, size_t n, stats_t *st)
+/* bf16 and f32, fused and branch-free: one pass over a and b, 64 words at
+   a time, with GCC/clang vector extensions. Every lane computes d = b - a
+   whether or not its word changed (an unchanged word gives d = 0, which
+   adds nothing), so the cost does not depend on how many words changed:
+   no branch per word, and a dense change is as fast as a sparse one. The
+   squares of a and of d are summed per group of 64 in the lanes' type, then
+   in double. A group whose sums are not finite (it holds an infinity or a
+   NaN, or, in float, values past about 2^61) is done again word by word,
+   which skips non-finite values as the numpy twin does. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef double v4d __attribute__((vector_size(32)));
+typedef int64_t v4l __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef uint32_t v4u __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+
+/* the statistics of a few words, one by one */
+static void stats_exact(const uint8_t *a, const uint8_t *b, size_t n, int w, int kind, stats_t *st)
 {
-    size_t i = 0;
+    for (size_t j = 0; j < n; j++) {
+        uint64_t x = load(a + j * w, w), y = load(b + j * w, w);
+        double f = as_float(x, kind, NULL);
+        if (isfinite(f))
+            st->sum_a2 += f * f;
+        if (x != y)
+            count_pair(x, y, kind, NULL, st);
+    }
+}
+
+/* what the groups of a run found: the largest |d| (its bits; non-negative
+   floats order as their bits) over changed words, and how many of the
+   words they covered were equal */
+static void add_groups(stats_t *st, double top, size_t covered, uint64_t equal)
+{
+    if (covered > equal) { /* a changed word; every d in these groups is finite */
+        st->changed += covered - equal;
+        if (top > st->max_abs)
+            st->max_abs = top;
+    }
+}
+
+/* f32: four double lanes; d is exact, as in the numpy twin */
+HOT static void stats_f32(const uint8_t *a, const uint8_t *b, size_t n, stats_t *st)
+{
+    v4l top = {0};
+    v4i same = {0};
+    size_t i = 0, covered = 0;
     for (; i + 64 <= n; i += 64) {
-        v8f acc = {0};
-        v8u big = {0};
-        unsigned marks = 0;
+        v4d acc_a = {0}, acc_d = {0};
+        v4l gtop = {0};
+        v4i gsame = {0};
+        for (int j = 0; j < 64; j += 4) {
+            v4u u, v;
+            memcpy(&u, a + (i + j) * 4, sizeof u);
+            memcpy(&v, b + (i + j) * 4, sizeof v);
+            v4d fa = __builtin_convertvector((v4f)u, v4d), d = __builtin_convertvector((v4f)v, v4d) - fa;
+            acc_a += fa * fa;
+            acc_d += d * d;
+            v4l m = (v4l)d & 0x7fffffffffffffffll, up = m > gtop;
+            gtop = (m & up) | (gtop & ~up);
+            gsame -= (v4i)(u == v);
+        }
+        double sa = (acc_a[0] + acc_a[1]) + (acc_a[2] + acc_a[3]);
+        double sd = (acc_d[0] + acc_d[1]) + (acc_d[2] + acc_d[3]);
+        if (!isfinite(sa + sd)) {
+            stats_exact(a + i * 4, b + i * 4, 64, 4, F_F32, st);
+            continue;
+        }
+        st->sum_a2 += sa;
+        st->sum_d2 += sd;
+        v4l up = gtop > top;
+        top = (gtop & up) | (top & ~up);
+        same += gsame;
+        covered += 64;
+    }
+    int64_t bits = 0;
+    uint64_t equal = 0;
+    for (int l = 0; l < 4; l++) {
+        bits = top[l] > bits ? top[l] : bits;
+        equal += (uint64_t)same[l];
+    }
+    double mx;
+    memcpy(&mx, &bits, 8);
+    add_groups(st, mx, covered, equal);
+    stats_exact(a + i * 4, b + i * 4, n - i, 4, F_F32, st);
+}
+
+/* bf16: eight float lanes. The difference of two bf16 values is taken in
+   float, as the numpy twin takes it (and torch does): exact unless their
+   exponents lie more than 15 apart. */
+HOT static void stats_bf16(const uint8_t *a, const uint8_t *b, size_t n, stats_t *st)
+{
+    v8i top = {0}, same = {0};
+    size_t i = 0, covered = 0;
+    for (; i + 64 <= n; i += 64) {
+        v8f acc_a = {0}, acc_d = {0};
+        v8i gtop = {0}, gsame = {0};
         for (int j = 0; j < 64; j += 8) {
             v8h h, g;
-            memcpy(&h, a + i + j, sizeof h);
-            memcpy(&g, b + i + j, sizeof g);
-            v8u u = __builtin_convertvector(h, v8u) << 16;
-            v8f f = (v8f)u;
-            acc += f * f;
-            big |= (u & 0x7f800000u) + 0x20800000u;
-            v8h x = h ^ g;
-            uint64_t x0, x1;
-            memcpy(&x0, &x, 8);
-            memcpy(&x1, (const char *)&x + 8, 8);
-            marks |= (unsigned)((x0 | x1) != 0) << (j / 8);
+            memcpy(&h, a + 2 * (i + j), sizeof h);
+            memcpy(&g, b + 2 * (i + j), sizeof g);
+            v8u u = __builtin_convertvector(h, v8u) << 16, v = __builtin_convertvector(g, v8u) << 16;
+            v8f fa = (v8f)u, d = (v8f)v - fa;
+            acc_a += fa * fa;
+            acc_d += d * d;
+            v8i m = (v8i)d & 0x7fffffff, up = m > gtop;
+            gtop = (m & up) | (gtop & ~up);
+            gsame -= (v8i)(u == v);
         }
-        uint32_t any = 0;
-        for (int l = 0; l < 8; l++)
-            any |= big[l];
-        if (any & 0x80000000u)
-            st->sum_a2 += sumsq_bf16_exact(a + i, 64);
-        else
-            st->sum_a2 +=
-                (double)(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
-        while (marks) {
-            int v = __builtin_ctz(marks);
-            marks &= marks - 1;
-            for (size_t j = i + 8 * (size_t)v; j < i + 8 * (size_t)v + 8; j++)
-                if (a[j] != b[j])
-                    count_pair(a[j], b[j], F_BF16, NULL, st);
+        float sa = ((acc_a[0] + acc_a[1]) + (acc_a[2] + acc_a[3])) + ((acc_a[4] + acc_a[5]) + (acc_a[6] + acc_a[7]));
+        float sd = ((acc_d[0] + acc_d[1]) + (acc_d[2] + acc_d[3])) + ((acc_d[4] + acc_d[5]) + (acc_d[6] + acc_d[7]));
+        if (!isfinite(sa + sd)) {
+            stats_exact(a + i * 2, b + i * 2, 64, 2, F_BF16, st);
+            continue;
         }
+        st->sum_a2 += sa;
+        st->sum_d2 += sd;
+        v8i up = gtop > top;
+        top = (gtop & up) | (top & ~up);
+        same += gsame;
+        covered += 64;
     }
-    st->sum_a2 += sumsq_bf16_exact(a + i, n - i);
-    for (; i < n; i++)
-        if (a[i] != b[i])
-            count_pair(a[i], b[i], F_BF16, NULL, st);
+    int32_t bits = 0;
+    uint64_t equal = 0;
+    for (int l = 0; l < 8; l++) {
+        bits = top[l] > bits ? top[l] : bits;
+        equal += (uint64_t)same[l];
+    }
+    float mx;
+    memcpy(&mx, &bits, 4);
+    add_groups(st, mx, covered, equal);
+    stats_exact(a + i * 2, b + i * 2, n - i, 2, F_BF16, st);
 }
 
 static void stats_range(const uint8_t *pa, const uint8_t *pb, size_t n, int w, int kind, const double *tab,
                         stats_t *st)
 {
     if (kind == F_BF16) {
-        stats_bf16((const uint16_t *)pa, (const uint16_t *)pb, n, st);
+        stats_bf16(pa, pb, n, st);
+        return;
+    }
+    if (kind == F_F32) {
+        stats_f32(pa, pb, n, st);
         return;
     }
     for (size_t lo = 0; lo < n; lo += TILE) {

@@ -90,7 +90,9 @@ def diff_stats(a: np.ndarray, b: np.ndarray, dtype: str, spans: np.ndarray | Non
     whole run): ``(changed words, max |b - a|, sum (b - a)^2, sum a^2)`` per
     span. The float figures count finite values only and are ``None, 0, 0``
     for dtypes with no float meaning; ``max`` is NaN when no changed pair has
-    a finite difference."""
+    a finite difference. Differences of BF16 values are taken in float32
+    (exact unless the two exponents lie more than 15 apart), of every other
+    dtype in float64."""
     kind, lut = _float_kind(dtype)
     if _use_native:
         if spans is not None:
@@ -110,7 +112,10 @@ def _diff_stats_numpy(a: np.ndarray, b: np.ndarray, dtype: str):
     if fa is None:
         return p.size, None, 0.0, 0.0
     with np.errstate(all="ignore"):  # NaN and inf values are data, not errors
-        d = to_float(b[p], dtype).astype(np.float64) - fa.astype(np.float64)
+        if dtype == "BF16":  # in float32, as the C kernel takes it
+            d = (to_float(b[p], dtype) - fa).astype(np.float64)
+        else:
+            d = to_float(b[p], dtype).astype(np.float64) - fa.astype(np.float64)
         d = d[np.isfinite(d)]
         max_abs = float(np.abs(d).max()) if d.size else math.nan
         sum_a2 = sum_squares(a, dtype, _scratch("f32", 4 * SUMSQ_TILE))
