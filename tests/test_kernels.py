@@ -70,8 +70,12 @@ def test_planes_agree(ab):
     a, b = ab
     s, f = both(lambda x: kernels.planes(x).tobytes(), a)
     assert s == f
-    s2, f2 = both(lambda x, y: kernels.xor_planes(x, y).tobytes(), a, b)
-    assert s2 == f2
+    s2, f2 = both(lambda x, y: (lambda pk: (pk[0].tobytes(), pk[1]))(kernels.xor_planes(x, y)), a, b)
+    assert s2 == f2 and s2[1] == int(np.count_nonzero(a != b))
+    assert s2[0] == kernels.planes(a ^ b).tobytes()
+    out = np.full(a.nbytes, 0xA5, dtype=np.uint8)  # into a caller's buffer
+    s3, f3 = both(lambda x: kernels.planes(x, out).tobytes(), a)
+    assert s3 == f3 == s
     back_s, back_f = both(lambda d: kernels.unplanes(d, a.size, a.dtype).copy(), s)
     assert np.array_equal(back_s, a) and np.array_equal(back_f, a)
 
@@ -120,8 +124,27 @@ def test_rice_agrees_and_round_trips(pn):
     fast32 = kernels.rice_encode(p.astype(np.uint32))
     assert fast32 == slow
     r, unary, rem = slow
+    assert both(kernels.rice_size, p) == ((r, len(unary), len(rem)),) * 2
     ds, df = both(kernels.rice_decode, r, unary, rem, p.size, n)
     assert np.array_equal(ds, p) and np.array_equal(df, p)
+
+
+@settings(max_examples=200, deadline=None)
+@given(positions())
+def test_bitmap_agrees(pn):
+    p, n = pn
+    slow, fast = both(kernels.bitmap, p, n)
+    bits = np.zeros(n, dtype=bool)
+    bits[p] = True
+    assert slow == fast == np.packbits(bits).tobytes()
+    assert kernels.bitmap(p.astype(np.uint32), n) == slow
+
+
+def test_bitmap_refuses_a_position_out_of_range():
+    if not kernels.native():
+        pytest.skip("the numpy twin indexes like numpy")
+    with pytest.raises(ValueError, match="out of range"):
+        kernels.bitmap(np.array([3, 8], dtype=np.uint32), 8)
 
 
 @settings(max_examples=300, deadline=None)

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import wdiff
-from wdiff import kernels
+from wdiff import codecs, kernels
 from factory import DTYPES, T, mutate, numel, rand, tree, write_ckpt
 from wdiff.codecs import BITMAP, DENSE, RAW, SPARSE, decode_into, encode_delta, encode_raw, rice_decode, rice_encode
 from wdiff.dtypes import dtype_info, uint_type
@@ -68,6 +68,17 @@ def workdir():
 # =============================================================================
 
 
+def gating_density(old: np.ndarray, new: np.ndarray) -> float:
+    """The density of changed words that encode_delta picks its candidate
+    codecs by: a large unit's sample's, when the sample holds a change."""
+    if new.size >= codecs.SAMPLE_MIN_WORDS:
+        so, sn = codecs.sample(old), codecs.sample(new)
+        k = int(np.count_nonzero(so != sn))
+        if k:
+            return k / so.size
+    return int(np.count_nonzero(old != new)) / new.size
+
+
 def allowed_codecs(density: float) -> set[int]:
     """Which codecs encode_delta may pick at a density (see codecs.py)."""
     ok = set()
@@ -91,7 +102,7 @@ def check_delta_roundtrip(old: np.ndarray, new: np.ndarray) -> None:
         assert enc is None
         return
     assert enc is not None
-    assert enc.codec in allowed_codecs(changed / n), (enc.codec, changed, n)
+    assert enc.codec in allowed_codecs(gating_density(old, new)), (enc.codec, changed, n)
     assert enc.count == (0 if enc.codec == RAW else changed)
     buf = old.copy()
     decode_into(enc.codec, enc.param, enc.count, list(enc.parts), buf, where="prop")
@@ -217,6 +228,62 @@ def test_codec_exact_thresholds(w, n, k):
     new[pos] ^= rng.integers(1, 2 ** (8 * w) - 1, k, dtype=ut, endpoint=True)
     check_delta_roundtrip(old, new)
     check_raw_roundtrip(new)
+
+
+def _weights(rng, n: int) -> np.ndarray:
+    """bf16 bit patterns of normal weights (uint16)."""
+    from wdiff.sample import bf16_normal
+
+    return bf16_normal(rng, n)
+
+
+def _unit(scenario: str, n: int = 1 << 17) -> tuple[np.ndarray, np.ndarray]:
+    """A large bf16 unit (sampled by the encoder) and a changed version."""
+    from wdiff.sample import rl_step
+
+    rng = np.random.default_rng(sum(map(ord, scenario)))
+    old = _weights(rng, n)
+    if scenario.startswith("rl"):
+        return old, rl_step(old, float(scenario[2:]), rng)
+    if scenario == "new":
+        return old, _weights(rng, n)
+    if scenario == "half-new":  # one half rewritten, the other untouched
+        new = old.copy()
+        new[: n // 2] = _weights(rng, n // 2)
+        return old, new
+    if scenario == "rows":  # a third of the rows of 4096 change at 50%
+        new = old.copy()
+        for r in np.flatnonzero(rng.random(n // 4096) < 0.3):
+            new[r * 4096 : (r + 1) * 4096] = rl_step(old[r * 4096 : (r + 1) * 4096], 0.5, rng)
+        return old, new
+    if scenario == "one-word":  # the sample holds no change
+        new = old.copy()
+        new[n - 1] ^= 1
+        return old, new
+    raise ValueError(scenario)
+
+
+UNITS = ["rl0.01", "rl0.03", "rl0.1", "rl0.3", "rl0.5", "rl0.6", "rl0.7", "rl1.0", "new", "half-new", "rows", "one-word"]
+
+
+@pytest.mark.parametrize("scenario", UNITS)
+def test_large_unit_roundtrip(scenario):
+    """Units large enough to be sampled: the codec is one that can win at
+    the sample's density, and everything else holds as for small units."""
+    old, new = _unit(scenario)
+    assert new.size >= codecs.SAMPLE_MIN_WORDS
+    check_delta_roundtrip(old, new)
+
+
+@pytest.mark.parametrize("scenario", UNITS)
+def test_sampled_choice_is_near_the_best(scenario):
+    """Picking codecs on a sample costs at most 2% against encoding the unit
+    with every codec that can win at its density and keeping the smallest."""
+    old, new = _unit(scenario)
+    enc = encode_delta(old, new, LEVEL)
+    density = int(np.count_nonzero(old != new)) / new.size
+    best = min(codecs.encode_as(c, old, new, LEVEL).size for c in codecs.candidates(density))
+    assert enc.size <= best * 1.02, (scenario, codecs.CODEC_NAMES[enc.codec], enc.size, best)
 
 
 @st.composite

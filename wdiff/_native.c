@@ -488,15 +488,41 @@ done:
 
 /* ---- byte planes -------------------------------------------------------- */
 
-/* plane j holds byte (w - 1 - j) of every word: most significant first */
-HOT static void to_planes(const uint8_t *src, const uint8_t *xor_with, size_t n, int w, uint8_t *dst)
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef int16_t v16s __attribute__((vector_size(32)));
+typedef uint8_t v16b __attribute__((vector_size(16)));
+
+/* plane j holds byte (w - 1 - j) of every word: most significant first.
+   With xor_with, the planes of src ^ xor_with, and the count of its
+   nonzero words is returned (0 without). */
+HOT static size_t to_planes(const uint8_t *src, const uint8_t *xor_with, size_t n, int w, uint8_t *dst)
 {
+    size_t nz = 0;
     if (w == 2) {
         uint8_t *hi = dst, *lo = dst + n;
         if (xor_with) {
-            for (size_t i = 0; i < n; i++) {
+            size_t i = 0;
+            /* sixteen words at a time; the count in 16-bit lanes, emptied
+               before they can overflow */
+            while (i + 16 <= n) {
+                v16s lanes = {0};
+                for (size_t end = i + 16 * 2048 < n ? i + 16 * 2048 : n; i + 16 <= end; i += 16) {
+                    v16h x, y;
+                    memcpy(&x, src + 2 * i, sizeof x);
+                    memcpy(&y, xor_with + 2 * i, sizeof y);
+                    x ^= y;
+                    v16b h = __builtin_convertvector(x >> 8, v16b), l = __builtin_convertvector(x & 0xff, v16b);
+                    memcpy(hi + i, &h, sizeof h);
+                    memcpy(lo + i, &l, sizeof l);
+                    lanes -= (v16s)(x != 0);
+                }
+                for (int l = 0; l < 16; l++)
+                    nz += (uint16_t)lanes[l];
+            }
+            for (; i < n; i++) {
                 hi[i] = src[2 * i + 1] ^ xor_with[2 * i + 1];
                 lo[i] = src[2 * i] ^ xor_with[2 * i];
+                nz += (hi[i] | lo[i]) != 0;
             }
         } else {
             for (size_t i = 0; i < n; i++) {
@@ -504,7 +530,7 @@ HOT static void to_planes(const uint8_t *src, const uint8_t *xor_with, size_t n,
                 lo[i] = src[2 * i];
             }
         }
-        return;
+        return nz;
     }
     for (int j = 0; j < w; j++) {
         uint8_t *d = dst + (size_t)j * n;
@@ -518,6 +544,10 @@ HOT static void to_planes(const uint8_t *src, const uint8_t *xor_with, size_t n,
                 d[i] = s[(size_t)i * w];
         }
     }
+    if (xor_with)
+        for (size_t i = 0; i < n; i++)
+            nz += load(src + i * w, w) != load(xor_with + i * w, w);
+    return nz;
 }
 
 /* planes(src, word, dst): dst gets the byte planes of src's words */
@@ -561,10 +591,7 @@ static PyObject *xor_planes(PyObject *self, PyObject *args)
     }
     size_t n = (size_t)a.len / w, k = 0;
     Py_BEGIN_ALLOW_THREADS
-    to_planes(a.buf, b.buf, n, w, dst.buf);
-    const uint8_t *pa = a.buf, *pb = b.buf;
-    for (size_t i = 0; i < n; i++)
-        k += load(pa + i * w, w) != load(pb + i * w, w);
+    k = to_planes(a.buf, b.buf, n, w, dst.buf);
     Py_END_ALLOW_THREADS
     res = PyLong_FromSize_t(k);
 done:
@@ -673,71 +700,116 @@ done:
     return res;
 }
 
+/* bitmap(positions uint32, n) -> bytes: a bit per word of n, MSB first,
+   set at each position (every position must be < n) */
+static PyObject *bitmap(PyObject *self, PyObject *args)
+{
+    Py_buffer pos;
+    unsigned long long n;
+    if (!PyArg_ParseTuple(args, "y*K", &pos, &n))
+        return NULL;
+    PyObject *res = NULL;
+    size_t k = (size_t)pos.len / 4;
+    if (pos.len % 4 || n > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "bitmap: bad arguments");
+        goto done;
+    }
+    res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((n + 7) / 8));
+    if (!res)
+        goto done;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(res);
+    const uint32_t *p = pos.buf;
+    int inside = 1;
+    Py_BEGIN_ALLOW_THREADS
+    memset(out, 0, (size_t)((n + 7) / 8));
+    for (size_t i = 0; i < k && inside; i++) {
+        uint32_t x = p[i];
+        if (x < n)
+            out[x >> 3] |= (uint8_t)(0x80u >> (x & 7));
+        else
+            inside = 0;
+    }
+    Py_END_ALLOW_THREADS
+    if (!inside) {
+        Py_CLEAR(res);
+        PyErr_SetString(PyExc_ValueError, "bitmap: position out of range");
+    }
+done:
+    PyBuffer_Release(&pos);
+    return res;
+}
+
 /* ---- Rice-coded gaps ---------------------------------------------------- */
 
 #define MAX_RICE 40
 
-/* MSB-first bit writer into a zeroed buffer, 64 bits at a time */
+/* MSB-first bit writer: whole 32-bit words are stored as soon as they are
+   complete, so the output is exactly as long as the bits it holds */
 typedef struct {
     uint8_t *p;
-    uint64_t acc;  /* pending bits, right-aligned */
-    int n;         /* how many */
+    uint64_t acc; /* pending bits, right-aligned; bits above them are stale */
+    int n;        /* how many: below 32 between calls */
 } bitw_t;
 
-static inline void put_bits(bitw_t *w, uint64_t v, int n) /* n <= 56 */
+static inline void put_bits(bitw_t *w, uint64_t v, int n) /* n <= 32, v < 2^n */
 {
     w->acc = (w->acc << n) | v;
     w->n += n;
-    while (w->n >= 8) {
-        w->n -= 8;
-        *w->p++ = (uint8_t)(w->acc >> w->n);
+    if (w->n >= 32) {
+        w->n -= 32;
+        uint32_t x = __builtin_bswap32((uint32_t)(w->acc >> w->n));
+        memcpy(w->p, &x, 4);
+        w->p += 4;
     }
 }
 
 static inline void put_zeros(bitw_t *w, uint64_t n)
 {
-    while (n > 48) {
-        put_bits(w, 0, 48);
-        n -= 48;
+    while (n > 32) {
+        put_bits(w, 0, 32);
+        n -= 32;
     }
     put_bits(w, 0, (int)n);
 }
 
 static inline void flush_bits(bitw_t *w)
 {
+    while (w->n >= 8) {
+        w->n -= 8;
+        *w->p++ = (uint8_t)(w->acc >> w->n);
+    }
     if (w->n)
         *w->p++ = (uint8_t)(w->acc << (8 - w->n));
     w->n = 0;
 }
 
 /* the Rice parameter of wdiff-format(5): floor(log2(max(mean * 0.69, 1)))
-   capped at 40, then the cheapest of it and its two neighbours, exactly */
-static int rice_param(const uint32_t *pos, size_t k)
+   capped at 40, then the cheapest of it and its two neighbours, exactly;
+   *bits gets the size of both streams at that parameter. The gaps sum to
+   pos[k-1] + 1 - k, so the mean costs no pass. */
+static int rice_param(const uint32_t *pos, size_t k, uint64_t *bits)
 {
-    double sum = 0;
-    uint32_t prev = (uint32_t)-1;
-    for (size_t i = 0; i < k; i++) {
-        sum += (double)(uint32_t)(pos[i] - prev - 1);
-        prev = pos[i];
-    }
-    double x = sum / (double)k * 0.69;
+    double x = (double)((uint64_t)pos[k - 1] + 1 - k) / (double)k * 0.69;
     if (x < 1.0)
         x = 1.0;
     int e;
     frexp(x, &e);
     int guess = e - 1 < MAX_RICE ? e - 1 : MAX_RICE;
+    int lo = guess > 0 ? guess - 1 : 0, hi = guess + 1 < MAX_RICE ? guess + 1 : MAX_RICE;
+    uint64_t sum[3] = {0, 0, 0};
+    uint32_t prev = (uint32_t)-1;
+    for (size_t i = 0; i < k; i++) {
+        uint64_t gap = (uint32_t)(pos[i] - prev - 1);
+        prev = pos[i];
+        sum[0] += gap >> lo;
+        sum[1] += gap >> (lo + 1);
+        sum[2] += gap >> (lo + 2);
+    }
     int best_r = -1;
-    uint64_t best = 0;
-    for (int r = guess > 0 ? guess - 1 : 0; r <= (guess + 1 < MAX_RICE ? guess + 1 : MAX_RICE); r++) {
-        uint64_t bits = (uint64_t)k * (r + 1);
-        prev = (uint32_t)-1;
-        for (size_t i = 0; i < k; i++) {
-            uint64_t gap = (uint32_t)(pos[i] - prev - 1);
-            bits += gap >> r;
-            prev = pos[i];
-        }
-        if (best_r < 0 || bits < best) {
-            best = bits;
+    for (int r = lo; r <= hi; r++) {
+        uint64_t b = (uint64_t)k * (r + 1) + sum[r - lo];
+        if (best_r < 0 || b < *bits) {
+            *bits = b;
             best_r = r;
         }
     }
@@ -761,35 +833,37 @@ static PyObject *rice_encode(PyObject *self, PyObject *args)
         res = Py_BuildValue("iy#y#", 0, "", (Py_ssize_t)0, "", (Py_ssize_t)0);
         goto done;
     }
-    for (size_t i = 1; i < k; i++) {
-        if (p[i] <= p[i - 1]) {
-            PyErr_SetString(PyExc_ValueError, "rice_encode: positions must increase");
-            goto done;
-        }
+    int increasing = 1, r = 0;
+    uint64_t bits = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (size_t i = 1; i < k; i++)
+        increasing &= p[i] > p[i - 1];
+    if (increasing)
+        r = rice_param(p, k, &bits);
+    Py_END_ALLOW_THREADS
+    if (!increasing) {
+        PyErr_SetString(PyExc_ValueError, "rice_encode: positions must increase");
+        goto done;
     }
-    int r = rice_param(p, k);
-    uint64_t ubits = 0;
-    uint32_t prev = (uint32_t)-1;
-    for (size_t i = 0; i < k; i++) {
-        ubits += ((uint64_t)(uint32_t)(p[i] - prev - 1) >> r) + 1;
-        prev = p[i];
-    }
+    uint64_t rbits = (uint64_t)k * r, ubits = bits - rbits;
     un = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((ubits + 7) / 8));
-    rem = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(((uint64_t)k * r + 7) / 8));
+    rem = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((rbits + 7) / 8));
     if (!un || !rem)
         goto done;
     uint8_t *up = (uint8_t *)PyBytes_AS_STRING(un), *rp = (uint8_t *)PyBytes_AS_STRING(rem);
-    memset(up, 0, PyBytes_GET_SIZE(un));
-    memset(rp, 0, PyBytes_GET_SIZE(rem));
     Py_BEGIN_ALLOW_THREADS
     bitw_t u = {up, 0, 0}, rb = {rp, 0, 0};
     const uint64_t low = r ? (((uint64_t)1 << r) - 1) : 0;
-    prev = (uint32_t)-1;
+    uint32_t prev = (uint32_t)-1;
     for (size_t i = 0; i < k; i++) {
-        uint64_t gap = (uint32_t)(p[i] - prev - 1);
+        uint64_t gap = (uint32_t)(p[i] - prev - 1), q = gap >> r;
         prev = p[i];
-        put_zeros(&u, gap >> r);
-        put_bits(&u, 1, 1);
+        if (q < 32) {
+            put_bits(&u, 1, (int)q + 1);
+        } else {
+            put_zeros(&u, q);
+            put_bits(&u, 1, 1);
+        }
         if (r > 32) {
             put_bits(&rb, (gap & low) >> 32, r - 32);
             put_bits(&rb, gap & 0xffffffffu, 32);
@@ -804,6 +878,32 @@ static PyObject *rice_encode(PyObject *self, PyObject *args)
 done:
     Py_XDECREF(un);
     Py_XDECREF(rem);
+    PyBuffer_Release(&pos);
+    return res;
+}
+
+/* rice_size(positions uint32, strictly increasing, at least one) -> (r,
+   unary bytes, remainder bytes): what rice_encode would write, without
+   writing it. Positions are not checked here. */
+static PyObject *rice_size(PyObject *self, PyObject *args)
+{
+    Py_buffer pos;
+    if (!PyArg_ParseTuple(args, "y*", &pos))
+        return NULL;
+    PyObject *res = NULL;
+    size_t k = (size_t)pos.len / 4;
+    if (pos.len % 4 || k == 0) {
+        PyErr_SetString(PyExc_ValueError, "rice_size: positions must be uint32, at least one");
+        goto done;
+    }
+    uint64_t bits = 0;
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = rice_param(pos.buf, k, &bits);
+    Py_END_ALLOW_THREADS
+    uint64_t rbits = (uint64_t)k * r;
+    res = Py_BuildValue("iKK", r, (unsigned long long)((bits - rbits + 7) / 8), (unsigned long long)((rbits + 7) / 8));
+done:
     PyBuffer_Release(&pos);
     return res;
 }
@@ -902,6 +1002,8 @@ static PyMethodDef methods[] = {
     {"xor_planes", xor_planes, METH_VARARGS, "(old, new, word, dst) -> changed words"},
     {"unplanes", unplanes, METH_VARARGS, "(src, word, dst, xor) -> nonzero words"},
     {"scatter_xor", scatter_xor, METH_VARARGS, "(buf, word, positions, values) -> all values nonzero"},
+    {"bitmap", bitmap, METH_VARARGS, "(positions, n) -> bytes"},
+    {"rice_size", rice_size, METH_VARARGS, "(positions) -> (r, unary bytes, remainder bytes)"},
     {"rice_encode", rice_encode, METH_VARARGS, "(positions) -> (r, unary, remainder)"},
     {"rice_decode", rice_decode, METH_VARARGS, "(r, unary, remainder, k, n, out) -> error code"},
     {NULL, NULL, 0, NULL},

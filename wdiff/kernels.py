@@ -55,7 +55,7 @@ def set_native(on: bool) -> bool:
     return old
 
 
-def _scratch(name: str, nbytes: int) -> np.ndarray:
+def scratch(name: str, nbytes: int) -> np.ndarray:
     """A uint8 buffer of this thread's, reused by the next call with the same name."""
     bufs = getattr(_local, "bufs", None)
     if bufs is None:
@@ -118,7 +118,7 @@ def _diff_stats_numpy(a: np.ndarray, b: np.ndarray, dtype: str):
             d = to_float(b[p], dtype).astype(np.float64) - fa.astype(np.float64)
         d = d[np.isfinite(d)]
         max_abs = float(np.abs(d).max()) if d.size else math.nan
-        sum_a2 = sum_squares(a, dtype, _scratch("f32", 4 * SUMSQ_TILE))
+        sum_a2 = sum_squares(a, dtype, scratch("f32", 4 * SUMSQ_TILE))
         return p.size, max_abs, float(np.dot(d, d)), sum_a2
 
 
@@ -132,44 +132,51 @@ def delta_scan(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray
     n = new.size
     w = new.dtype.itemsize
     if _use_native and n < 0xFFFFFFFF:
-        pos = _scratch("pos", 4 * n).view(np.uint32)
-        val = _scratch("val", w * n).view(new.dtype)
+        pos = scratch("pos", 4 * n).view(np.uint32)
+        val = scratch("val", w * n).view(new.dtype)
         k = _native.delta_scan(old, new, w, pos, val)
         return pos[:k], val[:k]
     positions = np.flatnonzero(old != new)
     return positions, old[positions] ^ new[positions]
 
 
-def bitmap(positions: np.ndarray, n: int) -> np.ndarray:
+def bitmap(positions: np.ndarray, n: int) -> bytes:
     """A bit per word, MSB first, set where a word changed (``n`` words)."""
+    if _use_native and n <= 0xFFFFFFFF:
+        return _native.bitmap(np.ascontiguousarray(positions, dtype=np.uint32), n)
     bits = np.zeros(n, dtype=bool)
     bits[positions] = True
-    return np.packbits(bits)
+    return np.packbits(bits).tobytes()
 
 
 # -- byte planes ----------------------------------------------------------------
 
 
-def planes(words: np.ndarray) -> np.ndarray:
+def planes(words: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The byte planes of ``words`` as a uint8 array: every word's most
-    significant byte first, then the next byte of every word, and so on."""
+    significant byte first, then the next byte of every word, and so on.
+    Written into ``out`` (uint8, exactly ``words.nbytes``) when given."""
     w = words.dtype.itemsize
     if w == 1:
         return words.view(np.uint8)
+    if out is None:
+        out = np.empty(words.nbytes, dtype=np.uint8)
     if _use_native:
-        out = np.empty(words.size * w, dtype=np.uint8)
         _native.planes(words, w, out)
         return out
-    return np.ascontiguousarray(words.view(np.uint8).reshape(-1, w)[:, ::-1].T).reshape(-1)
+    out.reshape(w, -1)[:] = words.view(np.uint8).reshape(-1, w)[:, ::-1].T
+    return out
 
 
-def xor_planes(old: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """The byte planes of ``old ^ new``."""
-    if _use_native and old.dtype.itemsize > 1:
+def xor_planes(old: np.ndarray, new: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """The byte planes of ``old ^ new`` (into ``out`` when given, as for
+    :func:`planes`), and how many words differ."""
+    if out is None:
         out = np.empty(old.nbytes, dtype=np.uint8)
-        _native.xor_planes(old, new, old.dtype.itemsize, out)
-        return out
-    return planes(old ^ new)
+    if _use_native and old.dtype.itemsize > 1:
+        return out, _native.xor_planes(old, new, old.dtype.itemsize, out)
+    x = old ^ new
+    return planes(x, out), int(np.count_nonzero(x))
 
 
 def unplanes(data, n: int, word: np.dtype) -> np.ndarray:
@@ -213,6 +220,17 @@ def rice_param(gaps: np.ndarray) -> int:
         if best is None or bits < best[0]:
             best = (bits, r)
     return best[1]
+
+
+def rice_size(positions: np.ndarray) -> tuple[int, int, int]:
+    """What :func:`rice_encode` makes of strictly increasing ``positions``
+    (at least one), without making it: (r, unary bytes, remainder bytes)."""
+    if _use_native and (positions.dtype == np.uint32 or int(positions[-1]) < 0xFFFFFFFF):
+        return _native.rice_size(np.ascontiguousarray(positions, dtype=np.uint32))
+    gaps = np.diff(positions.astype(np.int64, copy=False), prepend=-1) - 1
+    r = rice_param(gaps)
+    ubits = gaps.size + int((gaps >> r).sum(dtype=np.int64))
+    return r, (ubits + 7) // 8, (gaps.size * r + 7) // 8
 
 
 def rice_encode(positions: np.ndarray) -> tuple[int, bytes, bytes]:
