@@ -56,10 +56,15 @@ def pairs(draw, words=WORDS):
 
 
 @settings(max_examples=200, deadline=None)
-@given(pairs())
-def test_delta_scan_agrees(ab):
+@given(pairs(), st.booleans())
+def test_delta_scan_agrees(ab, simd):
+    """With the AVX2 scans (where the CPU has them) and the portable ones."""
     a, b = ab
-    (p0, v0), (p1, v1) = both(lambda x, y: tuple(z.copy() for z in kernels.delta_scan(x, y)), a, b)
+    was = kernels._native.use_simd(simd)
+    try:
+        (p0, v0), (p1, v1) = both(lambda x, y: tuple(z.copy() for z in kernels.delta_scan(x, y)), a, b)
+    finally:
+        kernels._native.use_simd(was)
     assert np.array_equal(p0, p1) and np.array_equal(v0, v1)
     assert np.array_equal(p0, np.flatnonzero(a != b))
 

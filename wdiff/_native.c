@@ -444,8 +444,135 @@ DEFINE_SCAN(2)
 DEFINE_SCAN(4)
 DEFINE_SCAN(8)
 
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_AVX2_SCAN 1
+static int cpu_avx2, simd_on = 1;
+
+/* AVX2: 32 bytes at a time, one bit per changed word from a comparison of
+   whole words, then a visit of the set bits only */
+#define DEFINE_SCAN_AVX2(W, CMP, MASK, SHIFT)                                                    \
+    __attribute__((target("avx2,bmi"))) static size_t scan_avx2_##W(                            \
+        const uint8_t *a, const uint8_t *b, size_t n, uint32_t *pos, uint8_t *val)               \
+    {                                                                                            \
+        size_t k = 0, i = 0;                                                                     \
+        for (; i + 32 / (W) <= n; i += 32 / (W)) {                                               \
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a + i * (W)));                      \
+            __m256i y = _mm256_loadu_si256((const __m256i *)(b + i * (W)));                      \
+            uint32_t m = ~(uint32_t)MASK(CMP(x, y));                                             \
+            m &= (W) == 2 ? 0x55555555u : (W) == 1 ? 0xffffffffu : (1u << (32 / (W))) - 1;       \
+            if (!m)                                                                              \
+                continue;                                                                        \
+            uint8_t xs[32];                                                                      \
+            _mm256_storeu_si256((__m256i *)xs, _mm256_xor_si256(x, y));                          \
+            do {                                                                                 \
+                unsigned t = (unsigned)__builtin_ctz(m) >> (SHIFT);                              \
+                pos[k] = (uint32_t)(i + t);                                                      \
+                memcpy(val + k * (W), xs + t * (W), (W));                                        \
+                k++;                                                                             \
+                m &= m - 1;                                                                      \
+            } while (m);                                                                         \
+        }                                                                                        \
+        for (; i < n; i++) {                                                                     \
+            uint64_t x = load(a + i * (W), (W)), y = load(b + i * (W), (W));                     \
+            pos[k] = (uint32_t)i;                                                                \
+            store(val + k * (W), (W), x ^ y);                                                    \
+            k += x != y;                                                                         \
+        }                                                                                        \
+        return k;                                                                                \
+    }
+#define MASK_EPI8(v) _mm256_movemask_epi8(v)
+#define MASK_PS(v) _mm256_movemask_ps(_mm256_castsi256_ps(v))
+#define MASK_PD(v) _mm256_movemask_pd(_mm256_castsi256_pd(v))
+DEFINE_SCAN_AVX2(1, _mm256_cmpeq_epi8, MASK_EPI8, 0)
+DEFINE_SCAN_AVX2(4, _mm256_cmpeq_epi32, MASK_PS, 0)
+DEFINE_SCAN_AVX2(8, _mm256_cmpeq_epi64, MASK_PD, 0)
+
+/* Two-byte words (bf16, f16), the common case, without a loop over the
+   changed words: for each 8 words, a table indexed by the 8-bit mask of
+   those that changed packs their XOR values (one byte shuffle) and their
+   positions (one lane permutation) to the front, both are stored whole,
+   and k advances by the mask's population count. The stores run past k
+   but never past word i + 8 <= n, so they stay inside the buffers. */
+static uint8_t pack_bytes[256][16]; /* byte shuffle: the set words' two bytes, in order */
+static uint32_t pack_lanes[256][8]; /* lane permutation: the set words' indices, in order */
+
+static void init_pack_tables(void)
+{
+    for (int m = 0; m < 256; m++) {
+        int c = 0;
+        for (int j = 0; j < 8; j++) {
+            if (m >> j & 1) {
+                pack_bytes[m][2 * c] = (uint8_t)(2 * j);
+                pack_bytes[m][2 * c + 1] = (uint8_t)(2 * j + 1);
+                pack_lanes[m][c] = (uint32_t)j;
+                c++;
+            }
+        }
+        for (int j = c; j < 8; j++) {
+            pack_bytes[m][2 * j] = pack_bytes[m][2 * j + 1] = 0x80; /* zero */
+            pack_lanes[m][j] = 0;
+        }
+    }
+}
+
+__attribute__((target("avx2,popcnt"))) static size_t scan_avx2_2(const uint8_t *a, const uint8_t *b,
+                                                               size_t n, uint32_t *pos, uint8_t *val)
+{
+    size_t k = 0, i = 0;
+    const __m256i steps = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (; i + 256 <= n; i += 256) {
+        /* a block of 256 words that did not change costs one look */
+        __m256i any = _mm256_setzero_si256();
+        for (size_t j = 0; j < 256; j += 16)
+            any = _mm256_or_si256(any, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(a + 2 * (i + j))),
+                                                        _mm256_loadu_si256((const __m256i *)(b + 2 * (i + j)))));
+        if (_mm256_testz_si256(any, any))
+            continue;
+        for (size_t j = i; j < i + 256; j += 16) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a + 2 * j));
+            __m256i y = _mm256_loadu_si256((const __m256i *)(b + 2 * j));
+            /* eq is 0xffff per equal word; packed to a byte per word, then a bit */
+            __m256i eq = _mm256_cmpeq_epi16(x, y);
+            uint32_t bits = ~(uint32_t)_mm_movemask_epi8(
+                                _mm_packs_epi16(_mm256_castsi256_si128(eq), _mm256_extracti128_si256(eq, 1))) &
+                            0xffffu;
+            __m256i d = _mm256_xor_si256(x, y);
+            for (int h = 0; h < 2; h++) {
+                uint32_t m = (bits >> (8 * h)) & 0xffu;
+                __m128i v = h ? _mm256_extracti128_si256(d, 1) : _mm256_castsi256_si128(d);
+                __m128i packed = _mm_shuffle_epi8(v, _mm_loadu_si128((const __m128i *)pack_bytes[m]));
+                __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int)(j + 8 * h)), steps);
+                __m256i where =
+                    _mm256_permutevar8x32_epi32(idx, _mm256_loadu_si256((const __m256i *)pack_lanes[m]));
+                _mm_storeu_si128((__m128i *)(val + 2 * k), packed);
+                _mm256_storeu_si256((__m256i *)(pos + k), where);
+                k += (size_t)__builtin_popcount(m);
+            }
+        }
+    }
+    for (; i < n; i++) {
+        uint16_t x = (uint16_t)load(a + 2 * i, 2), y = (uint16_t)load(b + 2 * i, 2);
+        pos[k] = (uint32_t)i;
+        store(val + 2 * k, 2, x ^ y);
+        k += x != y;
+    }
+    return k;
+}
+#endif
+
 static size_t scan_words(const uint8_t *a, const uint8_t *b, size_t n, int w, uint32_t *pos, uint8_t *val)
 {
+#ifdef HAVE_AVX2_SCAN
+    if (cpu_avx2 && simd_on) {
+        switch (w) {
+        case 1: return scan_avx2_1(a, b, n, pos, val);
+        case 2: return scan_avx2_2(a, b, n, pos, val);
+        case 4: return scan_avx2_4(a, b, n, pos, val);
+        default: return scan_avx2_8(a, b, n, pos, val);
+        }
+    }
+#endif
     switch (w) {
     case 1: return scan_1(a, b, n, pos, val);
     case 2: return scan_2(a, b, n, pos, val);
@@ -783,6 +910,20 @@ static inline void flush_bits(bitw_t *w)
     w->n = 0;
 }
 
+/* the sums of gap >> r for r = lo, lo + 1, lo + 2, over the gaps of k
+   increasing positions; written so that it vectorizes */
+HOT static void rice_sums(const uint32_t *pos, size_t k, int lo, uint64_t sum[3])
+{
+    uint64_t first = pos[0], s0 = first >> lo, s1 = first >> (lo + 1), s2 = first >> (lo + 2);
+    for (size_t i = 1; i < k; i++) {
+        uint64_t gap = pos[i] - pos[i - 1] - 1;
+        s0 += gap >> lo;
+        s1 += gap >> (lo + 1);
+        s2 += gap >> (lo + 2);
+    }
+    sum[0] = s0, sum[1] = s1, sum[2] = s2;
+}
+
 /* the Rice parameter of wdiff-format(5): floor(log2(max(mean * 0.69, 1)))
    capped at 40, then the cheapest of it and its two neighbours, exactly;
    *bits gets the size of both streams at that parameter. The gaps sum to
@@ -796,15 +937,8 @@ static int rice_param(const uint32_t *pos, size_t k, uint64_t *bits)
     frexp(x, &e);
     int guess = e - 1 < MAX_RICE ? e - 1 : MAX_RICE;
     int lo = guess > 0 ? guess - 1 : 0, hi = guess + 1 < MAX_RICE ? guess + 1 : MAX_RICE;
-    uint64_t sum[3] = {0, 0, 0};
-    uint32_t prev = (uint32_t)-1;
-    for (size_t i = 0; i < k; i++) {
-        uint64_t gap = (uint32_t)(pos[i] - prev - 1);
-        prev = pos[i];
-        sum[0] += gap >> lo;
-        sum[1] += gap >> (lo + 1);
-        sum[2] += gap >> (lo + 2);
-    }
+    uint64_t sum[3];
+    rice_sums(pos, k, lo, sum);
     int best_r = -1;
     for (int r = lo; r <= hi; r++) {
         uint64_t b = (uint64_t)k * (r + 1) + sum[r - lo];
@@ -995,7 +1129,24 @@ done:
     return res;
 }
 
+/* use_simd(on) -> previous: whether the scan may use the AVX2 kernels
+   where the CPU has them (for tests of the portable ones) */
+static PyObject *use_simd(PyObject *self, PyObject *args)
+{
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on))
+        return NULL;
+#ifdef HAVE_AVX2_SCAN
+    int was = simd_on;
+    simd_on = on;
+    return PyBool_FromLong(was && cpu_avx2);
+#else
+    return Py_NewRef(Py_False);
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"use_simd", use_simd, METH_VARARGS, "(on) -> whether it was on"},
     {"diff_stats", diff_stats, METH_VARARGS, "(a, b, word, kind, lut, spans) -> [(changed, max_abs, sum_d2, sum_a2)]"},
     {"delta_scan", delta_scan, METH_VARARGS, "(old, new, word, positions_out, values_out) -> k"},
     {"planes", planes, METH_VARARGS, "(src, word, dst) -> None"},
@@ -1015,5 +1166,10 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__native(void)
 {
+#ifdef HAVE_AVX2_SCAN
+    __builtin_cpu_init();
+    cpu_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("popcnt");
+    init_pack_tables();
+#endif
     return PyModule_Create(&module);
 }
