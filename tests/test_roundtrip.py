@@ -214,3 +214,28 @@ def test_verify_against_a_bundle(tmp_path):
     assert not r.ok
     assert {p.tensor for p in r.problems if p.tensor} >= {"layer.0.w", "layer.1.w"}
     assert any(p.path == "tokenizer.json" and p.what == "missing" for p in r.problems)
+
+
+def test_scan_reuses_a_byte_identical_header(tmp_path):
+    """B's header is taken from A where its bytes and the file's size are
+    the same (the usual RL step), and parsed again where either differs."""
+    from wdiff.checkpoint import scan
+
+    rng = np.random.default_rng(5)
+    t = {"w": rand(rng, "BF16", (64, 64)), "b": rand(rng, "F32", (64,))}
+    a = write_ckpt(tmp_path / "A", t, shards=2)
+    changed = {"w": mutate(t["w"], 0.1, rng), "b": t["b"]}
+    b = write_ckpt(tmp_path / "B", changed, shards=2)
+    A = scan(a)
+    B = scan(b, reuse=A)
+    assert [f.path for f in B.files] == [f.path for f in A.files]
+    for fa, fb in zip(A.files, B.files):
+        if fa.header is not None:
+            assert fb.header is fa.header  # the same bytes: not parsed again
+            assert fb.header == scan(b).file(fb.path).header
+    # a shard whose header bytes stay but whose size does not is parsed anew, and refused
+    shard = next(f for f in B.files if f.header is not None)
+    with open(shard.abspath, "ab") as fh:
+        fh.write(b"\0" * 2)
+    again = scan(b, reuse=A).file(shard.path)
+    assert again.header is None and again.note  # handled as an opaque file, as without reuse

@@ -117,7 +117,7 @@ def apply(
         except BaseException:
             remove_tree(tmp)
             raise
-    manifest.remember(scan(out), produced)  # the next step's base is hashed already
+    manifest.remember(scan(out, reuse=A), produced)  # the next step's base is hashed already
     reporter.done()
     return ApplyResult(
         output=out,

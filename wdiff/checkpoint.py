@@ -87,9 +87,11 @@ def path_sort_key(path: str) -> bytes:
 TXN_JOURNAL = os.path.join(".wdiff", "txn", "journal.json")
 
 
-def scan(root: str | os.PathLike, *, allow_unfinished: bool = False) -> Checkpoint:
+def scan(root: str | os.PathLike, *, allow_unfinished: bool = False, reuse: Checkpoint | None = None) -> Checkpoint:
     """Scan a checkpoint directory. Reads only headers, never tensor data.
-    Refuses a directory that holds an unfinished in-place apply."""
+    Refuses a directory that holds an unfinished in-place apply. A header
+    byte-identical to that of the same file of ``reuse`` (the other side of
+    a diff or pack, usually) is not parsed again: the result is the same."""
     root = os.fspath(root)
     try:
         st = os.stat(root)
@@ -105,14 +107,14 @@ def scan(root: str | os.PathLike, *, allow_unfinished: bool = False) -> Checkpoi
             hint="run the same `wdiff apply BUNDLE DIR --in-place` again to finish it, or add --abort to roll it back",
         )
     found: list[FileEntry] = []
-    _walk(root, "", 0, found)
+    _walk(root, "", 0, found, reuse)
     found.sort(key=lambda f: path_sort_key(f.path))
     ckpt = Checkpoint(root=root, files=tuple(found))
     ckpt.tensors  # noqa: B018 - refuses a tensor name held by two files, now
     return ckpt
 
 
-def _walk(root: str, rel: str, depth: int, out: list[FileEntry]) -> None:
+def _walk(root: str, rel: str, depth: int, out: list[FileEntry], reuse: Checkpoint | None) -> None:
     if depth > MAX_DEPTH:
         raise FormatError(f"{root}: directory tree is deeper than {MAX_DEPTH} levels")
     here = os.path.join(root, rel) if rel else root
@@ -131,7 +133,7 @@ def _walk(root: str, rel: str, depth: int, out: list[FileEntry]) -> None:
             raise FormatError(str(e), hint="rename the file; wdiff refuses names it cannot ship") from None
         try:
             if entry.is_dir(follow_symlinks=False):
-                _walk(root, relpath, depth + 1, out)
+                _walk(root, relpath, depth + 1, out, reuse)
                 continue
             st = os.stat(entry.path)  # follows a symlink to a file
         except OSError as e:
@@ -145,21 +147,24 @@ def _walk(root: str, rel: str, depth: int, out: list[FileEntry]) -> None:
             raise FormatError(f"{root}: {printable(relpath)} is not a regular file")
         if len(out) >= MAX_FILES:
             raise FormatError(f"{root}: more than {MAX_FILES} files")
-        out.append(_entry(root, relpath, entry.path, st))
+        seen = reuse.file(relpath) if reuse is not None else None
+        out.append(_entry(root, relpath, entry.path, st, seen.header if seen is not None else None))
 
 
-def _entry(root: str, relpath: str, abspath: str, st: os.stat_result) -> FileEntry:
+def _entry(root: str, relpath: str, abspath: str, st: os.stat_result, seen: Header | None) -> FileEntry:
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if not relpath.endswith(".safetensors"):
         return FileEntry(relpath, abspath, st.st_size, KIND_FILE, None, key)
     try:
-        header = read_header(abspath, st.st_size, where=f"{root}: {printable(relpath)}")
+        header = read_header(abspath, st.st_size, where=f"{root}: {printable(relpath)}", seen=seen)
     except HeaderError as e:
         return FileEntry(relpath, abspath, st.st_size, KIND_FILE, None, key, note=str(e))
     return FileEntry(relpath, abspath, st.st_size, KIND_TENSORS, header, key)
 
 
-def read_header(path: str, size: int, *, where: str) -> Header:
+def read_header(path: str, size: int, *, where: str, seen: Header | None = None) -> Header:
+    """The header of the tensor file at ``path`` (``size`` bytes); ``seen``
+    is returned as it is when its bytes and file size are the same."""
     try:
         with open(path, "rb") as f:
             n = header_length(f.read(8), size, where=where)
@@ -167,6 +172,8 @@ def read_header(path: str, size: int, *, where: str) -> Header:
             raw = f.read(8 + n)  # one buffer: hostile headers are tens of MB
     except OSError as e:
         raise WdiffIOError(f"{where}: {e.strerror}") from None
+    if seen is not None and seen.file_size == size and seen.raw == raw:
+        return seen  # parsing depends on these bytes and the size alone
     return parse_header(raw, size, where=where)
 
 

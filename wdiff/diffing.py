@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -165,11 +166,24 @@ class _Acc:
     sum_a2: float = 0.0
     floats: bool = False
 
+    def add(self, st: tuple) -> None:
+        """Add what one span found: (blocks changed, words changed, max |d|,
+        sum d^2, sum a^2), the float figures None for other dtypes."""
+        self.blocks_changed += st[0]
+        self.changed += st[1]
+        if st[2] is not None:
+            self.floats = True
+            if not math.isnan(st[2]):
+                self.max_abs = max(self.max_abs, st[2])
+            self.sum_d2 += st[3]
+            self.sum_a2 += st[4]
+
 
 def diff(a, b, *, threads: int | None = None, reporter: Reporter = SILENT) -> DiffResult:
     """Compare checkpoint directories ``a`` and ``b``."""
     threads = threads or default_threads()
-    A, B = scan(a), scan(b)
+    A = scan(a)
+    B = scan(b, reuse=A)
     warnings = tuple(f"{c.root}: {f.path}: handled as an opaque file: {f.note}" for c in (A, B) for f in c.files if f.note)
     for w in warnings:
         reporter.warn(w)
@@ -186,15 +200,11 @@ def diff(a, b, *, threads: int | None = None, reporter: Reporter = SILENT) -> Di
             if a_dig is not None:
                 da.put_unit(unit, a_dig, base=True)
                 for s, st in zip(unit.spans, stats):
-                    x = acc.setdefault(s.tensor.name, _Acc())
                     if st is not None:
-                        x.blocks_changed += st[0]
-                        x.changed += st[1]
-                        if st[2] is not None:
-                            x.floats = True
-                            x.max_abs = max(x.max_abs, st[2]) if not math.isnan(st[2]) else x.max_abs
-                            x.sum_d2 += st[3]
-                            x.sum_a2 += st[4]
+                        x = acc.get(s.tensor.name)
+                        if x is None:
+                            x = acc[s.tensor.name] = _Acc()
+                        x.add(st)
             reporter.advance(unit.nbytes)
     reporter.phase("hash", None)
     ma = manifest.complete(A, da, threads=threads, reporter=reporter, cached=known_a.paths)
@@ -250,38 +260,60 @@ def _blocks_changed(a: bytes, b: bytes) -> int:
 
 
 def _result(A: Checkpoint, B: Checkpoint, ma, mb, acc: dict, warnings) -> DiffResult:
+    meta, layout_changed = _layout(A, B)
+    return DiffResult(
+        a=A.root, b=B.root, a_fingerprint=ma.fingerprint, b_fingerprint=mb.fingerprint,
+        tensors=_tensor_rows(A, B, ma, mb, acc), files=_file_rows(ma, mb), metadata_changed=meta,
+        layout_changed=layout_changed,
+        a_tensor_files=sum(1 for f in A.files if f.kind == KIND_TENSORS),
+        b_tensor_files=sum(1 for f in B.files if f.kind == KIND_TENSORS),
+        warnings=warnings,
+    )
+
+
+_NO_CHANGE = _Acc()
+
+
+def _tensor_rows(A: Checkpoint, B: Checkpoint, ma, mb, acc: dict) -> tuple[TensorDiff, ...]:
+    """A row per tensor of B, in B's order, then per tensor removed. Runs
+    once per tensor, so it is written for speed."""
     a_tensors, b_tensors = A.tensors, B.tensors
     a_digest = _tensor_digests(A, ma)
     b_digest = _tensor_digests(B, mb)
     out: list[TensorDiff] = []
+    add = out.append
     for f in B.files:
         if f.kind != KIND_TENSORS:
             continue
-        for t in f.header.tensors:
-            info = dtype_info(t.dtype)
-            hit = a_tensors.get(t.name)
+        for name, dtype, shape, _, _, nbytes in f.header.tensors:
+            hit = a_tensors.get(name)
             if hit is None:
-                out.append(TensorDiff(t.name, ADDED, t.dtype, t.shape, t.nbytes))
+                add(TensorDiff(name, ADDED, dtype, shape, nbytes))
                 continue
             bt = hit[1]
-            if bt.dtype != t.dtype or bt.shape != t.shape or bt.nbytes != t.nbytes:
-                out.append(TensorDiff(t.name, RETYPED, t.dtype, t.shape, t.nbytes, bt.dtype, bt.shape))
+            if bt.dtype != dtype or bt.shape != shape or bt.nbytes != nbytes:
+                add(TensorDiff(name, RETYPED, dtype, shape, nbytes, bt.dtype, bt.shape))
                 continue
-            same = a_digest[t.name] == b_digest[t.name]
-            x = acc.get(t.name, _Acc())
-            floats = info.is_float and x.floats
-            out.append(
-                TensorDiff(
-                    t.name, UNCHANGED if same else MODIFIED, t.dtype, t.shape, t.nbytes,
-                    blocks=n_blocks(t.nbytes), blocks_changed=x.blocks_changed,
-                    elements=t.nbytes // info.word, changed=x.changed,
-                    max_abs=(x.max_abs if floats else (0.0 if same and info.is_float else None)),
-                    rel_l2=(_rel(x) if floats else (0.0 if same and info.is_float else None)),
-                )
-            )
+            info = dtype_info(dtype)
+            same = a_digest[name] == b_digest[name]
+            x = acc.get(name, _NO_CHANGE)
+            if info.is_float and x.floats:
+                max_abs, rel = x.max_abs, _rel(x)
+            else:
+                max_abs = rel = 0.0 if same and info.is_float else None
+            add(TensorDiff(
+                name, UNCHANGED if same else MODIFIED, dtype, shape, nbytes,
+                blocks=n_blocks(nbytes), blocks_changed=x.blocks_changed,
+                elements=nbytes // info.word, changed=x.changed, max_abs=max_abs, rel_l2=rel,
+            ))
     for name, (_, t) in a_tensors.items():
         if name not in b_tensors:
-            out.append(TensorDiff(name, REMOVED, t.dtype, t.shape, t.nbytes))
+            add(TensorDiff(name, REMOVED, t.dtype, t.shape, t.nbytes))
+    return tuple(out)
+
+
+def _file_rows(ma, mb) -> tuple[FileDiff, ...]:
+    """The companion files that were added, changed or removed, by path."""
     files: list[FileDiff] = []
     adig = {d.path: d for d in ma.files}
     bdig = {d.path: d for d in mb.files}
@@ -297,6 +329,15 @@ def _result(A: Checkpoint, B: Checkpoint, ma, mb, acc: dict, warnings) -> DiffRe
         if d.kind != KIND_TENSORS and (d.path not in bdig or bdig[d.path].kind == KIND_TENSORS):
             files.append(FileDiff(d.path, "removed", d.size, None))
     files.sort(key=lambda x: x.path.encode("utf-8"))
+    return tuple(files)
+
+
+_NAME_AND_START = operator.itemgetter(0, 3)
+
+
+def _layout(A: Checkpoint, B: Checkpoint) -> tuple[tuple[str, ...], bool]:
+    """The tensor files of B whose __metadata__ differs from A's, and whether
+    tensors sit in other files or at other offsets."""
     meta = []
     layout_changed = False
     a_meta = {_meta_key(f.header.metadata) for f in A.files if f.kind == KIND_TENSORS}
@@ -309,19 +350,15 @@ def _result(A: Checkpoint, B: Checkpoint, ma, mb, acc: dict, warnings) -> DiffRe
             if _meta_key(f.header.metadata) not in a_meta:  # re-sharded: compare with any of A's
                 meta.append(f.path)
             continue
+        if old.header.raw == f.header.raw:  # the usual case: the same header, byte for byte
+            continue
         if old.header.metadata != f.header.metadata:
             meta.append(f.path)
-        if [(t.name, t.start) for t in old.header.tensors] != [(t.name, t.start) for t in f.header.tensors]:
+        if list(map(_NAME_AND_START, old.header.tensors)) != list(map(_NAME_AND_START, f.header.tensors)):
             layout_changed = True
     if any(A.file(f.path) is None or B.file(f.path) is None for f in A.files if f.kind == KIND_TENSORS):
         layout_changed = True
-    return DiffResult(
-        a=A.root, b=B.root, a_fingerprint=ma.fingerprint, b_fingerprint=mb.fingerprint,
-        tensors=tuple(out), files=tuple(files), metadata_changed=tuple(meta), layout_changed=layout_changed,
-        a_tensor_files=sum(1 for f in A.files if f.kind == KIND_TENSORS),
-        b_tensor_files=sum(1 for f in B.files if f.kind == KIND_TENSORS),
-        warnings=warnings,
-    )
+    return tuple(meta), layout_changed
 
 
 def _meta_key(metadata: dict | None) -> str:

@@ -27,15 +27,23 @@ class Digests:
     in as units are processed (in any order)."""
 
     def __init__(self) -> None:
-        self.tensors: dict[str, bytearray] = {}
+        #: tensor name -> concatenated block digests: bytes when they came
+        #: whole, a bytearray filled piece by piece for a tensor cut in units
+        self.tensors: dict[str, bytes | bytearray] = {}
         self.files: dict[str, bytes] = {}
 
     def put_unit(self, unit: Unit, digests: list[bytes], *, base: bool = False) -> None:
+        tensors = self.tensors
         for s, d in zip(unit.spans, digests):
             t = s.base.tensor if base else s.tensor
-            arr = self.tensors.get(t.name)
+            if s.lo == 0 and s.hi == t.nbytes:  # a whole tensor: most of them, in a small-tensor checkpoint
+                tensors[t.name] = d
+                continue
+            arr = tensors.get(t.name)
             if arr is None:
-                arr = self.tensors[t.name] = bytearray(16 * n_blocks(t.nbytes))
+                arr = tensors[t.name] = bytearray(16 * n_blocks(t.nbytes))
+            elif type(arr) is bytes:  # known whole before; a piece of it is updated now
+                arr = tensors[t.name] = bytearray(arr)
             at = 16 * (s.lo // BLOCK_SIZE)
             arr[at : at + len(d)] = d
 
@@ -110,7 +118,7 @@ def _from_cache(ckpt: Checkpoint, digests: Digests) -> set[str]:
             continue
         if f.kind == KIND_TENSORS:
             for t, b in zip(f.header.tensors, hit):
-                digests.tensors[t.name] = bytearray(b)
+                digests.tensors[t.name] = b
         else:
             digests.files[f.path] = hit[0]
         served.add(f.path)

@@ -98,7 +98,7 @@ def pack(
         raise UsageError(f"compression level {level} is out of range (1..22)")
     threads = threads or default_threads()
     A = scan(a) if a is not None else None
-    B = scan(b)
+    B = scan(b, reuse=A)
     if os.path.abspath(os.fspath(out)).startswith(os.path.abspath(B.root) + os.sep):
         raise UsageError("the bundle must not be written inside the target checkpoint")
     warnings = tuple(
