@@ -286,6 +286,19 @@ def test_sampled_choice_is_near_the_best(scenario):
     assert enc.size <= best * 1.02, (scenario, codecs.CODEC_NAMES[enc.codec], enc.size, best)
 
 
+def test_sparse_at_rice_zero_shares_the_bitmap():
+    """At half density the Rice parameter is 0, SPARSE and BITMAP tie, and
+    the unary stream is taken from the bitmap: the same bytes as the Rice
+    coder's."""
+    old, new = _unit("rl0.5")
+    enc = encode_delta(old, new, LEVEL)
+    assert enc.codec == SPARSE and enc.param == 0
+    positions = np.flatnonzero(old != new)
+    assert enc.parts[:2] == rice_encode(positions)[1:]
+    with other_kernels():
+        assert enc.parts[:2] == rice_encode(positions)[1:]
+
+
 @st.composite
 def position_sets(draw):
     kind = draw(st.sampled_from(["set", "dense", "runs", "huge"]))

@@ -827,6 +827,17 @@ done:
     return res;
 }
 
+/* out (len bytes) gets a one bit, MSB first, at each of k positions, all
+   below 8 * len, and zeros elsewhere */
+static void set_bits(uint8_t *restrict out, size_t len, const uint32_t *restrict p, size_t k)
+{
+    memset(out, 0, len);
+    for (size_t i = 0; i < k; i++) {
+        uint32_t x = p[i];
+        out[x >> 3] |= (uint8_t)(0x80u >> (x & 7));
+    }
+}
+
 /* bitmap(positions uint32, n) -> bytes: a bit per word of n, MSB first,
    set at each position (every position must be < n) */
 static PyObject *bitmap(PyObject *self, PyObject *args)
@@ -848,14 +859,12 @@ static PyObject *bitmap(PyObject *self, PyObject *args)
     const uint32_t *p = pos.buf;
     int inside = 1;
     Py_BEGIN_ALLOW_THREADS
-    memset(out, 0, (size_t)((n + 7) / 8));
-    for (size_t i = 0; i < k && inside; i++) {
-        uint32_t x = p[i];
-        if (x < n)
-            out[x >> 3] |= (uint8_t)(0x80u >> (x & 7));
-        else
-            inside = 0;
-    }
+    uint32_t top = 0;
+    for (size_t i = 0; i < k; i++)
+        top = p[i] > top ? p[i] : top;
+    inside = k == 0 || top < n;
+    if (inside)
+        set_bits(out, (size_t)((n + 7) / 8), p, k);
     Py_END_ALLOW_THREADS
     if (!inside) {
         Py_CLEAR(res);
@@ -985,6 +994,15 @@ static PyObject *rice_encode(PyObject *self, PyObject *args)
     if (!un || !rem)
         goto done;
     uint8_t *up = (uint8_t *)PyBytes_AS_STRING(un), *rp = (uint8_t *)PyBytes_AS_STRING(rem);
+    if (r == 0) {
+        /* gap zeros then a one, for every position: the unary stream is
+           the bitmap of the positions, up to the last one */
+        Py_BEGIN_ALLOW_THREADS
+        set_bits(up, (size_t)PyBytes_GET_SIZE(un), p, k);
+        Py_END_ALLOW_THREADS
+        res = Py_BuildValue("iOO", r, un, rem);
+        goto done;
+    }
     Py_BEGIN_ALLOW_THREADS
     bitw_t u = {up, 0, 0}, rb = {rp, 0, 0};
     const uint64_t low = r ? (((uint64_t)1 << r) - 1) : 0;

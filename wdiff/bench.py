@@ -41,6 +41,8 @@ import numpy as np
 from . import sample
 
 SCENARIOS = ("rl1", "rl3", "frozen", "dense", "new")
+#: bump when the generated data changes, so that --dir regenerates it
+GENERATOR = 1
 
 
 # -- data ------------------------------------------------------------------------------
@@ -181,6 +183,36 @@ class Runner:
         return statistics.median(times), rss, last
 
 
+def _stamp_path(root: str) -> str:
+    return root.rstrip("/") + ".json"  # beside the checkpoint, not in it
+
+
+def _unstamp(root: str) -> None:
+    """Before generating into ``root``: nothing of an earlier run is left."""
+    try:
+        os.unlink(_stamp_path(root))
+    except FileNotFoundError:
+        pass
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _stamp(root: str, size: int, shards: int, tensors: int | None, what: str) -> None:
+    """Record how a generated checkpoint was made, once it is complete, so
+    that a --dir run can reuse it: generation is deterministic."""
+    with open(_stamp_path(root), "w") as f:
+        json.dump({"size": size, "shards": shards, "tensors": tensors, "what": what, "generator": GENERATOR}, f)
+
+
+def _generated(root: str, size: int, shards: int, tensors: int | None, what: str) -> bool:
+    try:
+        with open(_stamp_path(root)) as f:
+            stamp = json.load(f)
+    except (OSError, ValueError):
+        return False
+    want = {"size": size, "shards": shards, "tensors": tensors, "what": what, "generator": GENERATOR}
+    return stamp == want and os.path.isdir(root)
+
+
 def _files(d: str) -> list[str]:
     return sorted(os.path.join(d, f) for f in os.listdir(d) if not f.startswith("."))
 
@@ -194,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="N equal bf16 tensors instead of a llama-like layout (e.g. 20000 vs 200)")
     ap.add_argument("--runs", type=int, default=3, help="runs per timing; the median is shown [3]")
     ap.add_argument("--threads", type=int, default=None, help="wdiff --threads [all cores]")
-    ap.add_argument("--dir", default=None, help="work directory [a temporary one]")
+    ap.add_argument("--dir", default=None,
+                    help="work directory, kept: the data generated there is reused by the next run with the same "
+                         "--size, --shards and --tensors [a temporary one]")
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
     ap.add_argument("--no-peers", action="store_true", help="skip zstd")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -213,13 +247,19 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     try:
         a = os.path.join(work, "A")
-        print(f"generating A: {size / 1e9:.2f} GB bf16, {args.shards} shards in {work}", file=sys.stderr)
-        _in_child("make_base", a, size, args.shards, args.tensors)
+        if not _generated(a, size, args.shards, args.tensors, "base"):
+            print(f"generating A: {size / 1e9:.2f} GB bf16, {args.shards} shards in {work}", file=sys.stderr)
+            _unstamp(a)
+            _in_child("make_base", a, size, args.shards, args.tensors)
+            _stamp(a, size, args.shards, args.tensors, "base")
         a_bytes = sum(os.path.getsize(f) for f in _files(a))
         for sc in scenarios:
             b = os.path.join(work, f"B-{sc}")
-            print(f"generating B ({sc})", file=sys.stderr)
-            _in_child("make_variant", b, size, args.shards, sc, args.tensors)
+            if not _generated(b, size, args.shards, args.tensors, sc):
+                print(f"generating B ({sc})", file=sys.stderr)
+                _unstamp(b)
+                _in_child("make_variant", b, size, args.shards, sc, args.tensors)
+                _stamp(b, size, args.shards, args.tensors, sc)
             k, floor = _in_child("information_floor", a, b)
             bundle = os.path.join(work, f"{sc}.wdb")
             out = os.path.join(work, f"C-{sc}")
@@ -280,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                     total += os.path.getsize(dst)
                 add("zstd --patch-from", secs, 0, a_bytes, total or None,
                     note=f"refused {refused} files" if refused else "per shard")
-            shutil.rmtree(b, ignore_errors=True)
+            if not args.dir:  # a --dir keeps the data for the next run
+                shutil.rmtree(b, ignore_errors=True)
             if os.path.exists(bundle):
                 os.unlink(bundle)
     finally:

@@ -201,7 +201,7 @@ class _Trial:
 
     def __init__(self, old: np.ndarray, new: np.ndarray, cctx: zstandard.ZstdCompressor) -> None:
         self.old, self.new, self.cctx = old, new, cctx
-        self._scan = self._values = None
+        self._scan = self._values = self._bitmap = None
         self._k: int | None = None
         self._done: dict[int, Encoded] = {}
 
@@ -225,6 +225,11 @@ class _Trial:
             self._values = _compress_planes(self.cctx, self.scan()[1])
         return self._values
 
+    def bitmap(self) -> bytes:
+        if self._bitmap is None:
+            self._bitmap = kernels.bitmap(self.scan()[0], self.new.size)
+        return self._bitmap
+
     def size(self, codec: int) -> int:
         if codec == SPARSE:
             _, unary, rem = kernels.rice_size(self.scan()[0])
@@ -239,11 +244,15 @@ class _Trial:
 
     def _encode(self, codec: int) -> Encoded:
         if codec == SPARSE:
+            r, ulen, _ = kernels.rice_size(self.scan()[0])
+            if r == 0 and self._bitmap is not None:
+                # gap zeros then a one, for every position: the unary stream
+                # is the bitmap, up to the last position
+                return Encoded(SPARSE, 0, self.count, (self._bitmap[:ulen], b"", self.values()))
             r, unary, rem = rice_encode(self.scan()[0])
             return Encoded(SPARSE, r, self.count, (unary, rem, self.values()))
         if codec == BITMAP:
-            bits = kernels.bitmap(self.scan()[0], self.new.size)
-            return Encoded(BITMAP, 0, self.count, (self.cctx.compress(bits), self.values()))
+            return Encoded(BITMAP, 0, self.count, (self.cctx.compress(self.bitmap()), self.values()))
         if codec == DENSE:
             data, k = kernels.xor_planes(self.old, self.new, kernels.scratch("planes", self.new.nbytes))
             self._k = k
@@ -252,6 +261,8 @@ class _Trial:
 
     def smallest(self, codecs: tuple[int, ...]) -> Encoded:
         """The smallest encoding by one of ``codecs``, the earliest on a tie."""
+        if len(codecs) == 1:
+            return self.encode(codecs[0])
         sizes = [self.size(c) for c in codecs]
         return self.encode(codecs[sizes.index(min(sizes))])
 
