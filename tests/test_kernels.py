@@ -135,21 +135,15 @@ def test_rice_agrees_and_round_trips(pn):
 
 
 @settings(max_examples=200, deadline=None)
-@given(positions())
-def test_bitmap_agrees(pn):
-    p, n = pn
-    slow, fast = both(kernels.bitmap, p, n)
-    bits = np.zeros(n, dtype=bool)
-    bits[p] = True
-    assert slow == fast == np.packbits(bits).tobytes()
-    assert kernels.bitmap(p.astype(np.uint32), n) == slow
-
-
-def test_bitmap_refuses_a_position_out_of_range():
-    if not kernels.native():
-        pytest.skip("the numpy twin indexes like numpy")
-    with pytest.raises(ValueError, match="out of range"):
-        kernels.bitmap(np.array([3, 8], dtype=np.uint32), 8)
+@given(pairs(), st.booleans())
+def test_change_bitmap_agrees(ab, simd):
+    a, b = ab
+    was = kernels._native.use_simd(simd)
+    try:
+        slow, fast = both(kernels.change_bitmap, a, b)
+    finally:
+        kernels._native.use_simd(was)
+    assert slow == fast == np.packbits(a != b).tobytes()
 
 
 @settings(max_examples=300, deadline=None)

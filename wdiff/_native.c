@@ -838,40 +838,77 @@ static void set_bits(uint8_t *restrict out, size_t len, const uint32_t *restrict
     }
 }
 
-/* bitmap(positions uint32, n) -> bytes: a bit per word of n, MSB first,
-   set at each position (every position must be < n) */
-static PyObject *bitmap(PyObject *self, PyObject *args)
+/* The bitmap of the words of a and b (n words of W bytes) that differ, a
+   bit per word, MSB first, from the words themselves: no positions
+   needed, and no store per changed word. */
+HOT static void change_bits(const uint8_t *a, const uint8_t *b, size_t n, int w, uint8_t *out)
 {
-    Py_buffer pos;
-    unsigned long long n;
-    if (!PyArg_ParseTuple(args, "y*K", &pos, &n))
+    size_t i = 0, o = 0;
+    for (; i + 8 <= n; i += 8, o++) {
+        unsigned byte = 0;
+        for (int j = 0; j < 8; j++)
+            byte |= (unsigned)(load(a + (i + j) * w, w) != load(b + (i + j) * w, w)) << (7 - j);
+        out[o] = (uint8_t)byte;
+    }
+    if (i < n) {
+        unsigned byte = 0;
+        for (int j = 0; i + j < n; j++)
+            byte |= (unsigned)(load(a + (i + j) * w, w) != load(b + (i + j) * w, w)) << (7 - j);
+        out[o] = (uint8_t)byte;
+    }
+}
+
+#ifdef HAVE_AVX2_SCAN
+static uint8_t reversed[256]; /* each byte with its bits in the other order */
+
+__attribute__((target("avx2"))) static void change_bits_avx2_2(const uint8_t *a, const uint8_t *b, size_t n,
+                                                              uint8_t *out)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i eq = _mm256_cmpeq_epi16(_mm256_loadu_si256((const __m256i *)(a + 2 * i)),
+                                        _mm256_loadu_si256((const __m256i *)(b + 2 * i)));
+        /* a bit per word, word 0 lowest; the bitmap wants word 0 highest */
+        unsigned m = ~(unsigned)_mm_movemask_epi8(
+            _mm_packs_epi16(_mm256_castsi256_si128(eq), _mm256_extracti128_si256(eq, 1)));
+        out[i / 8] = reversed[m & 0xff];
+        out[i / 8 + 1] = reversed[(m >> 8) & 0xff];
+    }
+    change_bits(a + 2 * i, b + 2 * i, n - i, 2, out + i / 8);
+}
+#endif
+
+/* change_bitmap(old, new, word) -> bytes: a bit per word, MSB first, set
+   where old and new differ */
+static PyObject *change_bitmap(PyObject *self, PyObject *args)
+{
+    Py_buffer a, b;
+    int w;
+    if (!PyArg_ParseTuple(args, "y*y*i", &a, &b, &w))
         return NULL;
     PyObject *res = NULL;
-    size_t k = (size_t)pos.len / 4;
-    if (pos.len % 4 || n > UINT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "bitmap: bad arguments");
+    if (check_word(w) < 0)
+        goto done;
+    if (a.len != b.len || a.len % w) {
+        PyErr_SetString(PyExc_ValueError, "change_bitmap: inputs must be equal and hold whole words");
         goto done;
     }
+    size_t n = (size_t)a.len / w;
     res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((n + 7) / 8));
     if (!res)
         goto done;
     uint8_t *out = (uint8_t *)PyBytes_AS_STRING(res);
-    const uint32_t *p = pos.buf;
-    int inside = 1;
     Py_BEGIN_ALLOW_THREADS
-    uint32_t top = 0;
-    for (size_t i = 0; i < k; i++)
-        top = p[i] > top ? p[i] : top;
-    inside = k == 0 || top < n;
-    if (inside)
-        set_bits(out, (size_t)((n + 7) / 8), p, k);
+#ifdef HAVE_AVX2_SCAN
+    if (w == 2 && cpu_avx2 && simd_on)
+        change_bits_avx2_2(a.buf, b.buf, n, out);
+    else
+#endif
+        change_bits(a.buf, b.buf, n, w, out);
     Py_END_ALLOW_THREADS
-    if (!inside) {
-        Py_CLEAR(res);
-        PyErr_SetString(PyExc_ValueError, "bitmap: position out of range");
-    }
 done:
-    PyBuffer_Release(&pos);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
     return res;
 }
 
@@ -1171,7 +1208,7 @@ static PyMethodDef methods[] = {
     {"xor_planes", xor_planes, METH_VARARGS, "(old, new, word, dst) -> changed words"},
     {"unplanes", unplanes, METH_VARARGS, "(src, word, dst, xor) -> nonzero words"},
     {"scatter_xor", scatter_xor, METH_VARARGS, "(buf, word, positions, values) -> all values nonzero"},
-    {"bitmap", bitmap, METH_VARARGS, "(positions, n) -> bytes"},
+    {"change_bitmap", change_bitmap, METH_VARARGS, "(old, new, word) -> bytes"},
     {"rice_size", rice_size, METH_VARARGS, "(positions) -> (r, unary bytes, remainder bytes)"},
     {"rice_encode", rice_encode, METH_VARARGS, "(positions) -> (r, unary, remainder)"},
     {"rice_decode", rice_decode, METH_VARARGS, "(r, unary, remainder, k, n, out) -> error code"},
@@ -1188,6 +1225,12 @@ PyMODINIT_FUNC PyInit__native(void)
     __builtin_cpu_init();
     cpu_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("popcnt");
     init_pack_tables();
+    for (int v = 0; v < 256; v++) {
+        unsigned r = 0;
+        for (int j = 0; j < 8; j++)
+            r |= ((unsigned)v >> j & 1u) << (7 - j);
+        reversed[v] = (uint8_t)r;
+    }
 #endif
     return PyModule_Create(&module);
 }

@@ -227,7 +227,7 @@ class _Trial:
 
     def bitmap(self) -> bytes:
         if self._bitmap is None:
-            self._bitmap = kernels.bitmap(self.scan()[0], self.new.size)
+            self._bitmap = kernels.change_bitmap(self.old, self.new)
         return self._bitmap
 
     def size(self, codec: int) -> int:
@@ -245,10 +245,10 @@ class _Trial:
     def _encode(self, codec: int) -> Encoded:
         if codec == SPARSE:
             r, ulen, _ = kernels.rice_size(self.scan()[0])
-            if r == 0 and self._bitmap is not None:
+            if r == 0:
                 # gap zeros then a one, for every position: the unary stream
                 # is the bitmap, up to the last position
-                return Encoded(SPARSE, 0, self.count, (self._bitmap[:ulen], b"", self.values()))
+                return Encoded(SPARSE, 0, self.count, (self.bitmap()[:ulen], b"", self.values()))
             r, unary, rem = rice_encode(self.scan()[0])
             return Encoded(SPARSE, r, self.count, (unary, rem, self.values()))
         if codec == BITMAP:

@@ -140,13 +140,11 @@ def delta_scan(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return positions, old[positions] ^ new[positions]
 
 
-def bitmap(positions: np.ndarray, n: int) -> bytes:
-    """A bit per word, MSB first, set where a word changed (``n`` words)."""
-    if _use_native and n <= 0xFFFFFFFF:
-        return _native.bitmap(np.ascontiguousarray(positions, dtype=np.uint32), n)
-    bits = np.zeros(n, dtype=bool)
-    bits[positions] = True
-    return np.packbits(bits).tobytes()
+def change_bitmap(old: np.ndarray, new: np.ndarray) -> bytes:
+    """A bit per word, MSB first, set where ``old`` and ``new`` differ."""
+    if _use_native:
+        return _native.change_bitmap(old, new, old.dtype.itemsize)
+    return np.packbits(old != new).tobytes()
 
 
 # -- byte planes ----------------------------------------------------------------
