@@ -218,98 +218,79 @@ static void add_groups(stats_t *st, double top, size_t covered, uint64_t equal)
     }
 }
 
+/* The group loop of both: the block given last sets fa, d (float lanes of type FV) and eq
+   (-1 in each lane whose words are equal, type CV) for the LANES words at
+   i + j; BV holds the bits of an FV lane, whose absolute value ABS masks
+   out. Squares are summed per group in the lanes' type FT. */
+/* lanes added in pairs: a short chain of dependent additions */
+#define HSUM4(v) (((v)[0] + (v)[1]) + ((v)[2] + (v)[3]))
+#define HSUM8(v) ((((v)[0] + (v)[1]) + ((v)[2] + (v)[3])) + (((v)[4] + (v)[5]) + ((v)[6] + (v)[7])))
+#define DEFINE_STATS(NAME, W, KIND, LANES, FT, FV, BV, CV, ABS, ...)                          \
+    HOT static void NAME(const uint8_t *a, const uint8_t *b, size_t n, stats_t *st)           \
+    {                                                                                         \
+        BV top = {0};                                                                         \
+        CV same = {0};                                                                        \
+        size_t i = 0, covered = 0;                                                            \
+        for (; i + 64 <= n; i += 64) {                                                        \
+            FV acc_a = {0}, acc_d = {0};                                                      \
+            BV gtop = {0};                                                                    \
+            CV gsame = {0};                                                                   \
+            for (int j = 0; j < 64; j += (LANES)) {                                           \
+                FV fa, d;                                                                     \
+                CV eq;                                                                        \
+                __VA_ARGS__                                                                   \
+                acc_a += fa * fa;                                                             \
+                acc_d += d * d;                                                               \
+                BV m = (BV)d & (ABS), up = m > gtop;                                          \
+                gtop = (m & up) | (gtop & ~up);                                               \
+                gsame -= eq;                                                                  \
+            }                                                                                 \
+            FT sa = HSUM##LANES(acc_a), sd = HSUM##LANES(acc_d);                              \
+            if (!isfinite(sa + sd)) {                                                         \
+                stats_exact(a + i * (W), b + i * (W), 64, (W), (KIND), st);                  \
+                continue;                                                                     \
+            }                                                                                 \
+            st->sum_a2 += sa;                                                                 \
+            st->sum_d2 += sd;                                                                 \
+            BV up = gtop > top;                                                               \
+            top = (gtop & up) | (top & ~up);                                                  \
+            same += gsame;                                                                    \
+            covered += 64;                                                                    \
+        }                                                                                     \
+        __typeof__(top[0]) bits = 0;                                                          \
+        uint64_t equal = 0;                                                                   \
+        for (int l = 0; l < (LANES); l++) {                                                   \
+            bits = top[l] > bits ? top[l] : bits;                                             \
+            equal += (uint64_t)same[l];                                                       \
+        }                                                                                     \
+        FT mx;                                                                                \
+        memcpy(&mx, &bits, sizeof mx);                                                        \
+        add_groups(st, mx, covered, equal);                                                   \
+        stats_exact(a + i * (W), b + i * (W), n - i, (W), (KIND), st);                        \
+    }
+
 /* f32: four double lanes; d is exact, as in the numpy twin */
-HOT static void stats_f32(const uint8_t *a, const uint8_t *b, size_t n, stats_t *st)
-{
-    v4l top = {0};
-    v4i same = {0};
-    size_t i = 0, covered = 0;
-    for (; i + 64 <= n; i += 64) {
-        v4d acc_a = {0}, acc_d = {0};
-        v4l gtop = {0};
-        v4i gsame = {0};
-        for (int j = 0; j < 64; j += 4) {
-            v4u u, v;
-            memcpy(&u, a + (i + j) * 4, sizeof u);
-            memcpy(&v, b + (i + j) * 4, sizeof v);
-            v4d fa = __builtin_convertvector((v4f)u, v4d), d = __builtin_convertvector((v4f)v, v4d) - fa;
-            acc_a += fa * fa;
-            acc_d += d * d;
-            v4l m = (v4l)d & 0x7fffffffffffffffll, up = m > gtop;
-            gtop = (m & up) | (gtop & ~up);
-            gsame -= (v4i)(u == v);
-        }
-        double sa = (acc_a[0] + acc_a[1]) + (acc_a[2] + acc_a[3]);
-        double sd = (acc_d[0] + acc_d[1]) + (acc_d[2] + acc_d[3]);
-        if (!isfinite(sa + sd)) {
-            stats_exact(a + i * 4, b + i * 4, 64, 4, F_F32, st);
-            continue;
-        }
-        st->sum_a2 += sa;
-        st->sum_d2 += sd;
-        v4l up = gtop > top;
-        top = (gtop & up) | (top & ~up);
-        same += gsame;
-        covered += 64;
-    }
-    int64_t bits = 0;
-    uint64_t equal = 0;
-    for (int l = 0; l < 4; l++) {
-        bits = top[l] > bits ? top[l] : bits;
-        equal += (uint64_t)same[l];
-    }
-    double mx;
-    memcpy(&mx, &bits, 8);
-    add_groups(st, mx, covered, equal);
-    stats_exact(a + i * 4, b + i * 4, n - i, 4, F_F32, st);
-}
+DEFINE_STATS(stats_f32, 4, F_F32, 4, double, v4d, v4l, v4i, 0x7fffffffffffffffll, {
+    v4u u, v;
+    memcpy(&u, a + (i + j) * 4, sizeof u);
+    memcpy(&v, b + (i + j) * 4, sizeof v);
+    fa = __builtin_convertvector((v4f)u, v4d);
+    d = __builtin_convertvector((v4f)v, v4d) - fa;
+    eq = (v4i)(u == v);
+})
 
 /* bf16: eight float lanes. The difference of two bf16 values is taken in
    float, as the numpy twin takes it (and torch does): exact unless their
    exponents lie more than 15 apart. */
-HOT static void stats_bf16(const uint8_t *a, const uint8_t *b, size_t n, stats_t *st)
-{
-    v8i top = {0}, same = {0};
-    size_t i = 0, covered = 0;
-    for (; i + 64 <= n; i += 64) {
-        v8f acc_a = {0}, acc_d = {0};
-        v8i gtop = {0}, gsame = {0};
-        for (int j = 0; j < 64; j += 8) {
-            v8h h, g;
-            memcpy(&h, a + 2 * (i + j), sizeof h);
-            memcpy(&g, b + 2 * (i + j), sizeof g);
-            v8u u = __builtin_convertvector(h, v8u) << 16, v = __builtin_convertvector(g, v8u) << 16;
-            v8f fa = (v8f)u, d = (v8f)v - fa;
-            acc_a += fa * fa;
-            acc_d += d * d;
-            v8i m = (v8i)d & 0x7fffffff, up = m > gtop;
-            gtop = (m & up) | (gtop & ~up);
-            gsame -= (v8i)(u == v);
-        }
-        float sa = ((acc_a[0] + acc_a[1]) + (acc_a[2] + acc_a[3])) + ((acc_a[4] + acc_a[5]) + (acc_a[6] + acc_a[7]));
-        float sd = ((acc_d[0] + acc_d[1]) + (acc_d[2] + acc_d[3])) + ((acc_d[4] + acc_d[5]) + (acc_d[6] + acc_d[7]));
-        if (!isfinite(sa + sd)) {
-            stats_exact(a + i * 2, b + i * 2, 64, 2, F_BF16, st);
-            continue;
-        }
-        st->sum_a2 += sa;
-        st->sum_d2 += sd;
-        v8i up = gtop > top;
-        top = (gtop & up) | (top & ~up);
-        same += gsame;
-        covered += 64;
-    }
-    int32_t bits = 0;
-    uint64_t equal = 0;
-    for (int l = 0; l < 8; l++) {
-        bits = top[l] > bits ? top[l] : bits;
-        equal += (uint64_t)same[l];
-    }
-    float mx;
-    memcpy(&mx, &bits, 4);
-    add_groups(st, mx, covered, equal);
-    stats_exact(a + i * 2, b + i * 2, n - i, 2, F_BF16, st);
-}
+DEFINE_STATS(stats_bf16, 2, F_BF16, 8, float, v8f, v8i, v8i, 0x7fffffff, {
+    v8h h, g;
+    memcpy(&h, a + 2 * (i + j), sizeof h);
+    memcpy(&g, b + 2 * (i + j), sizeof g);
+    v8u u = __builtin_convertvector(h, v8u) << 16, v = __builtin_convertvector(g, v8u) << 16;
+    fa = (v8f)u;
+    d = (v8f)v - fa;
+    eq = (v8i)(u == v);
+})
 
 static void stats_range(const uint8_t *pa, const uint8_t *pb, size_t n, int w, int kind, const double *tab,
                         stats_t *st)
