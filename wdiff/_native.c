@@ -92,7 +92,6 @@ static inline double as_float(uint64_t v, int kind, const double *lut)
     }
 }
 
-
 static double sumsq_generic(const uint8_t *p, size_t n, int w, int kind, const double *lut)
 {
     double acc[4] = {0, 0, 0, 0};
@@ -109,9 +108,9 @@ static inline void count_pair(uint64_t x, uint64_t y, int kind, const double *lu
     st->changed++;
     if (kind == F_NONE)
         return;
-    double d = as_float(y, kind, lut) - as_float(x, kind, lut);
-    if (kind == F_BF16) /* in float: see stats_bf16 */
-        d = (float)as_float(y, kind, lut) - (float)as_float(x, kind, lut);
+    double d = kind == F_BF16 /* in float: see stats_bf16 */
+                   ? (double)((float)as_float(y, kind, lut) - (float)as_float(x, kind, lut))
+                   : as_float(y, kind, lut) - as_float(x, kind, lut);
     if (isfinite(d)) {
         double m = fabs(d);
         if (m > st->max_abs)
@@ -193,17 +192,14 @@ typedef float v4f __attribute__((vector_size(16)));
 typedef uint32_t v4u __attribute__((vector_size(16)));
 typedef int32_t v4i __attribute__((vector_size(16)));
 
-/* the statistics of a few words, one by one */
-static void stats_exact(const uint8_t *a, const uint8_t *b, size_t n, int w, int kind, stats_t *st)
+/* the statistics of n words, word by word in double: every dtype without
+   a vector kernel, and the groups those kernels hand back */
+static void stats_words(const uint8_t *a, const uint8_t *b, size_t n, int w, int kind, const double *lut,
+                        stats_t *st)
 {
-    for (size_t j = 0; j < n; j++) {
-        uint64_t x = load(a + j * w, w), y = load(b + j * w, w);
-        double f = as_float(x, kind, NULL);
-        if (isfinite(f))
-            st->sum_a2 += f * f;
-        if (x != y)
-            count_pair(x, y, kind, NULL, st);
-    }
+    if (kind != F_NONE)
+        st->sum_a2 += sumsq_generic(a, n, w, kind, lut);
+    compare_words(a, b, n, w, kind, lut, st);
 }
 
 /* what the groups of a run found: the largest |d| (its bits; non-negative
@@ -247,7 +243,7 @@ static void add_groups(stats_t *st, double top, size_t covered, uint64_t equal)
             }                                                                                 \
             FT sa = HSUM##LANES(acc_a), sd = HSUM##LANES(acc_d);                              \
             if (!isfinite(sa + sd)) {                                                         \
-                stats_exact(a + i * (W), b + i * (W), 64, (W), (KIND), st);                  \
+                stats_words(a + i * (W), b + i * (W), 64, (W), (KIND), NULL, st);            \
                 continue;                                                                     \
             }                                                                                 \
             st->sum_a2 += sa;                                                                 \
@@ -266,7 +262,7 @@ static void add_groups(stats_t *st, double top, size_t covered, uint64_t equal)
         FT mx;                                                                                \
         memcpy(&mx, &bits, sizeof mx);                                                        \
         add_groups(st, mx, covered, equal);                                                   \
-        stats_exact(a + i * (W), b + i * (W), n - i, (W), (KIND), st);                        \
+        stats_words(a + i * (W), b + i * (W), n - i, (W), (KIND), NULL, st);                  \
     }
 
 /* f32: four double lanes; d is exact, as in the numpy twin */
@@ -305,9 +301,7 @@ static void stats_range(const uint8_t *pa, const uint8_t *pb, size_t n, int w, i
     }
     for (size_t lo = 0; lo < n; lo += TILE) {
         size_t m = n - lo < TILE ? n - lo : TILE;
-        if (kind != F_NONE)
-            st->sum_a2 += sumsq_generic(pa + lo * w, m, w, kind, tab);
-        compare_words(pa + lo * w, pb + lo * w, m, w, kind, tab, st);
+        stats_words(pa + lo * w, pb + lo * w, m, w, kind, tab, st);
     }
 }
 
@@ -497,6 +491,15 @@ static void init_pack_tables(void)
     }
 }
 
+/* a bit per two-byte word of x and y (16 of them) that differs, word 0
+   lowest: the compare's 0xffff per equal word, packed to a byte each */
+__attribute__((target("avx2"))) static inline unsigned changed_16(__m256i x, __m256i y)
+{
+    __m256i eq = _mm256_cmpeq_epi16(x, y);
+    return ~(unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm256_castsi256_si128(eq), _mm256_extracti128_si256(eq, 1))) &
+           0xffffu;
+}
+
 __attribute__((target("avx2,popcnt"))) static size_t scan_avx2_2(const uint8_t *a, const uint8_t *b,
                                                                size_t n, uint32_t *pos, uint8_t *val)
 {
@@ -513,14 +516,10 @@ __attribute__((target("avx2,popcnt"))) static size_t scan_avx2_2(const uint8_t *
         for (size_t j = i; j < i + 256; j += 16) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(a + 2 * j));
             __m256i y = _mm256_loadu_si256((const __m256i *)(b + 2 * j));
-            /* eq is 0xffff per equal word; packed to a byte per word, then a bit */
-            __m256i eq = _mm256_cmpeq_epi16(x, y);
-            uint32_t bits = ~(uint32_t)_mm_movemask_epi8(
-                                _mm_packs_epi16(_mm256_castsi256_si128(eq), _mm256_extracti128_si256(eq, 1))) &
-                            0xffffu;
+            unsigned bits = changed_16(x, y);
             __m256i d = _mm256_xor_si256(x, y);
             for (int h = 0; h < 2; h++) {
-                uint32_t m = (bits >> (8 * h)) & 0xffu;
+                unsigned m = (bits >> (8 * h)) & 0xffu;
                 __m128i v = h ? _mm256_extracti128_si256(d, 1) : _mm256_castsi256_si128(d);
                 __m128i packed = _mm_shuffle_epi8(v, _mm_loadu_si128((const __m128i *)pack_bytes[m]));
                 __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int)(j + 8 * h)), steps);
@@ -847,11 +846,9 @@ __attribute__((target("avx2"))) static void change_bits_avx2_2(const uint8_t *a,
 {
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m256i eq = _mm256_cmpeq_epi16(_mm256_loadu_si256((const __m256i *)(a + 2 * i)),
-                                        _mm256_loadu_si256((const __m256i *)(b + 2 * i)));
-        /* a bit per word, word 0 lowest; the bitmap wants word 0 highest */
-        unsigned m = ~(unsigned)_mm_movemask_epi8(
-            _mm_packs_epi16(_mm256_castsi256_si128(eq), _mm256_extracti128_si256(eq, 1)));
+        unsigned m = changed_16(_mm256_loadu_si256((const __m256i *)(a + 2 * i)),
+                                _mm256_loadu_si256((const __m256i *)(b + 2 * i)));
+        /* the bitmap wants word 0 highest */
         out[i / 8] = reversed[m & 0xff];
         out[i / 8 + 1] = reversed[(m >> 8) & 0xff];
     }
