@@ -198,11 +198,15 @@ def _unstamp(root: str) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def _recipe(size: int, shards: int, tensors: int | None, what: str) -> dict:
+    return {"size": size, "shards": shards, "tensors": tensors, "what": what, "generator": GENERATOR}
+
+
 def _stamp(root: str, size: int, shards: int, tensors: int | None, what: str) -> None:
     """Record how a generated checkpoint was made, once it is complete, so
     that a --dir run can reuse it: generation is deterministic."""
     with open(_stamp_path(root), "w") as f:
-        json.dump({"size": size, "shards": shards, "tensors": tensors, "what": what, "generator": GENERATOR}, f)
+        json.dump(_recipe(size, shards, tensors, what), f)
 
 
 def _generated(root: str, size: int, shards: int, tensors: int | None, what: str) -> bool:
@@ -211,8 +215,7 @@ def _generated(root: str, size: int, shards: int, tensors: int | None, what: str
             stamp = json.load(f)
     except (OSError, ValueError):
         return False
-    want = {"size": size, "shards": shards, "tensors": tensors, "what": what, "generator": GENERATOR}
-    return stamp == want and os.path.isdir(root)
+    return stamp == _recipe(size, shards, tensors, what) and os.path.isdir(root)
 
 
 def _files(d: str) -> list[str]:

@@ -201,7 +201,7 @@ class _Trial:
 
     def __init__(self, old: np.ndarray, new: np.ndarray, cctx: zstandard.ZstdCompressor) -> None:
         self.old, self.new, self.cctx = old, new, cctx
-        self._scan = self._values = self._bitmap = None
+        self._scan = self._values = self._bitmap = self._rice = None
         self._k: int | None = None
         self._done: dict[int, Encoded] = {}
 
@@ -230,9 +230,15 @@ class _Trial:
             self._bitmap = kernels.change_bitmap(self.old, self.new)
         return self._bitmap
 
+    def rice(self) -> tuple[int, int, int]:
+        """The Rice parameter and the sizes of the two streams."""
+        if self._rice is None:
+            self._rice = kernels.rice_size(self.scan()[0])
+        return self._rice
+
     def size(self, codec: int) -> int:
         if codec == SPARSE:
-            _, unary, rem = kernels.rice_size(self.scan()[0])
+            _, unary, rem = self.rice()
             return unary + rem + len(self.values())
         return self.encode(codec).size
 
@@ -244,7 +250,7 @@ class _Trial:
 
     def _encode(self, codec: int) -> Encoded:
         if codec == SPARSE:
-            r, ulen, _ = kernels.rice_size(self.scan()[0])
+            r, ulen, _ = self.rice()
             if r == 0:
                 # gap zeros then a one, for every position: the unary stream
                 # is the bitmap, up to the last position
