@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wdiff.dtypes import dtype_info
-from wdiff.sample import Spec, write_safetensors
+from wdiff.codec.dtypes import dtype_info
+from wdiff.store.sample import Spec, write_safetensors
 
 #: every dtype the tests exercise, with a shape-compatible element size
 DTYPES = ["BF16", "F16", "F32", "F64", "I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64", "BOOL",

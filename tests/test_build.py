@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from wdiff import kernels
+from wdiff.codec import kernels
 
 
 def test_ci_builds_the_extension():
@@ -15,3 +15,58 @@ def test_ci_builds_the_extension():
         pytest.fail("the C extension was not built: install with pip install -e '.[test]'")
     if kernels.available():
         assert kernels.native() == (os.environ.get("WDIFF_NATIVE", "1") != "0")
+
+
+def _compiler() -> str | None:
+    import shutil
+    import sysconfig
+
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(cc) or shutil.which("cc")
+
+
+@pytest.mark.skipif(not os.environ.get("CI") and _compiler() is None, reason="no C compiler")
+def test_portable_subset_builds_and_agrees_with_numpy(tmp_path):
+    """WDIFF_PORTABLE builds the extension with no GNU C construct (strict
+    ISO C11, every pedantic warning an error), and that build passes the
+    kernel tests against the numpy twins, as the full build does."""
+    import subprocess
+    import sys
+    import sysconfig
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    so = tmp_path / ("_native" + sysconfig.get_config_var("EXT_SUFFIX"))
+    cmd = [_compiler(), "-shared", "-fPIC", "-O1", "-std=c11", "-pedantic-errors", "-Wall", "-Werror",
+           "-Wno-unused-parameter", "-DWDIFF_PORTABLE=1", f"-I{sysconfig.get_paths()['include']}",
+           str(root / "wdiff" / "codec" / "_native.c"), "-o", str(so), "-lm"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runner = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('wdiff.codec._native', {str(so)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "assert m.FEATURES == '', m.FEATURES\n"
+        "sys.modules['wdiff.codec._native'] = m\n"
+        "from wdiff.codec import kernels\n"
+        "assert kernels.native() and 'portable' in kernels.features(), kernels.features()\n"
+        "import pytest\n"
+        f"sys.exit(pytest.main(['-q', '-x', '-p', 'no:cacheprovider', {str(root / 'tests' / 'test_kernels.py')!r}]))\n"
+    )
+    env = dict(os.environ, WDIFF_NATIVE="1")
+    r = subprocess.run([sys.executable, "-c", runner], capture_output=True, text=True, cwd=root, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert " passed" in r.stdout
+
+
+def test_kernels_check_the_c_contract():
+    """kernels.py refuses a C extension whose shared constants differ (a stale
+    build), and names what differs."""
+    import types
+
+    fake = types.SimpleNamespace(**kernels.CONTRACT)
+    assert kernels.contract_mismatch(fake) is None
+    fake.MAX_RICE = kernels.MAX_RICE + 1
+    assert "MAX_RICE" in kernels.contract_mismatch(fake)
+    if kernels.available():
+        assert kernels.contract_mismatch(kernels._native) is None

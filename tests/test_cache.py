@@ -4,11 +4,11 @@ import os
 
 import numpy as np
 import pytest
+from factory import mutate, rand, write_ckpt
 
 import wdiff
-from factory import mutate, rand, write_ckpt
-from wdiff import cache, manifest
-from wdiff.checkpoint import scan
+from wdiff.store import cache, manifest
+from wdiff.store.checkpoint import scan
 
 
 @pytest.fixture

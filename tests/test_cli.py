@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from factory import simple_pair, tree
 
 WDIFF = shutil.which("wdiff", path=str(Path(sys.executable).parent)) or shutil.which("wdiff")

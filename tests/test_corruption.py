@@ -36,19 +36,19 @@ import numpy as np
 import pytest
 import xxhash
 import zstandard
+from factory import T, mutate, rand, tree, write_ckpt
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import wdiff
-import wdiff.header
-import wdiff.inspecting
-from factory import T, mutate, rand, tree, write_ckpt
-from wdiff import format as fmt
-from wdiff.bundle import BundleReader, BundleWriter
-from wdiff.checkpoint import KIND_FILE, KIND_TENSORS, scan
+import wdiff.ops.inspect
+import wdiff.store.header
 from wdiff.errors import FormatError, IntegrityError
-from wdiff.hashing import fingerprint, tensor_file_digest
-from wdiff.header import MAX_HEADER_BYTES, Header, HeaderError, parse_header
+from wdiff.format import records as fmt
+from wdiff.format.bundle import BundleReader, BundleWriter
+from wdiff.store.checkpoint import KIND_FILE, KIND_TENSORS, scan
+from wdiff.store.hashing import fingerprint, tensor_file_digest
+from wdiff.store.header import MAX_HEADER_BYTES, Header, HeaderError, parse_header
 
 WDIFF = os.path.join(os.path.dirname(sys.executable), "wdiff")
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -195,7 +195,7 @@ def test_kit_has_every_record_kind_and_codec(kit, tmp_path):
     """The fixture really exercises what the damage tests claim to cover, and
     rewriting its records with BundleWriter reproduces it byte for byte (so
     the hostile bundles below differ from a real one only where intended)."""
-    from wdiff.codecs import BITMAP, DENSE, RAW, SPARSE, ZSTD
+    from wdiff.codec.chunk import BITMAP, DENSE, RAW, SPARSE, ZSTD
 
     kinds = {(h.type, h.codec) for h, _, _ in kit.recs}
     assert {(fmt.FILE, ZSTD), (fmt.HEADER, ZSTD)} <= kinds
@@ -364,7 +364,7 @@ def test_preamble_damage_is_named(kit, tmp_path, offset, value, message):
         wdiff.apply(box.write(data), kit.A, box.outs / "OUT")
     assert os.listdir(box.outs) == [] and tree(kit.A) == kit.a_tree
     with pytest.raises(FormatError, match=message):
-        wdiff.inspecting.inspect(box.bundle)
+        wdiff.ops.inspect.inspect(box.bundle)
 
 
 def test_bad_end_magic_and_footer_fields(kit, tmp_path):
@@ -500,14 +500,14 @@ def test_inspect_refuses_damage(kit, tmp_path):
     bad = {}
     for name, data in _sampled_damage(kit, 11):
         try:
-            wdiff.inspecting.inspect(box.write(data))
+            wdiff.ops.inspect.inspect(box.write(data))
             bad[name] = "accepted"
         except IntegrityError:
             pass
         except Exception as e:  # noqa: BLE001
             bad[name] = f"{type(e).__name__}: {e}"
     assert not bad, dict(list(bad.items())[:10])
-    info = wdiff.inspecting.inspect(kit.root / "good.wdb")  # and the intact one passes
+    info = wdiff.ops.inspect.inspect(kit.root / "good.wdb")  # and the intact one passes
     assert info.to_json()["verified"] is True
 
 
@@ -522,7 +522,7 @@ def _hostile_variants(kit):
     """name -> (records, index): validly digested bundles that break a rule."""
     recs = [r[:2] for r in kit.recs]
     ix = kit.index
-    from wdiff.codecs import BITMAP, DENSE, RAW, SPARSE
+    from wdiff.codec.chunk import BITMAP, DENSE, RAW, SPARSE
 
     k_file = _find(kit, lambda h: h.type == fmt.FILE)
     k_header = _find(kit, lambda h: h.type == fmt.HEADER)
@@ -713,7 +713,7 @@ def test_hostile_bundle_in_place(kit, tmp_path, name):
 )
 def test_inspect_refuses_hostile_structure(kit, tmp_path, name):
     with pytest.raises(IntegrityError):
-        wdiff.inspecting.inspect(_write_variant(kit, tmp_path, name))
+        wdiff.ops.inspect.inspect(_write_variant(kit, tmp_path, name))
 
 
 def test_index_frame_declaring_more_than_the_footer_is_refused(kit, tmp_path):
@@ -766,7 +766,7 @@ def test_hostile_file_path_is_refused_before_anything_is_written(kit, tmp_path, 
     assert not os.path.exists("/wdiff-corruption-test-abs")
     assert tree(kit.A) == kit.a_tree
     with pytest.raises(FormatError):
-        wdiff.inspecting.inspect(bundle)
+        wdiff.ops.inspect.inspect(bundle)
 
 
 def _conflicting_paths_bundle(kit, tmp_path) -> Path:
@@ -1107,7 +1107,7 @@ def _many_empty_tensors(n: int, key: bytes) -> bytes:
 def test_tensor_limit_holds(monkeypatch):
     """The limit is read at call time; a small one keeps the test fast (a real
     MAX_TENSORS + 1 header takes seconds to parse when the guard is bypassed)."""
-    monkeypatch.setattr(wdiff.header, "MAX_TENSORS", 50)
+    monkeypatch.setattr(wdiff.store.header, "MAX_TENSORS", 50)
     raw = _many_empty_tensors(51, b"data_offsets")
     with pytest.raises(HeaderError, match="more than 50 tensors"):
         parse_header(raw, len(raw), where="hostile")
@@ -1116,7 +1116,7 @@ def test_tensor_limit_holds(monkeypatch):
 
 
 def test_tensor_limit_cannot_be_bypassed_with_escaped_keys(monkeypatch):
-    monkeypatch.setattr(wdiff.header, "MAX_TENSORS", 50)
+    monkeypatch.setattr(wdiff.store.header, "MAX_TENSORS", 50)
     raw = _many_empty_tensors(51, b"d\\u0061ta_offsets")
     with pytest.raises(HeaderError):
         parse_header(raw, len(raw), where="hostile")

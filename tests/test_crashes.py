@@ -16,31 +16,36 @@ import time
 
 import numpy as np
 import pytest
+from factory import mutate, rand, tree, write_ckpt
 
 import wdiff
-from factory import mutate, rand, tree, write_ckpt
-from wdiff import applying, inplace, sync
 from wdiff.errors import BusyError, WdiffIOError
+from wdiff.ops.apply import engine as applying
+from wdiff.ops.apply import inplace
+from wdiff.ops.apply import patch as patching
 
 SLOW = textwrap.dedent(
     """
     import sys, time
-    from wdiff import applying, fsutil, inplace
-    inplace.BATCH_BYTES = 1
+    from wdiff.ops.apply import engine as applying
+    from wdiff import fsutil
+    from wdiff.ops.apply import inplace
+    from wdiff.ops.apply import patch as patching
+    patching.BATCH_BYTES = 1
     def slow(real):
         def w(fd, data, off):
             time.sleep(0.004)
             real(fd, data, off)
         return w
     applying.write_all = slow(applying.write_all)
-    inplace.write_all = slow(inplace.write_all)
+    patching.write_all = slow(patching.write_all)
     """
 )
 
 OPS = {
     "in-place": "import wdiff; wdiff.apply(sys.argv[1], sys.argv[2], in_place=True)",
     "copy": "import wdiff; wdiff.apply(sys.argv[1], sys.argv[2], sys.argv[3])",
-    "pull": "from wdiff import sync; sync.pull(sys.argv[4], sys.argv[2])",
+    "pull": "import wdiff; wdiff.pull(sys.argv[4], sys.argv[2])",
 }
 
 
@@ -61,8 +66,8 @@ def world(tmp_path_factory):
     bundle = t / "d.wdb"
     wdiff.pack(A, B, bundle)
     remote = str(t / "remote")
-    sync.push(A, remote, anchor=True)
-    sync.push(bundle, remote)
+    wdiff.push(A, remote, anchor=True)
+    wdiff.push(bundle, remote)
     return t, A, B, bundle, remote, tree(A), tree(B)
 
 
@@ -99,7 +104,7 @@ def test_sigkill_at_random_points(world, tmp_path, op, trials):
                 seen["unfinished"] += 1
             # the rerun finishes whatever was interrupted
             if op == "pull":
-                sync.pull(remote, work)
+                wdiff.pull(remote, work)
             elif tree(work) != tb:
                 wdiff.apply(bundle, work, in_place=True)
             assert tree(target) == tb
@@ -145,7 +150,7 @@ def test_full_disk_in_place_rolls_back(world, tmp_path, monkeypatch, n):
     t, A, B, bundle, remote, ta, tb = world
     W = tmp_path / "W"
     shutil.copytree(A, W)
-    monkeypatch.setattr(inplace, "BATCH_BYTES", 1)
+    monkeypatch.setattr(patching, "BATCH_BYTES", 1)
     calls = {"n": 0}
     real = inplace.UndoLog.append
 
@@ -210,7 +215,7 @@ def test_pull_racing_push(world, tmp_path):
     version the chain lists, complete and exact."""
     t, A, B, bundle, remote_unused, ta, tb = world
     remote = str(tmp_path / "remote")
-    sync.push(A, remote, anchor=True)
+    wdiff.push(A, remote, anchor=True)
     rng = np.random.default_rng(4)
     versions = [A]
     cur = {n: rand(rng, "F32", (64, 64)) for n in ("p", "q")}
@@ -221,9 +226,9 @@ def test_pull_racing_push(world, tmp_path):
 
     def pusher():
         try:
-            sync.push(versions[1], remote, anchor=True)
+            wdiff.push(versions[1], remote, anchor=True)
             for k in range(2, len(versions)):
-                sync.push(versions[k], remote, base=versions[k - 1])
+                wdiff.push(versions[k], remote, base=versions[k - 1])
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
@@ -232,10 +237,10 @@ def test_pull_racing_push(world, tmp_path):
     d = tmp_path / "mirror"
     results = []
     while th.is_alive() or len(results) < 2:
-        r = sync.pull(remote, d)
+        r = wdiff.pull(remote, d)
         results.append(r.after)
         assert tree(d) in [tree(v) for v in versions]
     th.join()
     assert not errors
-    sync.pull(remote, d)
+    wdiff.pull(remote, d)
     assert tree(d) == tree(versions[-1])

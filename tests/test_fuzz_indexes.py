@@ -4,16 +4,15 @@ they return a value or raise wdiff's own error, never anything else."""
 import json
 
 import pytest
+from factory import simple_pair
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import wdiff
-from factory import simple_pair
-from wdiff import format as fmt
-from wdiff import sync
-from wdiff.bundle import BundleReader
-from wdiff.chain import Chain
 from wdiff.errors import WdiffError
+from wdiff.format import records as fmt
+from wdiff.format.bundle import BundleReader
+from wdiff.format.chain import Chain
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -33,8 +32,8 @@ def samples(tmp_path_factory):
     with BundleReader(t / "d.wdb") as r:
         index = json.loads(r.index.encode())
     remote = str(t / "remote")
-    sync.push(A, remote, anchor=True, label="a")
-    sync.push(B, remote, base=A, label="b")
+    wdiff.push(A, remote, anchor=True, label="a")
+    wdiff.push(B, remote, base=A, label="b")
     chain = json.loads((t / "remote" / "chain.json").read_bytes())
     return index, chain
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from factory import mutate, rand, tree, write_ckpt
 from hubfake import FakeHub, block_internet, configure_client
-from wdiff import sync
+
+import wdiff
 from wdiff.errors import AuthError, IntegrityError, NotFoundError, RemoteError
 
 URL = "hf://acme/deltas"
@@ -43,27 +43,27 @@ def versions(tmp_path):
 
 def test_commit_503_is_retried_then_reported(hub, versions):
     hub.faults.fail("commit", status=503, times=1)
-    sync.push(versions[0], URL, anchor=True)  # one 503: our own retry gets through
-    assert sync.log(URL).head is not None
+    wdiff.push(versions[0], URL, anchor=True)  # one 503: our own retry gets through
+    assert wdiff.log(URL).head is not None
     hub.faults.fail("commit", status=503, times=10)
     with pytest.raises(RemoteError):
-        sync.push(versions[1], URL, base=versions[0])
-    assert len(sync.log(URL).entries) == 1  # nothing half-pushed is visible
+        wdiff.push(versions[1], URL, base=versions[0])
+    assert len(wdiff.log(URL).entries) == 1  # nothing half-pushed is visible
     hub.faults.clear()
-    sync.push(versions[1], URL, base=versions[0])
-    assert len(sync.log(URL).entries) == 2
+    wdiff.push(versions[1], URL, base=versions[0])
+    assert len(wdiff.log(URL).entries) == 2
 
 
 def test_upload_503_once_is_survived(hub, versions):
     hub.faults.fail("upload", status=503, times=1)
-    sync.push(versions[0], URL, anchor=True)
-    assert len(sync.log(URL).entries) == 1
+    wdiff.push(versions[0], URL, anchor=True)
+    assert len(wdiff.log(URL).entries) == 1
 
 
 def test_concurrent_pushes_one_wins(hub, versions, tmp_path):
     import wdiff
 
-    sync.push(versions[0], URL, anchor=True)
+    wdiff.push(versions[0], URL, anchor=True)
     wdiff.pack(versions[0], versions[1], tmp_path / "a.wdb")
     wdiff.pack(versions[0], versions[2], tmp_path / "b.wdb", level=5)
     results = {}
@@ -81,7 +81,7 @@ def test_concurrent_pushes_one_wins(hub, versions, tmp_path):
     try:
         def go(name):
             try:
-                results[name] = sync.push(tmp_path / f"{name}.wdb", URL)
+                results[name] = wdiff.push(tmp_path / f"{name}.wdb", URL)
             except Exception as e:  # noqa: BLE001
                 results[name] = e
 
@@ -92,31 +92,31 @@ def test_concurrent_pushes_one_wins(hub, versions, tmp_path):
         RepoStore.publish = real
     outcomes = sorted(type(r).__name__ for r in results.values())
     assert outcomes == ["ConflictError", "PushResult"], results
-    assert len(sync.log(URL).entries) == 2
+    assert len(wdiff.log(URL).entries) == 2
 
 
 def test_truncated_and_corrupted_downloads(hub, versions, tmp_path):
-    sync.push(versions[0], URL, anchor=True)
-    part = sync.log(URL).entries[0].parts[0].path
+    wdiff.push(versions[0], URL, anchor=True)
+    part = wdiff.log(URL).entries[0].parts[0].path
     hub.faults.corrupt_download(part)
     d = tmp_path / "d"
     with pytest.raises(IntegrityError):
-        sync.pull(URL, d)
+        wdiff.pull(URL, d)
     assert not any(p.name != ".wdiff" for p in d.iterdir())
     hub.faults.short_download(part, 1000)
     with pytest.raises((RemoteError, IntegrityError)):
-        sync.pull(URL, d)
+        wdiff.pull(URL, d)
     hub.faults.clear()
-    sync.pull(URL, d)
+    wdiff.pull(URL, d)
     assert tree(d) == tree(versions[0])
 
 
 def test_up_to_date_pull_downloads_no_part(hub, versions, tmp_path):
-    sync.push(versions[0], URL, anchor=True)
+    wdiff.push(versions[0], URL, anchor=True)
     d = tmp_path / "d"
-    sync.pull(URL, d)
+    wdiff.pull(URL, d)
     before = len(hub.log)
-    r = sync.pull(URL, d)
+    r = wdiff.pull(URL, d)
     assert r.up_to_date and r.downloaded == 0
     fetched = [rec.path for rec in hub.log[before:] if "/objects/" in rec.path]
     assert fetched == []  # the chain index only, no part
@@ -124,12 +124,12 @@ def test_up_to_date_pull_downloads_no_part(hub, versions, tmp_path):
 
 def test_credentials_and_missing_remotes(hub, versions, tmp_path, monkeypatch):
     with pytest.raises(NotFoundError):
-        sync.pull("hf://acme/nothing-here", tmp_path / "d")
+        wdiff.pull("hf://acme/nothing-here", tmp_path / "d")
     with pytest.raises(NotFoundError):
-        sync.log("hf://acme/nothing-here@no-such-branch")
+        wdiff.log("hf://acme/nothing-here@no-such-branch")
     monkeypatch.setenv("HF_TOKEN", "hf_wrong")
     with pytest.raises(AuthError):
-        sync.push(versions[0], URL, anchor=True)
+        wdiff.push(versions[0], URL, anchor=True)
 
 
 def test_cli_against_the_hub(hub, versions, tmp_path):

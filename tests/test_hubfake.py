@@ -13,6 +13,7 @@ import socket
 import threading
 
 import pytest
+from hubfake import FakeHub, NetworkBlocked, block_internet, configure_client
 from huggingface_hub import (
     CommitOperationAdd,
     CommitOperationDelete,
@@ -30,8 +31,6 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.hf_api import RepoFile, RepoFolder
-
-from hubfake import FakeHub, NetworkBlocked, block_internet, configure_client
 
 # the client's own LFS PUT passes a file object as `data=`, which httpx2 deprecates: not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")

@@ -12,11 +12,13 @@ import time
 
 import numpy as np
 import pytest
+from factory import mutate, rand, tree, write_ckpt
 
 import wdiff
-from factory import mutate, rand, tree, write_ckpt
-from wdiff import fsutil, inplace
+from wdiff import fsutil
 from wdiff.errors import BaseMismatchError, BusyError, UsageError
+from wdiff.ops.apply import inplace
+from wdiff.ops.apply import patch as patching
 
 
 @pytest.fixture
@@ -86,7 +88,7 @@ def crash_after(monkeypatch, n_writes: int, torn: bool):
     """Make the n-th data write of the patch phase crash (optionally after
     writing half of its bytes: a torn write)."""
     calls = {"n": 0}
-    real = inplace.write_all
+    real = patching.write_all
 
     def flaky(fd, data, offset):
         calls["n"] += 1
@@ -97,8 +99,8 @@ def crash_after(monkeypatch, n_writes: int, torn: bool):
             raise Crash
         real(fd, data, offset)
 
-    monkeypatch.setattr(inplace, "write_all", flaky)
-    monkeypatch.setattr(inplace, "BATCH_BYTES", 1)  # one chunk per batch
+    monkeypatch.setattr(patching, "write_all", flaky)
+    monkeypatch.setattr(patching, "BATCH_BYTES", 1)  # one chunk per batch
 
 
 @pytest.mark.parametrize("n,torn", [(1, False), (1, True), (2, True), (3, False), (3, True)])
@@ -216,13 +218,15 @@ KILLER = textwrap.dedent(
     """
     import sys, time
     import wdiff
-    from wdiff import inplace, fsutil
-    inplace.BATCH_BYTES = 1
-    real = inplace.write_all
+    from wdiff.ops.apply import inplace
+    from wdiff.ops.apply import patch as patching
+    from wdiff import fsutil
+    patching.BATCH_BYTES = 1
+    real = patching.write_all
     def slow(fd, data, off):
         time.sleep(0.003)
         real(fd, data, off)
-    inplace.write_all = slow
+    patching.write_all = slow
     wdiff.apply(sys.argv[1], sys.argv[2], in_place=True)
     """
 )

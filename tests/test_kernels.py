@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wdiff import kernels
-from wdiff.dtypes import uint_type
+from wdiff.codec import kernels
+from wdiff.codec.dtypes import uint_type
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the C extension is not built")
 
@@ -269,8 +269,9 @@ def test_native_switch_is_reported():
 def test_same_bundle_and_result_without_the_extension(tmp_path, density, monkeypatch):
     """End to end: pack writes the same bytes with either kernels, apply with
     either rebuilds the target, and diff reports the same changes."""
-    import wdiff
     from factory import simple_pair, tree
+
+    import wdiff
 
     monkeypatch.setenv("WDIFF_CACHE_DIR", "none")  # both runs do all the work
     A, B = simple_pair(tmp_path, density=density)

@@ -10,7 +10,7 @@ import pytest
 import xxhash
 import zstandard
 
-from wdiff import format as fmt
+from wdiff.format import records as fmt
 
 LIMIT = 256 * 1024 * 1024
 

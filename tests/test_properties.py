@@ -27,16 +27,27 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from factory import DTYPES, T, mutate, numel, rand, tree, write_ckpt
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import wdiff
-from wdiff import codecs, kernels
-from factory import DTYPES, T, mutate, numel, rand, tree, write_ckpt
-from wdiff.codecs import BITMAP, DENSE, RAW, SPARSE, decode_into, encode_delta, encode_raw, rice_decode, rice_encode
-from wdiff.dtypes import dtype_info, uint_type
-from wdiff.hashing import BLOCK_SIZE
-from wdiff.plan import DEFAULT_CHUNK
+from wdiff.codec import chunk as codecs
+from wdiff.codec import kernels
+from wdiff.codec.chunk import (
+    BITMAP,
+    DENSE,
+    RAW,
+    SPARSE,
+    decode_into,
+    encode_delta,
+    encode_raw,
+    rice_decode,
+    rice_encode,
+)
+from wdiff.codec.dtypes import dtype_info, uint_type
+from wdiff.defaults import DEFAULT_CHUNK
+from wdiff.store.hashing import BLOCK_SIZE
 
 FAST = settings(max_examples=300, deadline=None, derandomize=True, database=None)
 CKPT = settings(
@@ -232,14 +243,14 @@ def test_codec_exact_thresholds(w, n, k):
 
 def _weights(rng, n: int) -> np.ndarray:
     """bf16 bit patterns of normal weights (uint16)."""
-    from wdiff.sample import bf16_normal
+    from wdiff.store.sample import bf16_normal
 
     return bf16_normal(rng, n)
 
 
 def _unit(scenario: str, n: int = 1 << 17) -> tuple[np.ndarray, np.ndarray]:
     """A large bf16 unit (sampled by the encoder) and a changed version."""
-    from wdiff.sample import rl_step
+    from wdiff.store.sample import rl_step
 
     rng = np.random.default_rng(sum(map(ord, scenario)))
     old = _weights(rng, n)

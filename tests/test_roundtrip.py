@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from factory import mutate, rand, simple_pair, tree, write_ckpt
 
 import wdiff
-from factory import mutate, rand, simple_pair, tree, write_ckpt
 from wdiff.errors import BaseMismatchError, UsageError
 
 
@@ -205,7 +205,7 @@ def test_same_tensor_name_in_two_shards_is_refused(tmp_path):
 
 
 def test_verify_against_a_bundle(tmp_path):
-    from wdiff.verifying import verify
+    from wdiff.ops.verify import verify
 
     A, B = simple_pair(tmp_path)
     wdiff.pack(A, B, tmp_path / "d.wdb")
@@ -219,7 +219,7 @@ def test_verify_against_a_bundle(tmp_path):
 def test_scan_reuses_a_byte_identical_header(tmp_path):
     """B's header is taken from A where its bytes and the file's size are
     the same (the usual RL step), and parsed again where either differs."""
-    from wdiff.checkpoint import scan
+    from wdiff.store.checkpoint import scan
 
     rng = np.random.default_rng(5)
     t = {"w": rand(rng, "BF16", (64, 64)), "b": rand(rng, "F32", (64,))}

@@ -4,11 +4,11 @@ import shutil
 import subprocess
 
 import pytest
+from factory import simple_pair, tree
 
 import wdiff
-from factory import simple_pair, tree
-from wdiff import signing, sync
 from wdiff.errors import IntegrityError, UsageError
+from wdiff.format import signature as signing
 
 
 @pytest.fixture
@@ -47,15 +47,15 @@ def test_signed_push_and_trusting_pull(tmp_path, keys, monkeypatch):
     key, pub, other = keys
     A, B = simple_pair(tmp_path)
     remote = str(tmp_path / "remote")
-    sync.push(A, remote, anchor=True, sign_key=key)
-    sync.push(B, remote, base=A, sign_key=key)
-    sync.pull(remote, tmp_path / "d", trusted_keys=[pub])
+    wdiff.push(A, remote, anchor=True, sign_key=key)
+    wdiff.push(B, remote, base=A, sign_key=key)
+    wdiff.pull(remote, tmp_path / "d", trusted_keys=[pub])
     assert tree(tmp_path / "d") == tree(B)
     with pytest.raises(IntegrityError):
-        sync.pull(remote, tmp_path / "e", trusted_keys=[other])
+        wdiff.pull(remote, tmp_path / "e", trusted_keys=[other])
     assert not (tmp_path / "e").exists()
     monkeypatch.setenv("WDIFF_TRUSTED_KEYS", str(pub))  # a configured key means signatures are required
-    sync.pull(remote, tmp_path / "f")
+    wdiff.pull(remote, tmp_path / "f")
     assert tree(tmp_path / "f") == tree(B)
 
 
@@ -63,20 +63,20 @@ def test_unsigned_or_tampered_remote_is_refused(tmp_path, keys):
     key, pub, other = keys
     A, B = simple_pair(tmp_path)
     remote = tmp_path / "remote"
-    sync.push(A, remote, anchor=True, sign_key=key)
-    sync.push(B, remote, base=A)  # this push is not signed
+    wdiff.push(A, remote, anchor=True, sign_key=key)
+    wdiff.push(B, remote, base=A)  # this push is not signed
     with pytest.raises(IntegrityError):
-        sync.pull(remote, tmp_path / "d", trusted_keys=[pub])
+        wdiff.pull(remote, tmp_path / "d", trusted_keys=[pub])
     # tamper with a signed bundle on the remote: the chain still names it
     r2 = tmp_path / "remote2"
-    sync.push(A, r2, anchor=True, sign_key=key)
-    e = sync.log(r2).entries[0]
+    wdiff.push(A, r2, anchor=True, sign_key=key)
+    e = wdiff.log(r2).entries[0]
     # a valid signature of the same bytes, but made for something else: the
     # trusted comment must name this bundle, its base and its target
     written = signing.sign_file(str(r2 / e.parts[0].path), signing.load_secret(str(key)), "wdiff bundle forged")
     assert written == str(r2 / e.signature)
     with pytest.raises(IntegrityError):
-        sync.pull(r2, tmp_path / "g", trusted_keys=[pub])
+        wdiff.pull(r2, tmp_path / "g", trusted_keys=[pub])
 
 
 @pytest.mark.skipif(shutil.which("minisign") is None, reason="minisign is not installed")

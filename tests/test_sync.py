@@ -8,16 +8,14 @@ import shutil
 
 import numpy as np
 import pytest
+from factory import mutate, rand, tree, write_ckpt
 
 import wdiff
-from factory import mutate, rand, tree, write_ckpt
-from wdiff import sync
-from wdiff.chain import Chain
-from wdiff.compose import squash
 from wdiff.errors import BaseMismatchError, BusyError, ConflictError, IntegrityError, NotFoundError, UsageError
+from wdiff.format.chain import Chain
 from wdiff.fsutil import locked
+from wdiff.ops.squash import squash
 from wdiff.remotes import open_remote
-
 
 KINDS = ["local", "file-url", "hub-model-xet", "hub-model-lfs", "hub-dataset", "hub-bucket"]
 
@@ -82,40 +80,40 @@ def versions(tmp_path):
 
 
 def push_all(versions, remote, **kw):
-    sync.push(versions[0], remote, anchor=True, label="v0", **kw)
-    sync.push(versions[1], remote, base=versions[0], label="v1", **kw)
-    sync.push(versions[2], remote, base=versions[1], label="v2", **kw)
+    wdiff.push(versions[0], remote, anchor=True, label="v0", **kw)
+    wdiff.push(versions[1], remote, base=versions[0], label="v1", **kw)
+    wdiff.push(versions[2], remote, base=versions[1], label="v2", **kw)
 
 
 def test_end_to_end(versions, remote, tmp_path):
     push_all(versions, remote)
-    lg = sync.log(remote)
+    lg = wdiff.log(remote)
     assert [e.label for e in lg.entries] == ["v2", "v1", "v0"]
     assert lg.entries[-1].anchor and lg.head == lg.entries[0].version
 
     empty = tmp_path / "empty"
-    r = sync.pull(remote, empty)
+    r = wdiff.pull(remote, empty)
     assert r.from_anchor and len(r.bundles) == 3 and tree(empty) == tree(versions[2])
 
     behind = tmp_path / "behind"
     shutil.copytree(versions[1], behind)
-    r = sync.pull(remote, behind)
+    r = wdiff.pull(remote, behind)
     assert not r.from_anchor and len(r.bundles) == 1 and tree(behind) == tree(versions[2])
 
-    r = sync.pull(remote, behind)
+    r = wdiff.pull(remote, behind)
     assert r.up_to_date and r.downloaded == 0 and not r.bundles
 
 
 def test_pull_to_older_version_and_by_prefix(versions, remote, tmp_path):
     push_all(versions, remote)
     d = tmp_path / "d"
-    sync.pull(remote, d, to="v1")
+    wdiff.pull(remote, d, to="v1")
     assert tree(d) == tree(versions[1])
-    v0 = sync.log(remote).entries[-1].version.hex()
-    sync.pull(remote, d, to=v0[:8])  # backwards: rebuilt from the anchor beside it, then swapped
+    v0 = wdiff.log(remote).entries[-1].version.hex()
+    wdiff.pull(remote, d, to=v0[:8])  # backwards: rebuilt from the anchor beside it, then swapped
     assert tree(d) == tree(versions[0])
     with pytest.raises(NotFoundError):
-        sync.pull(remote, d, to="no-such-label")
+        wdiff.pull(remote, d, to="no-such-label")
 
 
 def test_pull_replaces_unknown_content(versions, remote, tmp_path):
@@ -123,7 +121,7 @@ def test_pull_replaces_unknown_content(versions, remote, tmp_path):
     d = tmp_path / "d"
     d.mkdir()
     (d / "stray.bin").write_bytes(b"unknown")
-    r = sync.pull(remote, d)
+    r = wdiff.pull(remote, d)
     assert r.from_anchor and r.before is None
     assert tree(d) == tree(versions[2])
     assert [p.name for p in tmp_path.iterdir() if ".wdiff-old" in p.name or ".wdiff-new" in p.name] == []
@@ -131,65 +129,65 @@ def test_pull_replaces_unknown_content(versions, remote, tmp_path):
 
 def test_status(versions, remote, tmp_path):
     push_all(versions, remote)
-    s = sync.status(versions[0], remote)
+    s = wdiff.status(versions[0], remote)
     assert not s.up_to_date and s.behind == 2 and s.known and not s.from_anchor
-    assert sync.status(versions[2], remote).up_to_date
-    s = sync.status(tmp_path / "nothing-here", remote)
+    assert wdiff.status(versions[2], remote).up_to_date
+    s = wdiff.status(tmp_path / "nothing-here", remote)
     assert s.from_anchor and s.behind == 3
 
 
 def test_push_rules(versions, remote):
     with pytest.raises(UsageError):  # the first push must be an anchor
-        sync.push(versions[1], remote, base=versions[0])
-    sync.push(versions[0], remote, anchor=True)
+        wdiff.push(versions[1], remote, base=versions[0])
+    wdiff.push(versions[0], remote, anchor=True)
     with pytest.raises(BaseMismatchError):  # v1 -> v2 does not start at the head (v0)
-        sync.push(versions[2], remote, base=versions[1])
-    r = sync.push(versions[1], remote, base=versions[0])
+        wdiff.push(versions[2], remote, base=versions[1])
+    r = wdiff.push(versions[1], remote, base=versions[0])
     assert r.uploaded
-    assert not sync.push(versions[1], remote, base=versions[0]).uploaded  # idempotent
+    assert not wdiff.push(versions[1], remote, base=versions[0]).uploaded  # idempotent
     # a fork from an older version is possible when asked for
-    r = sync.push(versions[2], remote, base=versions[0], fork=True)
-    assert r.uploaded and sync.log(remote).head == r.version
+    r = wdiff.push(versions[2], remote, base=versions[0], fork=True)
+    assert r.uploaded and wdiff.log(remote).head == r.version
 
 
 def test_multipart_bundles(versions, remote, tmp_path):
-    r = sync.push(versions[0], remote, anchor=True, part_size=1024 * 1024)
+    r = wdiff.push(versions[0], remote, anchor=True, part_size=1024 * 1024)
     assert r.parts > 1
     d = tmp_path / "d"
-    sync.pull(remote, d)
+    wdiff.pull(remote, d)
     assert tree(d) == tree(versions[0])
 
 
 def test_concurrent_push_conflict(versions, remote, tmp_path):
-    sync.push(versions[0], remote, anchor=True)
+    wdiff.push(versions[0], remote, anchor=True)
     wdiff.pack(versions[0], versions[1], tmp_path / "a.wdb")
     store = open_remote(remote)
     raw, token = store.read_chain()
-    sync.push(tmp_path / "a.wdb", remote)  # someone else wins the race
+    wdiff.push(tmp_path / "a.wdb", remote)  # someone else wins the race
     chain = Chain.decode(raw, where="t")
     with pytest.raises(ConflictError):
         store.publish([], chain.encode(), token, message="late")
-    assert len(sync.log(remote).entries) == 2
+    assert len(wdiff.log(remote).entries) == 2
 
 
 def test_damaged_part_is_refused_and_directory_untouched(versions, remote, tmp_path):
     if remote.kind == "hub-bucket":
         pytest.skip("bucket downloads go through hf_xet, which HTTP faults cannot reach")
     push_all(versions, remote)
-    e = sync.log(remote).entries[0]
+    e = wdiff.log(remote).entries[0]
     remote.corrupt_next_download(e.parts[0].path)
     d = tmp_path / "d"
     shutil.copytree(versions[1], d)
     with pytest.raises(IntegrityError):
-        sync.pull(remote, d)
+        wdiff.pull(remote, d)
     assert tree(d) == tree(versions[1])
     remote.repair(e.parts[0].path)
-    sync.pull(remote, d)
+    wdiff.pull(remote, d)
     assert tree(d) == tree(versions[2])
 
 
 def test_interrupted_download_resumes_without_refetching(versions, remote, tmp_path, monkeypatch):
-    sync.push(versions[0], remote, anchor=True, part_size=1024 * 1024)
+    wdiff.push(versions[0], remote, anchor=True, part_size=1024 * 1024)
     LocalStore = type(open_remote(remote))
 
     fetched = []
@@ -204,9 +202,9 @@ def test_interrupted_download_resumes_without_refetching(versions, remote, tmp_p
     monkeypatch.setattr(LocalStore, "fetch", flaky)
     d = tmp_path / "d"
     with pytest.raises(KeyboardInterrupt):
-        sync.pull(remote, d)
+        wdiff.pull(remote, d)
     monkeypatch.setattr(LocalStore, "fetch", lambda self, path, dest, **kw: (fetched.append(path), real(self, path, dest, **kw))[1])
-    sync.pull(remote, d)
+    wdiff.pull(remote, d)
     assert tree(d) == tree(versions[0])
     assert fetched.count(fetched[0]) == 1  # the first part was not fetched again
 
@@ -215,12 +213,12 @@ def test_pull_finishes_an_interrupted_apply(versions, remote, tmp_path, monkeypa
     push_all(versions, remote)
     d = tmp_path / "d"
     shutil.copytree(versions[1], d)
-    from wdiff import inplace
+    from wdiff.ops.apply import patch as patching
 
     class Crash(Exception):
         pass
 
-    real = inplace.write_all
+    real = patching.write_all
     calls = {"n": 0}
 
     def crash(fd, data, off):
@@ -230,16 +228,16 @@ def test_pull_finishes_an_interrupted_apply(versions, remote, tmp_path, monkeypa
         real(fd, data, off)
 
     with monkeypatch.context() as m:
-        m.setattr(inplace, "write_all", crash)
-        m.setattr(inplace, "BATCH_BYTES", 1)
+        m.setattr(patching, "write_all", crash)
+        m.setattr(patching, "BATCH_BYTES", 1)
         try:
-            sync.pull(remote, d)
+            wdiff.pull(remote, d)
         except Crash:
             pass
     if (d / ".wdiff" / "txn" / "journal.json").exists():
         with pytest.raises(BusyError):
             wdiff.diff(d, d)
-    sync.pull(remote, d)
+    wdiff.pull(remote, d)
     assert tree(d) == tree(versions[2])
 
 
@@ -249,7 +247,7 @@ def test_two_pulls_never_both_write(versions, remote, tmp_path):
     d.mkdir()
     with locked(str(tmp_path / ".d.wdiff-lock"), what="test"):
         with pytest.raises(BusyError):
-            sync.pull(remote, d)
+            wdiff.pull(remote, d)
     assert list(d.iterdir()) == []
 
 
@@ -284,11 +282,11 @@ def test_remote_urls():
 
 
 def test_verify_against_remote_and_bundle(versions, remote, tmp_path):
-    from wdiff.verifying import verify
+    from wdiff.ops.verify import verify
 
     push_all(versions, remote)
     d = tmp_path / "d"
-    sync.pull(remote, d)
+    wdiff.pull(remote, d)
     assert verify(d, remote=remote).ok
     assert verify(versions[1], remote=remote, version="v1").ok
     r = verify(versions[1], remote=remote)
@@ -301,21 +299,21 @@ def test_verify_against_remote_and_bundle(versions, remote, tmp_path):
 
 def test_squash_on_the_remote(versions, remote, tmp_path):
     push_all(versions, remote)
-    r = sync.squash_remote(remote)  # a fresh anchor at the head, from the chain alone
+    r = wdiff.squash_remote(remote)  # a fresh anchor at the head, from the chain alone
     assert r.uploaded and r.parent is None
-    lg = sync.log(remote)
+    lg = wdiff.log(remote)
     assert lg.head == r.version and len(lg.entries) == 4
     e = tmp_path / "late"
-    pulled = sync.pull(remote, e)
+    pulled = wdiff.pull(remote, e)
     assert pulled.bundles == (r.bundle_id,)  # one bundle instead of three
     assert tree(e) == tree(versions[2])
     # from a version: needs that checkpoint
     with pytest.raises(UsageError):
-        sync.squash_remote(remote, start="v0")
-    r2 = sync.squash_remote(remote, start="v0", base=versions[0])
+        wdiff.squash_remote(remote, start="v0")
+    r2 = wdiff.squash_remote(remote, start="v0", base=versions[0])
     assert r2.parent == lg.entries[-1].version
     d = tmp_path / "d"
     shutil.copytree(versions[0], d)
-    assert sync.pull(remote, d).bundles == (r2.bundle_id,)
+    assert wdiff.pull(remote, d).bundles == (r2.bundle_id,)
     assert tree(d) == tree(versions[2])
-    assert not sync.squash_remote(remote).uploaded  # idempotent: it is one bundle now
+    assert not wdiff.squash_remote(remote).uploaded  # idempotent: it is one bundle now

@@ -3,39 +3,261 @@
 The public API::
 
     import wdiff
-    result = wdiff.diff("ckptA", "ckptB")          # -> DiffResult
+    result = wdiff.diff("ckptA", "ckptB")              # -> DiffResult
     packed = wdiff.pack("ckptA", "ckptB", "step.wdb")  # -> PackResult
-    wdiff.apply("step.wdb", "ckptA", "ckptB-copy")  # -> ApplyResult
+    wdiff.apply("step.wdb", "ckptA", "ckptB-copy")     # -> ApplyResult
+    wdiff.push("ckptB", "hf://acme/policy", base="ckptA", label="step-2")
+    wdiff.pull("hf://acme/policy", "/models/policy")
 
-Functions never print; they raise subclasses of :class:`wdiff.WdiffError`.
-Heavy modules are imported on first use, so ``import wdiff`` stays light.
+Functions never print; they return frozen dataclasses with a ``to_json()``
+and raise subclasses of :class:`wdiff.WdiffError`, each carrying its exit
+code. Options are keyword-only. Heavy modules are imported on first use, so
+``import wdiff`` stays light.
+
+The package is built in layers, each a folder, imports flowing downwards
+(the contract is in pyproject.toml and is checked by the test suite)::
+
+    cli/, bench/   the command line; the benchmark
+    ops/           the use cases: diff, pack, apply, squash, verify, push, pull, ...
+    format/        the bundle format, chain index, signatures, journal, undo log
+    remotes/       directory and Hub storage: moves bytes, knows no format
+    store/         checkpoints: scanning, safetensors headers, digests, cache, I/O
+    codec/         element-level encodings and their kernels (C and numpy)
+    *.py           the ground floor: errors, paths, files, threads, defaults
 """
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING
+
+from .defaults import DEFAULT_CHUNK, DEFAULT_LEVEL, DEFAULT_PART_SIZE, __version__
 from .errors import ExitCode, WdiffError
+from .progress import SILENT, Reporter
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from .ops.apply import ApplyResult
+    from .ops.diff import DiffResult
+    from .ops.history import LogResult, StatusResult
+    from .ops.inspect import BundleInfo
+    from .ops.pack import PackResult
+    from .ops.pull import PullResult
+    from .ops.push import PushResult
+    from .ops.verify import VerifyResult
 
-__all__ = ["ExitCode", "WdiffError", "__version__", "apply", "diff", "pack", "inspect", "verify"]
+__all__ = [
+    "ExitCode",
+    "Reporter",
+    "WdiffError",
+    "__version__",
+    "apply",
+    "diff",
+    "inspect",
+    "log",
+    "pack",
+    "pull",
+    "push",
+    "squash",
+    "squash_remote",
+    "status",
+    "verify",
+]
+
+PathLike = str | os.PathLike
 
 
-def diff(a, b, **kwargs):
-    """Compare two checkpoint directories. See :func:`wdiff.diffing.diff`."""
-    from .diffing import diff as _diff
+def diff(a: PathLike, b: PathLike, *, threads: int | None = None, reporter: Reporter = SILENT) -> DiffResult:
+    """Compare checkpoint ``a`` with checkpoint ``b``, tensor by tensor.
 
-    return _diff(a, b, **kwargs)
+    Returns a :class:`~wdiff.ops.diff.DiffResult`: per tensor its status
+    (unchanged, modified, added, removed, retyped), the changed blocks and
+    elements, the largest change and the relative L2 norm of the change; per
+    companion file whether it changed; and totals. ``threads`` defaults to
+    every core (or ``WDIFF_THREADS``).
+    """
+    from .ops.diff import diff as _diff
+
+    return _diff(a, b, threads=threads, reporter=reporter)
 
 
-def pack(a, b, out, **kwargs):
-    """Write a bundle that turns ``a`` into ``b``. See :func:`wdiff.packing.pack`."""
-    from .packing import pack as _pack
+def pack(
+    a: PathLike | None,
+    b: PathLike,
+    out: PathLike,
+    *,
+    level: int = DEFAULT_LEVEL,
+    threads: int | None = None,
+    chunk: int = DEFAULT_CHUNK,
+    reporter: Reporter = SILENT,
+) -> PackResult:
+    """Write to ``out`` the bundle that turns checkpoint ``a`` into ``b``.
 
-    return _pack(a, b, out, **kwargs)
+    With ``a=None`` the bundle is an anchor: ``b`` whole, needing no base.
+    ``level`` is zstd's; ``chunk`` the bytes one record covers at most. The
+    same inputs and options always give the same bytes, whatever
+    ``threads``. Returns a :class:`~wdiff.ops.pack.PackResult`.
+    """
+    from .ops.pack import pack as _pack
+
+    return _pack(a, b, out, level=level, threads=threads, chunk=chunk, reporter=reporter)
 
 
-def apply(bundle, base=None, out=None, **kwargs):
-    """Rebuild the target of ``bundle`` from ``base``. See :func:`wdiff.applying.apply`."""
-    from .applying import apply as _apply
+def apply(
+    bundle: PathLike,
+    base: PathLike | None = None,
+    out: PathLike | None = None,
+    *,
+    in_place: bool = False,
+    abort: bool = False,
+    trusted_keys: list | None = None,
+    require_signature: bool = False,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+) -> ApplyResult:
+    """Rebuild the target of ``bundle`` from checkpoint ``base``.
 
-    return _apply(bundle, base, out, **kwargs)
+    Into the new directory ``out`` (it appears complete or not at all), or
+    with ``in_place=True`` inside ``base`` itself, journaled so that an
+    interrupted run is finished by the next one (``abort=True`` rolls it
+    back). The base is checked against the bundle's base fingerprint and the
+    result against the target's digests before anything replaces the base.
+    With ``trusted_keys`` (paths of public keys, or ``WDIFF_TRUSTED_KEYS``),
+    ``bundle.minisig`` must be a valid signature by one of them.
+    """
+    from .ops.apply import apply as _apply
+
+    return _apply(bundle, base, out, in_place=in_place, abort=abort, trusted_keys=trusted_keys,
+                  require_signature=require_signature, threads=threads, reporter=reporter)
+
+
+def squash(
+    bundles: list,
+    base: PathLike | None = None,
+    out: PathLike | None = None,
+    *,
+    level: int = DEFAULT_LEVEL,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+) -> PackResult:
+    """Compose a run of ``bundles`` (each one's target the next one's base)
+    into one bundle ``out`` from the first base to the last target, exactly.
+    ``base`` is the first bundle's base checkpoint (None when it is an anchor)."""
+    from .ops.squash import squash as _squash
+
+    return _squash(bundles, base, out, level=level, threads=threads, reporter=reporter)
+
+
+def verify(
+    directory: PathLike,
+    *,
+    bundle: PathLike | None = None,
+    remote: str | None = None,
+    version: str | None = None,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+) -> VerifyResult:
+    """Read every byte of ``directory`` and check it against the target of
+    ``bundle``, or against ``version`` (default: the head) of ``remote``.
+    Returns a :class:`~wdiff.ops.verify.VerifyResult` naming what differs."""
+    from .ops.verify import verify as _verify
+
+    return _verify(directory, bundle=bundle, remote=remote, version=version, threads=threads, reporter=reporter)
+
+
+def inspect(bundle: PathLike) -> BundleInfo:
+    """Describe ``bundle`` (base, target, files, records per codec) after
+    checking every digest in it."""
+    from .ops.inspect import inspect as _inspect
+
+    return _inspect(bundle)
+
+
+def push(
+    source: PathLike,
+    remote: str,
+    *,
+    base: PathLike | None = None,
+    anchor: bool = False,
+    label: str | None = None,
+    part_size: int = DEFAULT_PART_SIZE,
+    fork: bool = False,
+    level: int = DEFAULT_LEVEL,
+    sign_key: PathLike | None = None,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+) -> PushResult:
+    """Publish ``source`` on ``remote`` as the new head of its chain.
+
+    ``source`` is a bundle file, or a checkpoint directory packed against
+    ``base`` (or whole, with ``anchor=True``). A bundle whose base is not the
+    head is refused unless ``fork=True`` and the remote has its base. With
+    ``sign_key`` (a minisign secret key file) the bundle and the new chain
+    index are signed. Of two concurrent pushes one wins; the other raises
+    :class:`~wdiff.errors.ConflictError`.
+    """
+    from .ops.push import push as _push
+
+    return _push(source, remote, base=base, anchor=anchor, label=label, part_size=part_size, fork=fork,
+                 level=level, sign_key=sign_key, threads=threads, reporter=reporter)
+
+
+def squash_remote(
+    remote: str,
+    *,
+    start: str | None = None,
+    to: str | None = None,
+    base: PathLike | None = None,
+    label: str | None = None,
+    part_size: int = DEFAULT_PART_SIZE,
+    sign_key: PathLike | None = None,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+) -> PushResult:
+    """Add to ``remote`` one bundle from version ``start`` (default: nothing,
+    an anchor) to ``to`` (default: the head), composed from the bundles the
+    chain already has, so that a late joiner downloads one bundle. Starting
+    from a version needs that checkpoint as ``base``."""
+    from .ops.push import squash_remote as _squash_remote
+
+    return _squash_remote(remote, start=start, to=to, base=base, label=label, part_size=part_size,
+                          sign_key=sign_key, threads=threads, reporter=reporter)
+
+
+def pull(
+    remote: str,
+    directory: PathLike,
+    *,
+    to: str | None = None,
+    trusted_keys: list | None = None,
+    require_signature: bool = False,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+) -> PullResult:
+    """Bring ``directory`` to version ``to`` (default: the head) of ``remote``:
+    the cheapest run of bundles from its version, or an anchor, downloaded,
+    verified and applied in place. With ``trusted_keys`` (or
+    ``WDIFF_TRUSTED_KEYS``) the chain index and every bundle must be signed
+    by one of them."""
+    from .ops.pull import pull as _pull
+
+    return _pull(remote, directory, to=to, trusted_keys=trusted_keys, require_signature=require_signature,
+                 threads=threads, reporter=reporter)
+
+
+def status(
+    directory: PathLike, remote: str, *, to: str | None = None, threads: int | None = None,
+    reporter: Reporter = SILENT,
+) -> StatusResult:
+    """Where ``directory`` stands against ``remote``: its version, whether the
+    remote knows it, and how many bundles (and bytes) a pull to ``to``
+    (default: the head) would fetch."""
+    from .ops.history import status as _status
+
+    return _status(directory, remote, to=to, threads=threads, reporter=reporter)
+
+
+def log(remote: str) -> LogResult:
+    """The versions on ``remote``, newest first, with the head."""
+    from .ops.history import log as _log
+
+    return _log(remote)

@@ -11,6 +11,10 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
+    """The exit status of every wdiff command, and of every error the library
+    raises (``WdiffError.exit_code``): documented in --help, the man pages and
+    the README, and stable for scripts."""
+
     OK = 0
     DIFFERENCES = 1  # only `diff --exit-code`, never an error
     USAGE = 2  # bad arguments, or an unexpected (unclassified) error

@@ -7,8 +7,11 @@ import unicodedata
 
 from .errors import FormatError
 
+#: the directory inside a checkpoint where wdiff keeps its own state (locks,
+#: the journal of an unfinished in-place apply, staged downloads)
+STATE_DIR = ".wdiff"
 #: top-level names that belong to tools, not to a checkpoint; never shipped
-RESERVED = frozenset({".wdiff", ".git", ".cache"})
+RESERVED = frozenset({STATE_DIR, ".git", ".cache"})
 MAX_PATH_BYTES = 4096
 MAX_COMPONENT_BYTES = 255
 

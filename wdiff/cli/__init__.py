@@ -11,6 +11,8 @@ import sys
 ENV_DEBUG = "WDIFF_DEBUG"
 
 
+# Longer than most functions, on purpose: every way a command can end is mapped
+# here, in one place, to its documented exit code; the length is the list of cases.
 def main(argv: list[str] | None = None) -> int:
     import signal
 

@@ -7,13 +7,22 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..defaults import DEFAULT_LEVEL
 from ..errors import ExitCode, UsageError
 from . import output as o
 from .common import (
-    Json, Level, Quiet, RequireSig, SignKey, Threads, TrustedKeys, Verbose, _setup, app,
+    Json,
+    Level,
+    Quiet,
+    RequireSig,
+    SignKey,
+    Threads,
+    TrustedKeys,
+    Verbose,
+    _setup,
+    app,
 )
 from .help import epilog
-
 
 # -- diff --------------------------------------------------------------------------------
 
@@ -40,7 +49,7 @@ def diff(
     absolute change and the L2 norm of the change relative to A's. Companion
     files (config, tokenizer, ...) are compared whole.
     """
-    from ..diffing import diff as run_diff
+    from ..ops.diff import diff as run_diff
 
     out = _setup(json_mode, quiet, verbose)
     res = run_diff(a, b, threads=threads, reporter=o.TerminalReporter(out))
@@ -127,7 +136,7 @@ def pack(
     ],
     output: Annotated[Path, typer.Option("--output", "-o", help="Bundle file to write.", show_default=False)],
     anchor: Annotated[bool, typer.Option("--anchor", help="Pack B whole, as a bundle that needs no base.")] = False,
-    level: Level = 1,
+    level: Level = DEFAULT_LEVEL,
     sign: SignKey = None,
     json_mode: Json = False,
     quiet: Quiet = False,
@@ -143,7 +152,7 @@ def pack(
     work. The same inputs and options always give the same bytes. The file
     appears only when complete.
     """
-    from ..packing import pack as run_pack
+    from ..ops.pack import pack as run_pack
 
     out = _setup(json_mode, quiet, verbose)
     if anchor:
@@ -156,7 +165,7 @@ def pack(
         a, b = paths
     res = run_pack(a, b, output, level=level, threads=threads, reporter=o.TerminalReporter(out))
     if sign is not None:
-        from ..sync import sign_bundle
+        from ..ops.signatures import sign_bundle
 
         sign_bundle(output, sign, verify=False)  # just written and verified
     if out.json:
@@ -207,7 +216,7 @@ def apply(
     for checkpoints too large to copy: a journal and an undo log make the
     change finish, or roll back with --abort, after any interruption.
     """
-    from ..applying import apply as run_apply
+    from ..ops.apply import apply as run_apply
 
     out = _setup(json_mode, quiet, verbose)
     res = run_apply(bundle, base, output, in_place=in_place, abort=abort, trusted_keys=trusted_key,

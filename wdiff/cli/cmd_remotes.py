@@ -7,13 +7,24 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..defaults import DEFAULT_LEVEL, DEFAULT_PART_SIZE
 from ..errors import ExitCode, UsageError
 from . import output as o
 from .common import (
-    Json, Level, Quiet, Remote, RequireSig, SignKey, Threads, TrustedKeys, Verbose, _setup, _size_arg, app,
+    Json,
+    Level,
+    Quiet,
+    Remote,
+    RequireSig,
+    SignKey,
+    Threads,
+    TrustedKeys,
+    Verbose,
+    _setup,
+    _size_arg,
+    app,
 )
 from .help import epilog
-
 
 # -- push ---------------------------------------------------------------------------------
 
@@ -25,9 +36,9 @@ def push(
     base: Annotated[Optional[Path], typer.Option("--base", help="Pack DIR against this checkpoint (the remote's head) first.", show_default=False)] = None,
     anchor: Annotated[bool, typer.Option("--anchor", help="Push DIR whole, as an anchor new machines can start from.")] = False,
     label: Annotated[Optional[str], typer.Option("--label", help="A name for the version, such as the training step.", show_default=False)] = None,
-    part_size: Annotated[str, typer.Option("--part-size", metavar="SIZE", help="Largest part file stored on the remote.")] = "20GB",
+    part_size: Annotated[str, typer.Option("--part-size", metavar="SIZE", help="Largest part file stored on the remote.")] = f"{DEFAULT_PART_SIZE // 1000**3}GB",
     fork: Annotated[bool, typer.Option("--fork", help="Allow a base that is an older version, not the head.")] = False,
-    level: Level = 1,
+    level: Level = DEFAULT_LEVEL,
     sign: SignKey = None,
     json_mode: Json = False,
     quiet: Quiet = False,
@@ -42,7 +53,7 @@ def push(
     one commit that fails if anyone else pushed meanwhile. A bundle whose base
     is not the head is refused. Pushing the same bundle again does nothing.
     """
-    from ..sync import push as run_push
+    from ..ops.push import push as run_push
 
     out = _setup(json_mode, quiet, verbose)
     res = run_push(source, remote, base=base, anchor=anchor, label=label, part_size=_size_arg(part_size),
@@ -82,7 +93,7 @@ def pull(
     already at the version nothing is downloaded. Two pulls into one DIR
     never both write: the second exits with status 8.
     """
-    from ..sync import pull as run_pull
+    from ..ops.pull import pull as run_pull
 
     out = _setup(json_mode, quiet, verbose)
     res = run_pull(remote, directory, to=to, trusted_keys=trusted_key, require_signature=require_signature,
@@ -114,7 +125,7 @@ def log(
     from (or "anchor"), its label, size, parts and creation time. The head is
     marked with an asterisk.
     """
-    from ..sync import log as run_log
+    from ..ops.history import log as run_log
 
     out = _setup(json_mode, quiet, verbose)
     res = run_log(remote)
@@ -154,7 +165,7 @@ def status(
     Reports the directory's fingerprint, whether the remote knows it, and how
     many bundles (and bytes) a pull would fetch to reach the head or --to.
     """
-    from ..sync import status as run_status
+    from ..ops.history import status as run_status
 
     out = _setup(json_mode, quiet, verbose)
     res = run_status(directory, remote, to=to, threads=threads, reporter=o.TerminalReporter(out))
@@ -183,7 +194,7 @@ def squash(
     start: Annotated[Optional[str], typer.Option("--from", metavar="VERSION", help="With --remote: start here [default: nothing, making an anchor].", show_default=False)] = None,
     to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="With --remote: end here [default: the head].", show_default=False)] = None,
     base: Annotated[Optional[Path], typer.Option("--base", help="The checkpoint the run starts from (not needed from an anchor).", show_default=False)] = None,
-    level: Level = 1,
+    level: Level = DEFAULT_LEVEL,
     sign: SignKey = None,
     json_mode: Json = False,
     quiet: Quiet = False,
@@ -206,7 +217,7 @@ def squash(
     if remote is not None:
         if bundles or output is not None:
             raise UsageError("give either BUNDLE... -o FILE or --remote, not both")
-        from ..sync import squash_remote
+        from ..ops.push import squash_remote
 
         res = squash_remote(remote, start=start, to=to, base=base, sign_key=sign, threads=threads, reporter=reporter)
         if out.json:
@@ -220,11 +231,11 @@ def squash(
         raise UsageError("squash takes BUNDLE... -o FILE, or --remote REMOTE")
     if start is not None or to is not None:
         raise UsageError("--from and --to go with --remote")
-    from ..compose import squash as run_squash
+    from ..ops.squash import squash as run_squash
 
     res = run_squash(bundles, base, output, level=level, threads=threads, reporter=reporter)
     if sign is not None:
-        from ..sync import sign_bundle
+        from ..ops.signatures import sign_bundle
 
         sign_bundle(output, sign, verify=False)  # just written and verified
     if out.json:

@@ -10,10 +10,14 @@ import typer
 from ..errors import ExitCode
 from . import output as o
 from .common import (
-    Json, Quiet, Threads, Verbose, _setup, app,
+    Json,
+    Quiet,
+    Threads,
+    Verbose,
+    _setup,
+    app,
 )
 from .help import epilog
-
 
 # -- verify -------------------------------------------------------------------------------
 
@@ -37,7 +41,7 @@ def verify(
     should not be there.
     """
     from ..errors import IntegrityError
-    from ..verifying import verify as run_verify
+    from ..ops.verify import verify as run_verify
 
     out = _setup(json_mode, quiet, verbose)
     res = run_verify(directory, bundle=bundle, remote=remote, version=to, threads=threads,
@@ -75,7 +79,7 @@ def keygen(
     signs with wdiff. The secret key is unencrypted (mode 0600), for
     unattended pushes; keep it as you would any credential.
     """
-    from ..signing import generate
+    from ..format.signature import generate
 
     out = _setup(json_mode, quiet, verbose)
     pub = generate(str(key))
@@ -100,8 +104,8 @@ def sign(
     base and its target. `wdiff apply --trusted-key KEY.pub` and
     `minisign -Vm BUNDLE -p KEY.pub` both check it.
     """
-    from ..signing import load_secret
-    from ..sync import sign_bundle
+    from ..format.signature import load_secret
+    from ..ops.signatures import sign_bundle
 
     out = _setup(json_mode, quiet, verbose)
     secret = load_secret(str(key))
@@ -128,7 +132,7 @@ def info(
     what it holds: base and target fingerprints, target files, and the
     encodings used, with their sizes.
     """
-    from ..inspecting import inspect as run_inspect
+    from ..ops.inspect import inspect as run_inspect
 
     out = _setup(json_mode, quiet, verbose)
     res = run_inspect(bundle)
@@ -174,7 +178,7 @@ def demo(
     into an empty directory, applies the delta to the base, checks both
     results byte for byte, and prints sizes and the compression ratio.
     """
-    from ..demo import run_demo
+    from ..ops.demo import run_demo
 
     out = _setup(json_mode, quiet, verbose)
     res = run_demo(directory, size_mb=size_mb, threads=threads, log=None if out.json else out.result)
@@ -187,6 +191,7 @@ def demo(
 
 @app.command(hidden=True)
 def generate(
+    ctx: typer.Context,
     root: Annotated[Path, typer.Argument(metavar="[ROOT]", help="Project root.", show_default=False)] = Path("."),
     check: Annotated[bool, typer.Option("--check", help="Only report files that would change; exit 1 if any.")] = False,
 ) -> None:
@@ -194,12 +199,13 @@ def generate(
     from .generate import check as run_check
     from .generate import write
 
+    group = ctx.find_root().command  # the whole command line, whose pages these are
     if check:
-        drift = run_check(str(root))
+        drift = run_check(str(root), group)
         for rel in drift:
             typer.echo(f"out of date: {rel}")
         if drift:
             raise typer.Exit(int(ExitCode.DIFFERENCES))
         return
-    for rel in write(str(root)):
+    for rel in write(str(root), group):
         typer.echo(f"wrote {rel}")

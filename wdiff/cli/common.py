@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import __version__
+from ..defaults import __version__
 from ..errors import EXIT_CODE_TABLE, UsageError
 from . import output as o
 from .state import STATE
@@ -61,15 +61,9 @@ def _setup(json_mode: bool, quiet: bool, verbose: int) -> o.Out:
 
 def _version(value: bool) -> None:
     if value:
-        from .. import kernels
+        from ..codec import kernels
 
-        if kernels.native():
-            how = "C kernels"
-        elif kernels.available():
-            how = "numpy kernels: WDIFF_NATIVE=0"
-        else:
-            how = "numpy kernels: the C extension is not built"
-        typer.echo(f"wdiff {__version__} ({how})")
+        typer.echo(f"wdiff {__version__} ({kernels.features()})")
         raise typer.Exit()
 
 

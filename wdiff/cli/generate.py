@@ -15,9 +15,9 @@ import os
 import re
 from dataclasses import dataclass
 
-import typer
+from typer.core import TyperGroup
 
-from .. import __version__
+from ..defaults import __version__
 from ..errors import EXIT_CODE_TABLE
 from .help import EXAMPLES, EXIT_NOTES
 
@@ -59,10 +59,8 @@ _FILE_OPTIONS = {"--output", "--base"}
 _VALUE_METAVARS = {"--threads": "N", "--level": "N", "--size-mb": "MB", "--label": "TEXT"}
 
 
-def commands() -> list[Command]:
-    from .app import app
-
-    group = typer.main.get_command(app)
+def commands(group: TyperGroup) -> list[Command]:
+    """The visible commands of ``group`` (the root of the command line)."""
     out = []
     for name, cmd in group.commands.items():
         if cmd.hidden:
@@ -86,10 +84,8 @@ def commands() -> list[Command]:
     return out
 
 
-def app_help() -> list[str]:
-    from .app import app
-
-    text = app.info.help or ""
+def app_help(group: TyperGroup) -> list[str]:
+    text = group.help or ""
     return [re.sub(r"\s+", " ", p.strip()) for p in text.split("\n\n") if p.strip()]
 
 
@@ -154,8 +150,8 @@ def man_command(c: Command, all_names: list[str]) -> str:
     return "".join(out)
 
 
-def man_main(cmds: list[Command]) -> str:
-    paras = app_help()
+def man_main(cmds: list[Command], group: TyperGroup) -> str:
+    paras = app_help(group)
     out = [_th("wdiff", 1)]
     out.append(f".SH NAME\nwdiff \\- {_roff(paras[0].rstrip('.'))}\n")
     out.append(".SH SYNOPSIS\n.B wdiff\n\\fICOMMAND\\fR [\\fIOPTIONS\\fR] [\\fIARGS\\fR...]\n.br\n.B wdiff\n"
@@ -292,11 +288,12 @@ def fish(cmds: list[Command]) -> str:
 # -- writing and checking ------------------------------------------------------------------
 
 
-def render() -> dict[str, str]:
-    """Every generated file, by path relative to the project root."""
-    cmds = commands()
+def render(group: TyperGroup) -> dict[str, str]:
+    """Every generated file for the command line ``group``, by path relative
+    to the project root."""
+    cmds = commands(group)
     names = [c.name for c in cmds]
-    files = {"man/wdiff.1": man_main(cmds)}
+    files = {"man/wdiff.1": man_main(cmds, group)}
     for c in cmds:
         files[f"man/wdiff-{c.name}.1"] = man_command(c, names)
     files["completions/wdiff.bash"] = bash(cmds)
@@ -305,9 +302,10 @@ def render() -> dict[str, str]:
     return files
 
 
-def write(root: str) -> list[str]:
+def write(root: str, group: TyperGroup) -> list[str]:
+    """Write every generated file under ``root``; returns those that changed."""
     changed = []
-    for rel, text in render().items():
+    for rel, text in render(group).items():
         path = os.path.join(root, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         old = open(path, encoding="utf-8").read() if os.path.exists(path) else None
@@ -318,10 +316,10 @@ def write(root: str) -> list[str]:
     return changed
 
 
-def check(root: str) -> list[str]:
+def check(root: str, group: TyperGroup) -> list[str]:
     """Generated files that are missing or differ from what would be written."""
     drift = []
-    for rel, text in render().items():
+    for rel, text in render(group).items():
         path = os.path.join(root, rel)
         if not os.path.exists(path) or open(path, encoding="utf-8").read() != text:
             drift.append(rel)

@@ -130,7 +130,14 @@ class TerminalReporter(Reporter):
         enabled = sys.stderr.isatty() and not out.quiet and not out.json and os.environ.get("TERM") != "dumb"
         if enabled:
             from rich.console import Console
-            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
 
             console = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")))
             self._progress = Progress(

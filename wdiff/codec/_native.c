@@ -1,0 +1,1268 @@
+/*
+ * wdiff.codec._native: single-pass kernels for the hot loops of diff, pack and
+ * apply. Optional: wdiff/codec/kernels.py falls back to numpy when this module is
+ * not built, and every function here has a numpy twin there that produces
+ * the same bytes (tests/test_kernels.py checks that they agree).
+ *
+ * Why C: numpy makes one memory pass per operation (compare, nonzero,
+ * gather, convert, square, sum, transpose), and on a checkpoint the data
+ * does not fit in any cache, so each pass costs a trip through memory.
+ * These kernels touch each byte once, skip runs of unchanged words sixteen
+ * at a time, and release the GIL so that threads run them side by side.
+ *
+ * Words are little-endian unsigned integers of 1, 2, 4 or 8 bytes, loaded
+ * with memcpy so that no alignment is assumed.
+ *
+ * Portable C11 builds everything; GNU C (gcc, clang) adds vector lanes
+ * (WDIFF_VECTORS: the statistics and the two-byte planes) and, on x86-64,
+ * AVX2 kernels chosen at import (HAVE_AVX2_SCAN). Without them the same
+ * functions run their scalar loops, with the same results. FEATURES says
+ * which are built. The constants the Python side relies on (MAX_RICE, the
+ * float kinds, the Rice error codes, the largest word count) are exported
+ * and checked by kernels.py at import.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* WDIFF_PORTABLE=1 builds the portable subset alone, as a compiler without
+   GNU C would (tests/test_build.py checks that it compiles) */
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(WDIFF_PORTABLE)
+#define WDIFF_VECTORS 1 /* GNU C vector extensions: __attribute__((vector_size)), __builtin_convertvector */
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && !defined(WDIFF_PORTABLE)
+/* one build runs everywhere; AVX2 where the CPU has it */
+#define HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define HOT
+#endif
+
+
+static inline uint64_t load(const uint8_t *p, int w)
+{
+    switch (w) {
+    case 1: return p[0];
+    case 2: { uint16_t v; memcpy(&v, p, 2); return v; }
+    case 4: { uint32_t v; memcpy(&v, p, 4); return v; }
+    default: { uint64_t v; memcpy(&v, p, 8); return v; }
+    }
+}
+
+static inline void store(uint8_t *p, int w, uint64_t v)
+{
+    switch (w) {
+    case 1: p[0] = (uint8_t)v; break;
+    case 2: { uint16_t x = (uint16_t)v; memcpy(p, &x, 2); break; }
+    case 4: { uint32_t x = (uint32_t)v; memcpy(p, &x, 4); break; }
+    default: memcpy(p, &v, 8); break;
+    }
+}
+
+/* nonzero when any byte of a[0:len] differs from b[0:len]; vectorizes */
+static inline int differ(const uint8_t *a, const uint8_t *b, size_t len)
+{
+    uint64_t acc = 0;
+    for (size_t i = 0; i < len; i += 8) {
+        uint64_t x, y;
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        acc |= x ^ y;
+    }
+    return acc != 0;
+}
+
+static int check_word(int w)
+{
+    if (w != 1 && w != 2 && w != 4 && w != 8) {
+        PyErr_SetString(PyExc_ValueError, "word must be 1, 2, 4 or 8");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- diff statistics ---------------------------------------------------- */
+
+enum { F_NONE = 0, F_BF16 = 1, F_F32 = 2, F_F64 = 3, F_LUT = 4 };
+
+typedef struct {
+    uint64_t changed;
+    double max_abs; /* -1 while no finite difference was seen */
+    double sum_d2;
+    double sum_a2;
+} stats_t;
+
+static inline double as_float(uint64_t v, int kind, const double *lut)
+{
+    switch (kind) {
+    case F_BF16: { uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, 4); return f; }
+    case F_F32: { uint32_t u = (uint32_t)v; float f; memcpy(&f, &u, 4); return f; }
+    case F_F64: { double d; memcpy(&d, &v, 8); return d; }
+    default: return lut[v];
+    }
+}
+
+static double sumsq_generic(const uint8_t *p, size_t n, int w, int kind, const double *lut)
+{
+    double acc[4] = {0, 0, 0, 0};
+    for (size_t i = 0; i < n; i++) {
+        double d = as_float(load(p + i * w, w), kind, lut);
+        if (isfinite(d))
+            acc[i & 3] += d * d;
+    }
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+static inline void count_pair(uint64_t x, uint64_t y, int kind, const double *lut, stats_t *st)
+{
+    st->changed++;
+    if (kind == F_NONE)
+        return;
+    double d = kind == F_BF16 /* in float: see stats_bf16 */
+                   ? (double)((float)as_float(y, kind, lut) - (float)as_float(x, kind, lut))
+                   : as_float(y, kind, lut) - as_float(x, kind, lut);
+    if (isfinite(d)) {
+        double m = fabs(d);
+        if (m > st->max_abs)
+            st->max_abs = m;
+        st->sum_d2 += d * d;
+    }
+}
+
+/* Visit the words of a and b (n words of W bytes) that may differ: 64
+   bytes are compared at once, then each 8-byte piece of a 64-byte run that
+   differs; BODY runs for every word of a piece that differs, and for every
+   word of the tail, with j (the word's index), x and y (its old and new
+   values) in scope. BODY itself tests x != y, with a branch or without. */
+#define FOR_EACH_CANDIDATE(W, a, b, n, BODY)                                        \
+    do {                                                                            \
+        const size_t nb_ = (n) * (W);                                               \
+        size_t off_ = 0;                                                            \
+        for (; off_ + 64 <= nb_; off_ += 64) {                                      \
+            if (!differ((a) + off_, (b) + off_, 64))                                \
+                continue;                                                           \
+            for (size_t c_ = off_; c_ < off_ + 64; c_ += 8) {                       \
+                uint64_t p_, q_;                                                    \
+                memcpy(&p_, (a) + c_, 8);                                           \
+                memcpy(&q_, (b) + c_, 8);                                           \
+                if (p_ == q_)                                                       \
+                    continue;                                                       \
+                for (size_t j = c_ / (W); j < (c_ + 8) / (W); j++) {                \
+                    uint64_t x = load((a) + j * (W), (W)), y = load((b) + j * (W), (W)); \
+                    BODY;                                                           \
+                }                                                                   \
+            }                                                                       \
+        }                                                                           \
+        for (size_t j = off_ / (W); j < (n); j++) {                                 \
+            uint64_t x = load((a) + j * (W), (W)), y = load((b) + j * (W), (W));    \
+            BODY;                                                                   \
+        }                                                                           \
+    } while (0)
+
+#define DEFINE_COMPARE(W)                                                                        \
+    HOT static void compare_##W(const uint8_t *a, const uint8_t *b, size_t n, int kind,          \
+                                const double *lut, stats_t *st)                                  \
+    {                                                                                            \
+        FOR_EACH_CANDIDATE(W, a, b, n, if (x != y) count_pair(x, y, kind, lut, st));              \
+    }
+DEFINE_COMPARE(1)
+DEFINE_COMPARE(2)
+DEFINE_COMPARE(4)
+DEFINE_COMPARE(8)
+
+static void compare_words(const uint8_t *a, const uint8_t *b, size_t n, int w, int kind,
+                          const double *lut, stats_t *st)
+{
+    switch (w) {
+    case 1: compare_1(a, b, n, kind, lut, st); break;
+    case 2: compare_2(a, b, n, kind, lut, st); break;
+    case 4: compare_4(a, b, n, kind, lut, st); break;
+    default: compare_8(a, b, n, kind, lut, st); break;
+    }
+}
+
+#define TILE 8192 /* words: both inputs of a tile stay in L1/L2 between the two passes */
+
+/* bf16 and f32, fused and branch-free: one pass over a and b, 64 words at
+   a time, with GCC/clang vector extensions. Every lane computes d = b - a
+   whether or not its word changed (an unchanged word gives d = 0, which
+   adds nothing), so the cost does not depend on how many words changed:
+   no branch per word, and a dense change is as fast as a sparse one. The
+   squares of a and of d are summed per group of 64 in the lanes' type, then
+   in double. A group whose sums are not finite (it holds an infinity or a
+   NaN, or, in float, values past about 2^61) is done again word by word,
+   which skips non-finite values as the numpy twin does. */
+#ifdef WDIFF_VECTORS
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef double v4d __attribute__((vector_size(32)));
+typedef int64_t v4l __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef uint32_t v4u __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+#endif
+
+
+/* the statistics of n words, word by word in double: every dtype without
+   a vector kernel, and the groups those kernels hand back */
+static void stats_words(const uint8_t *a, const uint8_t *b, size_t n, int w, int kind, const double *lut,
+                        stats_t *st)
+{
+    if (kind != F_NONE)
+        st->sum_a2 += sumsq_generic(a, n, w, kind, lut);
+    compare_words(a, b, n, w, kind, lut, st);
+}
+
+/* The group loop of both: the block given last sets fa, d (float lanes of type FV) and eq
+   (-1 in each lane whose words are equal, type CV) for the LANES words at
+   i + j; BV holds the bits of an FV lane, whose absolute value ABS masks
+   out. Squares are summed per group in the lanes' type FT. */
+#ifdef WDIFF_VECTORS
+/* what the groups of a run found: the largest |d| (its bits; non-negative
+   floats order as their bits) over changed words, and how many of the
+   words they covered were equal */
+static void add_groups(stats_t *st, double top, size_t covered, uint64_t equal)
+{
+    if (covered > equal) { /* a changed word; every d in these groups is finite */
+        st->changed += covered - equal;
+        if (top > st->max_abs)
+            st->max_abs = top;
+    }
+}
+
+/* lanes added in pairs: a short chain of dependent additions */
+#define HSUM4(v) (((v)[0] + (v)[1]) + ((v)[2] + (v)[3]))
+#define HSUM8(v) ((((v)[0] + (v)[1]) + ((v)[2] + (v)[3])) + (((v)[4] + (v)[5]) + ((v)[6] + (v)[7])))
+#define DEFINE_STATS(NAME, W, KIND, LANES, FT, FV, BV, CV, ABS, ...)                          \
+    HOT static void NAME(const uint8_t *a, const uint8_t *b, size_t n, stats_t *st)           \
+    {                                                                                         \
+        BV top = {0};                                                                         \
+        CV same = {0};                                                                        \
+        size_t i = 0, covered = 0;                                                            \
+        for (; i + 64 <= n; i += 64) {                                                        \
+            FV acc_a = {0}, acc_d = {0};                                                      \
+            BV gtop = {0};                                                                    \
+            CV gsame = {0};                                                                   \
+            for (int j = 0; j < 64; j += (LANES)) {                                           \
+                FV fa, d;                                                                     \
+                CV eq;                                                                        \
+                __VA_ARGS__                                                                   \
+                acc_a += fa * fa;                                                             \
+                acc_d += d * d;                                                               \
+                BV m = (BV)d & (ABS), up = m > gtop;                                          \
+                gtop = (m & up) | (gtop & ~up);                                               \
+                gsame -= eq;                                                                  \
+            }                                                                                 \
+            FT sa = HSUM##LANES(acc_a), sd = HSUM##LANES(acc_d);                              \
+            if (!isfinite(sa + sd)) {                                                         \
+                stats_words(a + i * (W), b + i * (W), 64, (W), (KIND), NULL, st);            \
+                continue;                                                                     \
+            }                                                                                 \
+            st->sum_a2 += sa;                                                                 \
+            st->sum_d2 += sd;                                                                 \
+            BV up = gtop > top;                                                               \
+            top = (gtop & up) | (top & ~up);                                                  \
+            same += gsame;                                                                    \
+            covered += 64;                                                                    \
+        }                                                                                     \
+        __typeof__(top[0]) bits = 0;                                                          \
+        uint64_t equal = 0;                                                                   \
+        for (int l = 0; l < (LANES); l++) {                                                   \
+            bits = top[l] > bits ? top[l] : bits;                                             \
+            equal += (uint64_t)same[l];                                                       \
+        }                                                                                     \
+        FT mx;                                                                                \
+        memcpy(&mx, &bits, sizeof mx);                                                        \
+        add_groups(st, mx, covered, equal);                                                   \
+        stats_words(a + i * (W), b + i * (W), n - i, (W), (KIND), NULL, st);                  \
+    }
+
+/* f32: four double lanes; d is exact, as in the numpy twin */
+DEFINE_STATS(stats_f32, 4, F_F32, 4, double, v4d, v4l, v4i, 0x7fffffffffffffffll, {
+    v4u u, v;
+    memcpy(&u, a + (i + j) * 4, sizeof u);
+    memcpy(&v, b + (i + j) * 4, sizeof v);
+    fa = __builtin_convertvector((v4f)u, v4d);
+    d = __builtin_convertvector((v4f)v, v4d) - fa;
+    eq = (v4i)(u == v);
+})
+
+/* bf16: eight float lanes. The difference of two bf16 values is taken in
+   float, as the numpy twin takes it (and torch does): exact unless their
+   exponents lie more than 15 apart. */
+DEFINE_STATS(stats_bf16, 2, F_BF16, 8, float, v8f, v8i, v8i, 0x7fffffff, {
+    v8h h, g;
+    memcpy(&h, a + 2 * (i + j), sizeof h);
+    memcpy(&g, b + 2 * (i + j), sizeof g);
+    v8u u = __builtin_convertvector(h, v8u) << 16, v = __builtin_convertvector(g, v8u) << 16;
+    fa = (v8f)u;
+    d = (v8f)v - fa;
+    eq = (v8i)(u == v);
+})
+
+#endif /* WDIFF_VECTORS */
+
+static void stats_range(const uint8_t *pa, const uint8_t *pb, size_t n, int w, int kind, const double *tab,
+                        stats_t *st)
+{
+#ifdef WDIFF_VECTORS
+    if (kind == F_BF16) {
+        stats_bf16(pa, pb, n, st);
+        return;
+    }
+    if (kind == F_F32) {
+        stats_f32(pa, pb, n, st);
+        return;
+    }
+#endif
+    for (size_t lo = 0; lo < n; lo += TILE) {
+        size_t m = n - lo < TILE ? n - lo : TILE;
+        stats_words(pa + lo * w, pb + lo * w, m, w, kind, tab, st);
+    }
+}
+
+static int check_stats_args(Py_buffer *a, Py_buffer *b, int w, int kind, PyObject *lut_obj, Py_buffer *lut)
+{
+    if (check_word(w) < 0)
+        return -1;
+    if (a->len != b->len || a->len % w) {
+        PyErr_SetString(PyExc_ValueError, "inputs must be equal and hold whole words");
+        return -1;
+    }
+    if (lut_obj != Py_None && PyObject_GetBuffer(lut_obj, lut, PyBUF_SIMPLE) < 0)
+        return -1;
+    size_t lut_need = w == 1 ? 256 : 65536;
+    if (kind < F_NONE || kind > F_LUT || (kind == F_BF16 && w != 2) || (kind == F_F32 && w != 4) ||
+        (kind == F_F64 && w != 8) ||
+        (kind == F_LUT && (w > 2 || lut->buf == NULL || (size_t)lut->len != lut_need * sizeof(double)))) {
+        PyErr_SetString(PyExc_ValueError, "bad float kind for this word size");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *stats_tuple(const stats_t *st)
+{
+    return Py_BuildValue("Kddd", (unsigned long long)st->changed, st->max_abs < 0 ? NAN : st->max_abs, st->sum_d2,
+                         st->sum_a2);
+}
+
+/* diff_stats(a, b, word, kind, lut, spans) -> [(changed, max_abs, sum_d2, sum_a2)]
+   One tuple per span: spans is an int64 buffer of (first word, end word)
+   pairs, or None for one span over everything. lut is None or the float64
+   value of each code (256 of them for 1-byte words, 65536 for 2). max_abs
+   is NaN when no changed pair has a finite difference. */
+static PyObject *diff_stats(PyObject *self, PyObject *args)
+{
+    Py_buffer a, b, lut = {0}, spans = {0};
+    PyObject *lut_obj, *spans_obj, *res = NULL;
+    int w, kind;
+    if (!PyArg_ParseTuple(args, "y*y*iiOO", &a, &b, &w, &kind, &lut_obj, &spans_obj))
+        return NULL;
+    if (check_stats_args(&a, &b, w, kind, lut_obj, &lut) < 0)
+        goto done;
+    size_t n = (size_t)a.len / w, m = 1;
+    const int64_t *sp = NULL;
+    if (spans_obj != Py_None) {
+        if (PyObject_GetBuffer(spans_obj, &spans, PyBUF_SIMPLE) < 0)
+            goto done;
+        m = (size_t)spans.len / 16;
+        sp = spans.buf;
+        if (spans.len % 16) {
+            PyErr_SetString(PyExc_ValueError, "spans must be int64 pairs");
+            goto done;
+        }
+        for (size_t i = 0; i < m; i++) {
+            if (sp[2 * i] < 0 || sp[2 * i] > sp[2 * i + 1] || (size_t)sp[2 * i + 1] > n) {
+                PyErr_SetString(PyExc_ValueError, "span out of range");
+                goto done;
+            }
+        }
+    }
+    stats_t *st = PyMem_Calloc(m, sizeof(stats_t));
+    if (!st) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const uint8_t *pa = a.buf, *pb = b.buf;
+    const double *tab = lut.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (size_t i = 0; i < m; i++) {
+        size_t lo = sp ? (size_t)sp[2 * i] : 0, hi = sp ? (size_t)sp[2 * i + 1] : n;
+        st[i].max_abs = -1.0;
+        stats_range(pa + lo * w, pb + lo * w, hi - lo, w, kind, tab, &st[i]);
+    }
+    Py_END_ALLOW_THREADS
+    res = PyList_New((Py_ssize_t)m);
+    for (size_t i = 0; res && i < m; i++) {
+        PyObject *t = stats_tuple(&st[i]);
+        if (!t) {
+            Py_CLEAR(res);
+            break;
+        }
+        PyList_SET_ITEM(res, (Py_ssize_t)i, t);
+    }
+    PyMem_Free(st);
+done:
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    if (lut.buf)
+        PyBuffer_Release(&lut);
+    if (spans.buf)
+        PyBuffer_Release(&spans);
+    return res;
+}
+
+/* ---- delta scan: positions and XOR of changed words --------------------- */
+
+/* Every candidate word is stored without a branch (the store is
+   overwritten when the word did not change): at a few percent of changed
+   words, a branch per word is mispredicted often enough to double the time. */
+#define DEFINE_SCAN(W)                                                                           \
+    HOT static size_t scan_##W(const uint8_t *a, const uint8_t *b, size_t n, uint32_t *pos,       \
+                               uint8_t *val)                                                     \
+    {                                                                                            \
+        size_t k = 0;                                                                            \
+        FOR_EACH_CANDIDATE(W, a, b, n, {                                                         \
+            pos[k] = (uint32_t)j;                                                                \
+            store(val + k * (W), (W), x ^ y);                                                    \
+            k += x != y;                                                                         \
+        });                                                                                      \
+        return k;                                                                                \
+    }
+DEFINE_SCAN(1)
+DEFINE_SCAN(2)
+DEFINE_SCAN(4)
+DEFINE_SCAN(8)
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(WDIFF_PORTABLE)
+#include <immintrin.h>
+#define HAVE_AVX2_SCAN 1
+static int cpu_avx2, simd_on = 1;
+
+/* AVX2: 32 bytes at a time, one bit per changed word from a comparison of
+   whole words, then a visit of the set bits only */
+#define DEFINE_SCAN_AVX2(W, CMP, MASK, SHIFT)                                                    \
+    __attribute__((target("avx2,bmi"))) static size_t scan_avx2_##W(                            \
+        const uint8_t *a, const uint8_t *b, size_t n, uint32_t *pos, uint8_t *val)               \
+    {                                                                                            \
+        size_t k = 0, i = 0;                                                                     \
+        for (; i + 32 / (W) <= n; i += 32 / (W)) {                                               \
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a + i * (W)));                      \
+            __m256i y = _mm256_loadu_si256((const __m256i *)(b + i * (W)));                      \
+            uint32_t m = ~(uint32_t)MASK(CMP(x, y));                                             \
+            m &= (W) == 2 ? 0x55555555u : (W) == 1 ? 0xffffffffu : (1u << (32 / (W))) - 1;       \
+            if (!m)                                                                              \
+                continue;                                                                        \
+            uint8_t xs[32];                                                                      \
+            _mm256_storeu_si256((__m256i *)xs, _mm256_xor_si256(x, y));                          \
+            do {                                                                                 \
+                unsigned t = (unsigned)__builtin_ctz(m) >> (SHIFT);                              \
+                pos[k] = (uint32_t)(i + t);                                                      \
+                memcpy(val + k * (W), xs + t * (W), (W));                                        \
+                k++;                                                                             \
+                m &= m - 1;                                                                      \
+            } while (m);                                                                         \
+        }                                                                                        \
+        for (; i < n; i++) {                                                                     \
+            uint64_t x = load(a + i * (W), (W)), y = load(b + i * (W), (W));                     \
+            pos[k] = (uint32_t)i;                                                                \
+            store(val + k * (W), (W), x ^ y);                                                    \
+            k += x != y;                                                                         \
+        }                                                                                        \
+        return k;                                                                                \
+    }
+#define MASK_EPI8(v) _mm256_movemask_epi8(v)
+#define MASK_PS(v) _mm256_movemask_ps(_mm256_castsi256_ps(v))
+#define MASK_PD(v) _mm256_movemask_pd(_mm256_castsi256_pd(v))
+DEFINE_SCAN_AVX2(1, _mm256_cmpeq_epi8, MASK_EPI8, 0)
+DEFINE_SCAN_AVX2(4, _mm256_cmpeq_epi32, MASK_PS, 0)
+DEFINE_SCAN_AVX2(8, _mm256_cmpeq_epi64, MASK_PD, 0)
+
+/* Two-byte words (bf16, f16), the common case, without a loop over the
+   changed words: for each 8 words, a table indexed by the 8-bit mask of
+   those that changed packs their XOR values (one byte shuffle) and their
+   positions (one lane permutation) to the front, both are stored whole,
+   and k advances by the mask's population count. The stores run past k
+   but never past word i + 8 <= n, so they stay inside the buffers. */
+static uint8_t pack_bytes[256][16]; /* byte shuffle: the set words' two bytes, in order */
+static uint32_t pack_lanes[256][8]; /* lane permutation: the set words' indices, in order */
+
+static void init_pack_tables(void)
+{
+    for (int m = 0; m < 256; m++) {
+        int c = 0;
+        for (int j = 0; j < 8; j++) {
+            if (m >> j & 1) {
+                pack_bytes[m][2 * c] = (uint8_t)(2 * j);
+                pack_bytes[m][2 * c + 1] = (uint8_t)(2 * j + 1);
+                pack_lanes[m][c] = (uint32_t)j;
+                c++;
+            }
+        }
+        for (int j = c; j < 8; j++) {
+            pack_bytes[m][2 * j] = pack_bytes[m][2 * j + 1] = 0x80; /* zero */
+            pack_lanes[m][j] = 0;
+        }
+    }
+}
+
+/* a bit per two-byte word of x and y (16 of them) that differs, word 0
+   lowest: the compare's 0xffff per equal word, packed to a byte each */
+__attribute__((target("avx2"))) static inline unsigned changed_16(__m256i x, __m256i y)
+{
+    __m256i eq = _mm256_cmpeq_epi16(x, y);
+    return ~(unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm256_castsi256_si128(eq), _mm256_extracti128_si256(eq, 1))) &
+           0xffffu;
+}
+
+__attribute__((target("avx2,popcnt"))) static size_t scan_avx2_2(const uint8_t *a, const uint8_t *b,
+                                                               size_t n, uint32_t *pos, uint8_t *val)
+{
+    size_t k = 0, i = 0;
+    const __m256i steps = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (; i + 256 <= n; i += 256) {
+        /* a block of 256 words that did not change costs one look */
+        __m256i any = _mm256_setzero_si256();
+        for (size_t j = 0; j < 256; j += 16)
+            any = _mm256_or_si256(any, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(a + 2 * (i + j))),
+                                                        _mm256_loadu_si256((const __m256i *)(b + 2 * (i + j)))));
+        if (_mm256_testz_si256(any, any))
+            continue;
+        for (size_t j = i; j < i + 256; j += 16) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a + 2 * j));
+            __m256i y = _mm256_loadu_si256((const __m256i *)(b + 2 * j));
+            unsigned bits = changed_16(x, y);
+            __m256i d = _mm256_xor_si256(x, y);
+            for (int h = 0; h < 2; h++) {
+                unsigned m = (bits >> (8 * h)) & 0xffu;
+                __m128i v = h ? _mm256_extracti128_si256(d, 1) : _mm256_castsi256_si128(d);
+                __m128i packed = _mm_shuffle_epi8(v, _mm_loadu_si128((const __m128i *)pack_bytes[m]));
+                __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int)(j + 8 * h)), steps);
+                __m256i where =
+                    _mm256_permutevar8x32_epi32(idx, _mm256_loadu_si256((const __m256i *)pack_lanes[m]));
+                _mm_storeu_si128((__m128i *)(val + 2 * k), packed);
+                _mm256_storeu_si256((__m256i *)(pos + k), where);
+                k += (size_t)__builtin_popcount(m);
+            }
+        }
+    }
+    for (; i < n; i++) {
+        uint16_t x = (uint16_t)load(a + 2 * i, 2), y = (uint16_t)load(b + 2 * i, 2);
+        pos[k] = (uint32_t)i;
+        store(val + 2 * k, 2, x ^ y);
+        k += x != y;
+    }
+    return k;
+}
+#endif
+
+static size_t scan_words(const uint8_t *a, const uint8_t *b, size_t n, int w, uint32_t *pos, uint8_t *val)
+{
+#ifdef HAVE_AVX2_SCAN
+    if (cpu_avx2 && simd_on) {
+        switch (w) {
+        case 1: return scan_avx2_1(a, b, n, pos, val);
+        case 2: return scan_avx2_2(a, b, n, pos, val);
+        case 4: return scan_avx2_4(a, b, n, pos, val);
+        default: return scan_avx2_8(a, b, n, pos, val);
+        }
+    }
+#endif
+    switch (w) {
+    case 1: return scan_1(a, b, n, pos, val);
+    case 2: return scan_2(a, b, n, pos, val);
+    case 4: return scan_4(a, b, n, pos, val);
+    default: return scan_8(a, b, n, pos, val);
+    }
+}
+
+/* delta_scan(old, new, word, positions_out, values_out) -> k
+   positions_out: uint32 buffer of at least n entries; values_out: at least
+   n * word bytes. Writes the positions of the k changed words and their
+   XOR (old ^ new). */
+static PyObject *delta_scan(PyObject *self, PyObject *args)
+{
+    Py_buffer a, b, pos, val;
+    int w;
+    if (!PyArg_ParseTuple(args, "y*y*iw*w*", &a, &b, &w, &pos, &val))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_word(w) < 0)
+        goto done;
+    size_t n = (size_t)a.len / w;
+    if (a.len != b.len || a.len % w || n >= UINT32_MAX || (size_t)pos.len < 4 * n ||
+        (size_t)val.len < w * n) {
+        PyErr_SetString(PyExc_ValueError, "delta_scan: bad buffer sizes");
+        goto done;
+    }
+    size_t k;
+    Py_BEGIN_ALLOW_THREADS
+    k = scan_words(a.buf, b.buf, n, w, pos.buf, val.buf);
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromSize_t(k);
+done:
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&pos);
+    PyBuffer_Release(&val);
+    return res;
+}
+
+/* ---- byte planes -------------------------------------------------------- */
+
+#ifdef WDIFF_VECTORS
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef int16_t v16s __attribute__((vector_size(32)));
+typedef uint8_t v16b __attribute__((vector_size(16)));
+#endif
+
+/* plane j holds byte (w - 1 - j) of every word: most significant first.
+   With xor_with, the planes of src ^ xor_with, and the count of its
+   nonzero words is returned (0 without). */
+HOT static size_t to_planes(const uint8_t *src, const uint8_t *xor_with, size_t n, int w, uint8_t *dst)
+{
+    size_t nz = 0;
+    if (w == 2) {
+        uint8_t *hi = dst, *lo = dst + n;
+        if (xor_with) {
+            size_t i = 0;
+#ifdef WDIFF_VECTORS
+            /* sixteen words at a time; the count in 16-bit lanes, emptied
+               before they can overflow */
+            while (i + 16 <= n) {
+                v16s lanes = {0};
+                for (size_t end = i + 16 * 2048 < n ? i + 16 * 2048 : n; i + 16 <= end; i += 16) {
+                    v16h x, y;
+                    memcpy(&x, src + 2 * i, sizeof x);
+                    memcpy(&y, xor_with + 2 * i, sizeof y);
+                    x ^= y;
+                    v16b h = __builtin_convertvector(x >> 8, v16b), l = __builtin_convertvector(x & 0xff, v16b);
+                    memcpy(hi + i, &h, sizeof h);
+                    memcpy(lo + i, &l, sizeof l);
+                    lanes -= (v16s)(x != 0);
+                }
+                for (int l = 0; l < 16; l++)
+                    nz += (uint16_t)lanes[l];
+            }
+#endif
+            for (; i < n; i++) {
+                hi[i] = src[2 * i + 1] ^ xor_with[2 * i + 1];
+                lo[i] = src[2 * i] ^ xor_with[2 * i];
+                nz += (hi[i] | lo[i]) != 0;
+            }
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                hi[i] = src[2 * i + 1];
+                lo[i] = src[2 * i];
+            }
+        }
+        return nz;
+    }
+    for (int j = 0; j < w; j++) {
+        uint8_t *d = dst + (size_t)j * n;
+        const uint8_t *s = src + (w - 1 - j);
+        if (xor_with) {
+            const uint8_t *x = xor_with + (w - 1 - j);
+            for (size_t i = 0; i < n; i++)
+                d[i] = s[(size_t)i * w] ^ x[(size_t)i * w];
+        } else {
+            for (size_t i = 0; i < n; i++)
+                d[i] = s[(size_t)i * w];
+        }
+    }
+    if (xor_with)
+        for (size_t i = 0; i < n; i++)
+            nz += load(src + i * w, w) != load(xor_with + i * w, w);
+    return nz;
+}
+
+/* planes(src, word, dst): dst gets the byte planes of src's words */
+static PyObject *planes(PyObject *self, PyObject *args)
+{
+    Py_buffer src, dst;
+    int w;
+    if (!PyArg_ParseTuple(args, "y*iw*", &src, &w, &dst))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_word(w) < 0)
+        goto done;
+    if (src.len % w || dst.len < src.len) {
+        PyErr_SetString(PyExc_ValueError, "planes: bad buffer sizes");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    to_planes(src.buf, NULL, (size_t)src.len / w, w, dst.buf);
+    Py_END_ALLOW_THREADS
+    res = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return res;
+}
+
+/* xor_planes(old, new, word, dst) -> words that differ; dst gets the byte
+   planes of old ^ new */
+static PyObject *xor_planes(PyObject *self, PyObject *args)
+{
+    Py_buffer a, b, dst;
+    int w;
+    if (!PyArg_ParseTuple(args, "y*y*iw*", &a, &b, &w, &dst))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_word(w) < 0)
+        goto done;
+    if (a.len != b.len || a.len % w || dst.len < a.len) {
+        PyErr_SetString(PyExc_ValueError, "xor_planes: bad buffer sizes");
+        goto done;
+    }
+    size_t n = (size_t)a.len / w, k = 0;
+    Py_BEGIN_ALLOW_THREADS
+    k = to_planes(a.buf, b.buf, n, w, dst.buf);
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromSize_t(k);
+done:
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&dst);
+    return res;
+}
+
+/* unplanes(src, word, dst, xor) -> nonzero words of src. Rebuilds words from
+   byte planes into dst, or XORs them into dst's words when xor is true. */
+HOT static size_t from_planes(const uint8_t *src, size_t n, int w, uint8_t *dst, int xor)
+{
+    size_t nz = 0;
+    if (w == 2) {
+        const uint8_t *hi = src, *lo = src + n;
+        for (size_t i = 0; i < n; i++) {
+            nz += (hi[i] | lo[i]) != 0;
+            if (xor) {
+                dst[2 * i] ^= lo[i];
+                dst[2 * i + 1] ^= hi[i];
+            } else {
+                dst[2 * i] = lo[i];
+                dst[2 * i + 1] = hi[i];
+            }
+        }
+        return nz;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = 0;
+        for (int j = 0; j < w; j++)
+            v |= (uint64_t)src[(size_t)j * n + i] << (8 * (w - 1 - j));
+        nz += v != 0;
+        if (xor)
+            v ^= load(dst + i * w, w);
+        store(dst + i * w, w, v);
+    }
+    return nz;
+}
+
+static PyObject *unplanes(PyObject *self, PyObject *args)
+{
+    Py_buffer src, dst;
+    int w, xor;
+    if (!PyArg_ParseTuple(args, "y*iw*p", &src, &w, &dst, &xor))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_word(w) < 0)
+        goto done;
+    if (src.len % w || dst.len != src.len) {
+        PyErr_SetString(PyExc_ValueError, "unplanes: bad buffer sizes");
+        goto done;
+    }
+    size_t nz;
+    Py_BEGIN_ALLOW_THREADS
+    nz = from_planes(src.buf, (size_t)src.len / w, w, dst.buf, xor);
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromSize_t(nz);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return res;
+}
+
+/* scatter_xor(buf, word, positions, values) -> True when every value is
+   nonzero. XORs value i into word positions[i] of buf; positions must be
+   < the number of words in buf (checked). */
+static PyObject *scatter_xor(PyObject *self, PyObject *args)
+{
+    Py_buffer buf, pos, val;
+    int w;
+    if (!PyArg_ParseTuple(args, "w*iy*y*", &buf, &w, &pos, &val))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_word(w) < 0)
+        goto done;
+    size_t k = (size_t)pos.len / 4, n = (size_t)buf.len / w;
+    if (pos.len % 4 || (size_t)val.len != k * w) {
+        PyErr_SetString(PyExc_ValueError, "scatter_xor: bad buffer sizes");
+        goto done;
+    }
+    int ok = 1, inside = 1;
+    Py_BEGIN_ALLOW_THREADS
+    const uint32_t *p = pos.buf;
+    const uint8_t *v = val.buf;
+    uint8_t *d = buf.buf;
+    for (size_t i = 0; i < k; i++) {
+        if (p[i] >= n) {
+            inside = 0;
+            break;
+        }
+        uint64_t x = load(v + i * w, w);
+        ok &= x != 0;
+        store(d + (size_t)p[i] * w, w, load(d + (size_t)p[i] * w, w) ^ x);
+    }
+    Py_END_ALLOW_THREADS
+    if (!inside) {
+        PyErr_SetString(PyExc_ValueError, "scatter_xor: position out of range");
+        goto done;
+    }
+    res = PyBool_FromLong(ok);
+done:
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&pos);
+    PyBuffer_Release(&val);
+    return res;
+}
+
+/* out (len bytes) gets a one bit, MSB first, at each of k positions, all
+   below 8 * len, and zeros elsewhere */
+static void set_bits(uint8_t *restrict out, size_t len, const uint32_t *restrict p, size_t k)
+{
+    memset(out, 0, len);
+    for (size_t i = 0; i < k; i++) {
+        uint32_t x = p[i];
+        out[x >> 3] |= (uint8_t)(0x80u >> (x & 7));
+    }
+}
+
+/* The bitmap of the words of a and b (n words of W bytes) that differ, a
+   bit per word, MSB first, from the words themselves: no positions
+   needed, and no store per changed word. */
+HOT static void change_bits(const uint8_t *a, const uint8_t *b, size_t n, int w, uint8_t *out)
+{
+    size_t i = 0, o = 0;
+    for (; i + 8 <= n; i += 8, o++) {
+        unsigned byte = 0;
+        for (int j = 0; j < 8; j++)
+            byte |= (unsigned)(load(a + (i + j) * w, w) != load(b + (i + j) * w, w)) << (7 - j);
+        out[o] = (uint8_t)byte;
+    }
+    if (i < n) {
+        unsigned byte = 0;
+        for (int j = 0; i + j < n; j++)
+            byte |= (unsigned)(load(a + (i + j) * w, w) != load(b + (i + j) * w, w)) << (7 - j);
+        out[o] = (uint8_t)byte;
+    }
+}
+
+#ifdef HAVE_AVX2_SCAN
+static uint8_t reversed[256]; /* each byte with its bits in the other order */
+
+__attribute__((target("avx2"))) static void change_bits_avx2_2(const uint8_t *a, const uint8_t *b, size_t n,
+                                                              uint8_t *out)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        unsigned m = changed_16(_mm256_loadu_si256((const __m256i *)(a + 2 * i)),
+                                _mm256_loadu_si256((const __m256i *)(b + 2 * i)));
+        /* the bitmap wants word 0 highest */
+        out[i / 8] = reversed[m & 0xff];
+        out[i / 8 + 1] = reversed[(m >> 8) & 0xff];
+    }
+    change_bits(a + 2 * i, b + 2 * i, n - i, 2, out + i / 8);
+}
+#endif
+
+/* change_bitmap(old, new, word) -> bytes: a bit per word, MSB first, set
+   where old and new differ */
+static PyObject *change_bitmap(PyObject *self, PyObject *args)
+{
+    Py_buffer a, b;
+    int w;
+    if (!PyArg_ParseTuple(args, "y*y*i", &a, &b, &w))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_word(w) < 0)
+        goto done;
+    if (a.len != b.len || a.len % w) {
+        PyErr_SetString(PyExc_ValueError, "change_bitmap: inputs must be equal and hold whole words");
+        goto done;
+    }
+    size_t n = (size_t)a.len / w;
+    res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((n + 7) / 8));
+    if (!res)
+        goto done;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(res);
+    Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_AVX2_SCAN
+    if (w == 2 && cpu_avx2 && simd_on)
+        change_bits_avx2_2(a.buf, b.buf, n, out);
+    else
+#endif
+        change_bits(a.buf, b.buf, n, w, out);
+    Py_END_ALLOW_THREADS
+done:
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return res;
+}
+
+/* ---- Rice-coded gaps ---------------------------------------------------- */
+
+#define MAX_RICE 40
+
+/* what rice_decode reports; kernels.RICE_ERRORS holds the messages */
+enum { RICE_OK = 0, RICE_BAD_COUNT = 1, RICE_BAD_REMAINDER_LENGTH = 2, RICE_OUT_OF_RANGE = 3, RICE_BAD_PADDING = 4 };
+
+/* MSB-first bit writer: whole 32-bit words are stored as soon as they are
+   complete, so the output is exactly as long as the bits it holds */
+typedef struct {
+    uint8_t *p;
+    uint64_t acc; /* pending bits, right-aligned; bits above them are stale */
+    int n;        /* how many: below 32 between calls */
+} bitw_t;
+
+static inline void put_bits(bitw_t *w, uint64_t v, int n) /* n <= 32, v < 2^n */
+{
+    w->acc = (w->acc << n) | v;
+    w->n += n;
+    if (w->n >= 32) {
+        w->n -= 32;
+        uint32_t x = __builtin_bswap32((uint32_t)(w->acc >> w->n));
+        memcpy(w->p, &x, 4);
+        w->p += 4;
+    }
+}
+
+static inline void put_zeros(bitw_t *w, uint64_t n)
+{
+    while (n > 32) {
+        put_bits(w, 0, 32);
+        n -= 32;
+    }
+    put_bits(w, 0, (int)n);
+}
+
+static inline void flush_bits(bitw_t *w)
+{
+    while (w->n >= 8) {
+        w->n -= 8;
+        *w->p++ = (uint8_t)(w->acc >> w->n);
+    }
+    if (w->n)
+        *w->p++ = (uint8_t)(w->acc << (8 - w->n));
+    w->n = 0;
+}
+
+/* the sums of gap >> r for r = lo, lo + 1, lo + 2, over the gaps of k
+   increasing positions; written so that it vectorizes */
+HOT static void rice_sums(const uint32_t *pos, size_t k, int lo, uint64_t sum[3])
+{
+    uint64_t first = pos[0], s0 = first >> lo, s1 = first >> (lo + 1), s2 = first >> (lo + 2);
+    for (size_t i = 1; i < k; i++) {
+        uint64_t gap = pos[i] - pos[i - 1] - 1;
+        s0 += gap >> lo;
+        s1 += gap >> (lo + 1);
+        s2 += gap >> (lo + 2);
+    }
+    sum[0] = s0, sum[1] = s1, sum[2] = s2;
+}
+
+/* the Rice parameter of wdiff-format(5): floor(log2(max(mean * 0.69, 1)))
+   capped at 40, then the cheapest of it and its two neighbours, exactly;
+   *bits gets the size of both streams at that parameter. The gaps sum to
+   pos[k-1] + 1 - k, so the mean costs no pass. */
+static int rice_param(const uint32_t *pos, size_t k, uint64_t *bits)
+{
+    double x = (double)((uint64_t)pos[k - 1] + 1 - k) / (double)k * 0.69;
+    if (x < 1.0)
+        x = 1.0;
+    int e;
+    frexp(x, &e);
+    int guess = e - 1 < MAX_RICE ? e - 1 : MAX_RICE;
+    int lo = guess > 0 ? guess - 1 : 0, hi = guess + 1 < MAX_RICE ? guess + 1 : MAX_RICE;
+    uint64_t sum[3];
+    rice_sums(pos, k, lo, sum);
+    int best_r = -1;
+    for (int r = lo; r <= hi; r++) {
+        uint64_t b = (uint64_t)k * (r + 1) + sum[r - lo];
+        if (best_r < 0 || b < *bits) {
+            *bits = b;
+            best_r = r;
+        }
+    }
+    return best_r;
+}
+
+/* rice_encode(positions uint32, strictly increasing) -> (r, unary, remainder) */
+static PyObject *rice_encode(PyObject *self, PyObject *args)
+{
+    Py_buffer pos;
+    if (!PyArg_ParseTuple(args, "y*", &pos))
+        return NULL;
+    PyObject *res = NULL, *un = NULL, *rem = NULL;
+    size_t k = (size_t)pos.len / 4;
+    const uint32_t *p = pos.buf;
+    if (pos.len % 4) {
+        PyErr_SetString(PyExc_ValueError, "rice_encode: positions must be uint32");
+        goto done;
+    }
+    if (k == 0) {
+        res = Py_BuildValue("iy#y#", 0, "", (Py_ssize_t)0, "", (Py_ssize_t)0);
+        goto done;
+    }
+    int increasing = 1, r = 0;
+    uint64_t bits = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (size_t i = 1; i < k; i++)
+        increasing &= p[i] > p[i - 1];
+    if (increasing)
+        r = rice_param(p, k, &bits);
+    Py_END_ALLOW_THREADS
+    if (!increasing) {
+        PyErr_SetString(PyExc_ValueError, "rice_encode: positions must increase");
+        goto done;
+    }
+    uint64_t rbits = (uint64_t)k * r, ubits = bits - rbits;
+    un = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((ubits + 7) / 8));
+    rem = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((rbits + 7) / 8));
+    if (!un || !rem)
+        goto done;
+    uint8_t *up = (uint8_t *)PyBytes_AS_STRING(un), *rp = (uint8_t *)PyBytes_AS_STRING(rem);
+    if (r == 0) {
+        /* gap zeros then a one, for every position: the unary stream is
+           the bitmap of the positions, up to the last one */
+        Py_BEGIN_ALLOW_THREADS
+        set_bits(up, (size_t)PyBytes_GET_SIZE(un), p, k);
+        Py_END_ALLOW_THREADS
+        res = Py_BuildValue("iOO", r, un, rem);
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    bitw_t u = {up, 0, 0}, rb = {rp, 0, 0};
+    const uint64_t low = r ? (((uint64_t)1 << r) - 1) : 0;
+    uint32_t prev = (uint32_t)-1;
+    for (size_t i = 0; i < k; i++) {
+        uint64_t gap = (uint32_t)(p[i] - prev - 1), q = gap >> r;
+        prev = p[i];
+        if (q < 32) {
+            put_bits(&u, 1, (int)q + 1);
+        } else {
+            put_zeros(&u, q);
+            put_bits(&u, 1, 1);
+        }
+        if (r > 32) {
+            put_bits(&rb, (gap & low) >> 32, r - 32);
+            put_bits(&rb, gap & 0xffffffffu, 32);
+        } else if (r) {
+            put_bits(&rb, gap & low, r);
+        }
+    }
+    flush_bits(&u);
+    flush_bits(&rb);
+    Py_END_ALLOW_THREADS
+    res = Py_BuildValue("iOO", r, un, rem);
+done:
+    Py_XDECREF(un);
+    Py_XDECREF(rem);
+    PyBuffer_Release(&pos);
+    return res;
+}
+
+/* rice_size(positions uint32, strictly increasing, at least one) -> (r,
+   unary bytes, remainder bytes): what rice_encode would write, without
+   writing it. Positions are not checked here. */
+static PyObject *rice_size(PyObject *self, PyObject *args)
+{
+    Py_buffer pos;
+    if (!PyArg_ParseTuple(args, "y*", &pos))
+        return NULL;
+    PyObject *res = NULL;
+    size_t k = (size_t)pos.len / 4;
+    if (pos.len % 4 || k == 0) {
+        PyErr_SetString(PyExc_ValueError, "rice_size: positions must be uint32, at least one");
+        goto done;
+    }
+    uint64_t bits = 0;
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = rice_param(pos.buf, k, &bits);
+    Py_END_ALLOW_THREADS
+    uint64_t rbits = (uint64_t)k * r;
+    res = Py_BuildValue("iKK", r, (unsigned long long)((bits - rbits + 7) / 8), (unsigned long long)((rbits + 7) / 8));
+done:
+    PyBuffer_Release(&pos);
+    return res;
+}
+
+/* rice_decode(r, unary, remainder, k, n, positions_out uint32[k]) -> error
+   code: 0 ok, 1 the unary stream does not hold exactly k entries, 2 the
+   remainder stream has the wrong length, 3 a position is out of range, 4
+   nonzero padding in the remainder stream. Checks in the numpy twin's order. */
+static PyObject *rice_decode(PyObject *self, PyObject *args)
+{
+    int r;
+    Py_buffer un, rem, out;
+    unsigned long long k, n;
+    if (!PyArg_ParseTuple(args, "iy*y*KKw*", &r, &un, &rem, &k, &n, &out))
+        return NULL;
+    PyObject *res = NULL;
+    if (r < 0 || r > MAX_RICE || (size_t)out.len < 4 * k || n > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "rice_decode: bad arguments");
+        goto done;
+    }
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    const uint8_t *u = un.buf;
+    uint32_t *q = out.buf; /* first the quotients, then the positions */
+    size_t len = (size_t)un.len, ones = 0, last = 0;
+    uint64_t run = 0, qmax = 0;
+    for (size_t i = 0; i < len; i++) {
+        uint8_t byte = u[i];
+        if (!byte) {
+            run += 8;
+            continue;
+        }
+        for (int bit = 7; bit >= 0; bit--) {
+            if ((byte >> bit) & 1) {
+                if (ones < k) {
+                    if (run > qmax)
+                        qmax = run;
+                    q[ones] = run > UINT32_MAX ? UINT32_MAX : (uint32_t)run;
+                }
+                ones++;
+                last = i;
+                run = 0;
+            } else {
+                run++;
+            }
+        }
+    }
+    if (ones != k || (k && len != last + 1))
+        err = RICE_BAD_COUNT;
+    else if ((uint64_t)rem.len != (k * (uint64_t)r + 7) / 8)
+        err = RICE_BAD_REMAINDER_LENGTH;
+    else if (k && qmax > (n >> r))
+        err = RICE_OUT_OF_RANGE;
+    else {
+        const uint8_t *rp = rem.buf;
+        uint64_t tail = k * (uint64_t)r;
+        for (uint64_t b = tail; b < (uint64_t)rem.len * 8; b++)
+            if ((rp[b >> 3] >> (7 - (b & 7))) & 1)
+                err = RICE_BAD_PADDING;
+        uint64_t p = (uint64_t)-1, acc = 0;
+        int have = 0; /* bits in acc, right-aligned */
+        size_t next = 0;
+        for (size_t i = 0; i < k && !err; i++) {
+            uint64_t low = 0;
+            for (int need = r; need > 0;) {
+                if (have == 0) {
+                    acc = rp[next++];
+                    have = 8;
+                }
+                int take = need < have ? need : have;
+                low = (low << take) | ((acc >> (have - take)) & ((1u << take) - 1));
+                have -= take;
+                need -= take;
+            }
+            uint64_t gap = ((uint64_t)q[i] << r) | low;
+            p += gap + 1;
+            if (p >= n)
+                err = RICE_OUT_OF_RANGE;
+            else
+                q[i] = (uint32_t)p;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromLong(err);
+done:
+    PyBuffer_Release(&un);
+    PyBuffer_Release(&rem);
+    PyBuffer_Release(&out);
+    return res;
+}
+
+/* use_simd(on) -> previous: whether the scan may use the AVX2 kernels
+   where the CPU has them (for tests of the portable ones) */
+static PyObject *use_simd(PyObject *self, PyObject *args)
+{
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on))
+        return NULL;
+#ifdef HAVE_AVX2_SCAN
+    int was = simd_on;
+    simd_on = on;
+    return PyBool_FromLong(was && cpu_avx2);
+#else
+    return Py_NewRef(Py_False);
+#endif
+}
+
+static PyMethodDef methods[] = {
+    {"use_simd", use_simd, METH_VARARGS, "(on) -> whether it was on"},
+    {"diff_stats", diff_stats, METH_VARARGS, "(a, b, word, kind, lut, spans) -> [(changed, max_abs, sum_d2, sum_a2)]"},
+    {"delta_scan", delta_scan, METH_VARARGS, "(old, new, word, positions_out, values_out) -> k"},
+    {"planes", planes, METH_VARARGS, "(src, word, dst) -> None"},
+    {"xor_planes", xor_planes, METH_VARARGS, "(old, new, word, dst) -> changed words"},
+    {"unplanes", unplanes, METH_VARARGS, "(src, word, dst, xor) -> nonzero words"},
+    {"scatter_xor", scatter_xor, METH_VARARGS, "(buf, word, positions, values) -> all values nonzero"},
+    {"change_bitmap", change_bitmap, METH_VARARGS, "(old, new, word) -> bytes"},
+    {"rice_size", rice_size, METH_VARARGS, "(positions) -> (r, unary bytes, remainder bytes)"},
+    {"rice_encode", rice_encode, METH_VARARGS, "(positions) -> (r, unary, remainder)"},
+    {"rice_decode", rice_decode, METH_VARARGS, "(r, unary, remainder, k, n, out) -> error code"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "wdiff.codec._native", "Single-pass kernels for wdiff (optional).", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+#ifdef HAVE_AVX2_SCAN
+    __builtin_cpu_init();
+    cpu_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("popcnt");
+    init_pack_tables();
+    for (int v = 0; v < 256; v++) {
+        unsigned r = 0;
+        for (int j = 0; j < 8; j++)
+            r |= ((unsigned)v >> j & 1u) << (7 - j);
+        reversed[v] = (uint8_t)r;
+    }
+#endif
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    const char *features = ""
+#ifdef WDIFF_VECTORS
+                           "vectors "
+#endif
+#ifdef HAVE_AVX2_SCAN
+                           "avx2-dispatch "
+#endif
+        ;
+    /* the contract with kernels.py, which checks every value at import */
+    if (PyModule_AddIntConstant(m, "MAX_RICE", MAX_RICE) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_WORDS", (long)UINT32_MAX) < 0 ||
+        PyModule_AddIntConstant(m, "F_NONE", F_NONE) < 0 || PyModule_AddIntConstant(m, "F_BF16", F_BF16) < 0 ||
+        PyModule_AddIntConstant(m, "F_F32", F_F32) < 0 || PyModule_AddIntConstant(m, "F_F64", F_F64) < 0 ||
+        PyModule_AddIntConstant(m, "F_LUT", F_LUT) < 0 ||
+        PyModule_AddIntConstant(m, "RICE_BAD_COUNT", RICE_BAD_COUNT) < 0 ||
+        PyModule_AddIntConstant(m, "RICE_BAD_REMAINDER_LENGTH", RICE_BAD_REMAINDER_LENGTH) < 0 ||
+        PyModule_AddIntConstant(m, "RICE_OUT_OF_RANGE", RICE_OUT_OF_RANGE) < 0 ||
+        PyModule_AddIntConstant(m, "RICE_BAD_PADDING", RICE_BAD_PADDING) < 0 ||
+        PyModule_AddStringConstant(m, "FEATURES", features) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,348 @@
+"""Element-level encodings of one chunk. Pure functions on numpy arrays.
+
+A chunk is ``n`` words of ``w`` bytes (w in 1, 2, 4, 8). A delta says which
+words changed and the XOR of their old and new bytes; XOR is exact for every
+dtype and composes exactly, so chained deltas never drift. Four codecs:
+
+``sparse``  positions as Rice-coded gaps (split into a unary and a remainder
+            stream), values as XOR byte planes, zstd
+``bitmap``  positions as a bit per word, zstd; values as in ``sparse``
+``dense``   the XOR of every word, as byte planes, zstd
+``raw``     the new words as byte planes, zstd (no base needed)
+
+"Byte planes" means all most-significant bytes first, then the next byte of
+every word, and so on: exponent bytes, which compress well, then mantissa
+bytes, which do not. The encoder tries the codecs that can win at the chunk's
+density and keeps the smallest; a large chunk tries in full only those that
+came close to the best on a sample of its words. The choice depends only on
+the data, so the output never depends on thread count or timing. See
+man/wdiff-format.5.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import zstandard
+
+from ..errors import FormatError
+from . import kernels
+from .dtypes import uint_type
+
+RAW, SPARSE, BITMAP, DENSE, ZSTD = 0, 1, 2, 3, 4
+CODEC_NAMES = {RAW: "raw", SPARSE: "sparse", BITMAP: "bitmap", DENSE: "dense", ZSTD: "zstd"}
+MAX_RICE = kernels.MAX_RICE
+
+_local = threading.local()
+
+
+def compressor(level: int) -> zstandard.ZstdCompressor:
+    """This thread's zstd compressor at ``level``, for general data."""
+    return _cached(("general", level), lambda: dict(level=level))
+
+
+#: Byte planes of weights are near-random symbols with a skewed histogram:
+#: what pays is entropy coding, and short LZ matches cost more than the
+#: literals they replace. At the fast levels, a tiny hash table and a minimum
+#: match of 7 bytes leave them as literals (bench, 4 MiB chunks: XOR values
+#: of a +-1 ulp step 2.62 -> 2.24 bits per value, entropy 1.98; new weights
+#: 10.95 -> 10.72 bits per element; in less time). From level 10 on, zstd's
+#: own parsers weigh literals against matches, and are left alone.
+PLANE_TUNING = dict(hash_log=6, min_match=7)
+
+
+def plane_compressor(level: int) -> zstandard.ZstdCompressor:
+    """This thread's zstd compressor at ``level``, for byte planes of weights."""
+    extra = PLANE_TUNING if level < 10 else {}
+    return _cached(
+        ("planes", level),
+        lambda: dict(
+            compression_params=zstandard.ZstdCompressionParameters.from_level(
+                level, write_content_size=True, write_checksum=False, **extra
+            )
+        ),
+    )
+
+
+def _cached(key, make) -> zstandard.ZstdCompressor:
+    cache = getattr(_local, "cctx", None)
+    if cache is None:
+        cache = _local.cctx = {}
+    c = cache.get(key)
+    if c is None:
+        kw = make()
+        if "compression_params" not in kw:
+            kw.update(write_content_size=True, write_checksum=False)
+        c = cache[key] = zstandard.ZstdCompressor(**kw)
+    return c
+
+
+def decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's zstd decompressor."""
+    d = getattr(_local, "dctx", None)
+    if d is None:
+        d = _local.dctx = zstandard.ZstdDecompressor()
+    return d
+
+
+def decompress_exact(data, size: int, *, where: str) -> bytes:
+    """Decompress one zstd frame that must hold exactly ``size`` bytes. Never
+    allocates more than ``size`` bytes, whatever the frame declares."""
+    try:
+        params = zstandard.get_frame_parameters(data)
+    except zstandard.ZstdError:
+        raise FormatError(f"{where}: not a zstd frame") from None
+    if params.content_size != size:
+        raise FormatError(f"{where}: compressed data declares {params.content_size} bytes, expected {size}")
+    try:
+        reader = decompressor().stream_reader(data, read_across_frames=True)
+        out = reader.read(size) if size else b""
+        extra = reader.read(1)
+    except zstandard.ZstdError as e:
+        raise FormatError(f"{where}: corrupt compressed data ({e})") from None
+    if len(out) != size or extra:
+        raise FormatError(f"{where}: compressed data does not hold exactly {size} bytes")
+    return out
+
+
+def planes(words: np.ndarray) -> np.ndarray:
+    """Byte planes of ``words``, most significant plane first (uint8 array)."""
+    return kernels.planes(words)
+
+
+def unplanes(data, n: int, w: int) -> np.ndarray:
+    """``n`` words of ``w`` bytes from their byte planes."""
+    return kernels.unplanes(data, n, uint_type(w))
+
+
+# -- Rice-coded gaps ----------------------------------------------------------
+
+rice_encode = kernels.rice_encode
+
+
+def rice_decode(r: int, unary, remainder, k: int, n: int, *, where: str) -> np.ndarray:
+    """Inverse of :func:`rice_encode`; validates every bound against ``n``."""
+    if not 0 <= r <= MAX_RICE:
+        raise FormatError(f"{where}: Rice parameter {r} out of range")
+    positions = kernels.rice_decode(r, unary, remainder, k, n)
+    if isinstance(positions, str):
+        raise FormatError(f"{where}: {positions}")
+    return positions
+
+
+# -- chunk encodings -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    codec: int
+    param: int  # Rice parameter (sparse); 0 otherwise
+    count: int  # changed words (delta codecs); 0 for raw
+    parts: tuple[bytes, ...]  # payload sections, concatenated on disk
+
+    @property
+    def size(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+
+def encode_raw(new: np.ndarray, level: int) -> Encoded:
+    return Encoded(RAW, 0, 0, (_compress_planes(plane_compressor(level), new),))
+
+
+def _compress_planes(cctx: zstandard.ZstdCompressor, words: np.ndarray) -> bytes:
+    # the planes go to a buffer of this thread's: a fresh one per unit
+    # costs more in page faults than building the planes
+    return cctx.compress(kernels.planes(words, kernels.scratch("planes", words.nbytes)))
+
+
+#: a unit of at least this many words picks its codecs on a sample of them
+SAMPLE_MIN_WORDS = 1 << 16
+#: the sample: 1/16 of the words, in 8 runs spread evenly over the unit
+SAMPLE_SHIFT, SAMPLE_RUNS = 4, 8
+#: codecs whose size on the sample is within this factor of the smallest are
+#: encoded in full and the smallest kept; the others are not tried
+SAMPLE_MARGIN = 1.02
+
+
+def candidates(density: float) -> tuple[int, ...]:
+    """The codecs that can win at a density of changed words, in the order
+    that breaks ties."""
+    out = []
+    if density <= 0.6:
+        out.append(SPARSE)
+        if density >= 0.02:
+            out.append(BITMAP)
+    if density >= 0.2:
+        out.append(DENSE)
+    if density >= 0.5:
+        out.append(RAW)
+    return tuple(out)
+
+
+def sample(words: np.ndarray) -> np.ndarray:
+    """The words that a unit of ``words`` picks its codecs on (a copy)."""
+    n = words.size
+    run, step = (n >> SAMPLE_SHIFT) // SAMPLE_RUNS, n // SAMPLE_RUNS
+    return np.concatenate([words[i * step : i * step + run] for i in range(SAMPLE_RUNS)])
+
+
+class _Trial:
+    """Each codec's encoding of one pair of word runs, built on demand. The
+    streams two codecs share are built once, and the size of a SPARSE
+    record is known without writing its Rice streams."""
+
+    def __init__(self, old: np.ndarray, new: np.ndarray, cctx: zstandard.ZstdCompressor) -> None:
+        self.old, self.new, self.cctx = old, new, cctx
+        self._scan = self._values = self._bitmap = self._rice = None
+        self._k: int | None = None
+        self._done: dict[int, Encoded] = {}
+
+    @property
+    def count(self) -> int:
+        """How many words differ."""
+        if self._k is None:
+            self._k = self.scan()[0].size
+        return self._k
+
+    def scan(self):
+        """Positions and XOR of the changed words: this thread's scratch,
+        valid until the next trial scans (a unit's sample is done with
+        before the unit is scanned)."""
+        if self._scan is None:
+            self._scan = kernels.delta_scan(self.old, self.new)
+        return self._scan
+
+    def values(self) -> bytes:
+        if self._values is None:
+            self._values = _compress_planes(self.cctx, self.scan()[1])
+        return self._values
+
+    def bitmap(self) -> bytes:
+        if self._bitmap is None:
+            self._bitmap = kernels.change_bitmap(self.old, self.new)
+        return self._bitmap
+
+    def rice(self) -> tuple[int, int, int]:
+        """The Rice parameter and the sizes of the two streams."""
+        if self._rice is None:
+            self._rice = kernels.rice_size(self.scan()[0])
+        return self._rice
+
+    def size(self, codec: int) -> int:
+        if codec == SPARSE:
+            _, unary, rem = self.rice()
+            return unary + rem + len(self.values())
+        return self.encode(codec).size
+
+    def encode(self, codec: int) -> Encoded:
+        e = self._done.get(codec)
+        if e is None:
+            e = self._done[codec] = self._encode(codec)
+        return e
+
+    def _encode(self, codec: int) -> Encoded:
+        if codec == SPARSE:
+            r, ulen, _ = self.rice()
+            if r == 0:
+                # gap zeros then a one, for every position: the unary stream
+                # is the bitmap, up to the last position
+                return Encoded(SPARSE, 0, self.count, (self.bitmap()[:ulen], b"", self.values()))
+            r, unary, rem = rice_encode(self.scan()[0])
+            return Encoded(SPARSE, r, self.count, (unary, rem, self.values()))
+        if codec == BITMAP:
+            return Encoded(BITMAP, 0, self.count, (self.cctx.compress(self.bitmap()), self.values()))
+        if codec == DENSE:
+            data, k = kernels.xor_planes(self.old, self.new, kernels.scratch("planes", self.new.nbytes))
+            self._k = k
+            return Encoded(DENSE, 0, k, (self.cctx.compress(data),))
+        return Encoded(RAW, 0, 0, (_compress_planes(self.cctx, self.new),))
+
+    def smallest(self, codecs: tuple[int, ...]) -> Encoded:
+        """The smallest encoding by one of ``codecs``, the earliest on a tie."""
+        if len(codecs) == 1:
+            return self.encode(codecs[0])
+        sizes = [self.size(c) for c in codecs]
+        return self.encode(codecs[sizes.index(min(sizes))])
+
+
+def encode_as(codec: int, old: np.ndarray, new: np.ndarray, level: int) -> Encoded:
+    """Encode ``new`` against ``old`` with one given codec (``old`` is not
+    read for RAW; a delta codec needs at least one changed word)."""
+    return _Trial(old, new, plane_compressor(level)).encode(codec)
+
+
+def encode_delta(old: np.ndarray, new: np.ndarray, level: int) -> Encoded | None:
+    """Encode ``new`` against ``old`` (same length and word type); ``None``
+    when they are equal.
+
+    The codecs that can win at the unit's density of changed words are
+    tried and the smallest kept, the earliest of :func:`candidates` on a
+    tie. A large unit takes that density from a sample of its words,
+    encodes the sample with each of them, and tries in full only those
+    that came within :data:`SAMPLE_MARGIN` of the best: on a dense change
+    this is one compression instead of four. The choice depends only on the
+    data, never on timing or threads."""
+    cctx = plane_compressor(level)
+    full = _Trial(old, new, cctx)
+    if new.size >= SAMPLE_MIN_WORDS:
+        trial = _Trial(sample(old), sample(new), cctx)
+        if trial.count:
+            codecs = candidates(trial.count / trial.new.size)
+            if len(codecs) > 1:
+                sizes = [trial.size(c) for c in codecs]
+                codecs = tuple(c for c, size in zip(codecs, sizes) if size <= min(sizes) * SAMPLE_MARGIN)
+            return full.smallest(codecs)
+        # no change in the sample: a sparse one, picked on the whole unit
+    if full.count == 0:
+        return None
+    return full.smallest(candidates(full.count / new.size))
+
+
+def decode_into(
+    codec: int, param: int, count: int, parts: list[bytes], buf: np.ndarray, *, where: str
+) -> None:
+    """Apply an encoded chunk to ``buf`` (words of the base; for ``raw`` its
+    contents are ignored). ``parts`` are the payload sections; sections a
+    codec does not use must be empty. Every length and position is checked."""
+    used = {RAW: 1, DENSE: 1, BITMAP: 2, SPARSE: 3}.get(codec)
+    if used is None:
+        raise FormatError(f"{where}: unknown codec {codec}")
+    if any(len(p) for p in parts[used:]):
+        raise FormatError(f"{where}: malformed record (unused payload section)")
+    parts = list(parts[:used]) + [b""] * (used - len(parts))
+    n = buf.size
+    w = buf.dtype.itemsize
+    if codec == RAW:
+        if count != 0 or param != 0:
+            raise FormatError(f"{where}: malformed raw record")
+        buf[:] = unplanes(decompress_exact(parts[0], n * w, where=where), n, w)
+        return
+    if not 0 < count <= n:
+        raise FormatError(f"{where}: changed-word count {count} out of range")
+    if codec == SPARSE:
+        positions = rice_decode(param, parts[0], parts[1], count, n, where=where)
+        values = parts[2]
+    elif codec == BITMAP:
+        if param != 0:
+            raise FormatError(f"{where}: malformed bitmap record")
+        bits = np.unpackbits(np.frombuffer(decompress_exact(parts[0], (n + 7) // 8, where=where), dtype=np.uint8))
+        if bits[n:].any():
+            raise FormatError(f"{where}: nonzero padding in bitmap")
+        positions = np.flatnonzero(bits[:n])
+        if positions.size != count:
+            raise FormatError(f"{where}: bitmap does not hold {count} positions")
+        values = parts[1]
+    elif codec == DENSE:
+        if param != 0:
+            raise FormatError(f"{where}: malformed dense record")
+        xor = unplanes(decompress_exact(parts[0], n * w, where=where), n, w)
+        if np.count_nonzero(xor) != count:
+            raise FormatError(f"{where}: dense record does not change {count} words")
+        buf ^= xor
+        return
+    xor = unplanes(decompress_exact(values, count * w, where=where), count, w)
+    if not xor.all():
+        raise FormatError(f"{where}: a listed position does not change")
+    kernels.scatter_xor(buf, positions, xor)

@@ -1,0 +1,50 @@
+"""``apply``: rebuild the target checkpoint from a base and a bundle, into a
+new directory (copy.py) or inside the base itself (inplace.py). Both run the
+same engine (engine.py) and the same checks (checks.py)."""
+
+from __future__ import annotations
+
+import os
+
+from ...errors import UsageError
+from ...format import signature as signing
+from ...parallel import default_threads
+from ...progress import SILENT, Reporter
+from .copy import apply_copy
+from .inplace import apply_in_place
+from .result import ApplyResult
+
+__all__ = ["ApplyResult", "apply"]
+
+
+def apply(
+    bundle,
+    base=None,
+    out=None,
+    *,
+    in_place: bool = False,
+    abort: bool = False,
+    trusted_keys: list | None = None,
+    require_signature: bool = False,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+) -> ApplyResult:
+    """Apply ``bundle`` to the checkpoint ``base``: into a new directory
+    ``out``, or with ``in_place=True`` inside ``base`` itself. With trusted
+    keys (given, or in WDIFF_TRUSTED_KEYS), ``bundle.minisig`` must be a valid
+    signature of the bundle by one of them."""
+    threads = threads or default_threads()
+    keys = signing.required_keys(trusted_keys, require_signature)
+    if keys and not abort:
+        signing.verify_file(os.fspath(bundle), os.fspath(bundle) + signing.SUFFIX, keys)
+    if in_place:
+        if out is not None:
+            raise UsageError("give either an output directory or --in-place, not both")
+        if base is None:
+            raise UsageError("--in-place needs the checkpoint directory to update")
+        return apply_in_place(bundle, base, abort=abort, threads=threads, reporter=reporter)
+    if abort:
+        raise UsageError("--abort only makes sense with --in-place")
+    if out is None:
+        raise UsageError("give an output directory (-o OUT) or --in-place")
+    return apply_copy(bundle, base, out, threads=threads, reporter=reporter)

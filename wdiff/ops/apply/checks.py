@@ -1,0 +1,106 @@
+"""The checks an apply makes before it writes anything and after: the base's
+file list, every record and header of the bundle, and every tensor of the
+result against the target digests."""
+
+from __future__ import annotations
+
+import xxhash
+
+from ...errors import BaseMismatchError, FormatError, IntegrityError, UsageError
+from ...format import records as fmt
+from ...format.bundle import BundleReader, Record, decode_header_record
+from ...paths import printable
+from ...progress import SILENT, Reporter
+from ...store.checkpoint import KIND_TENSORS, Checkpoint, scan
+from ...store.digests import Digests
+from ...store.hashing import hexd, tree
+from ...store.header import Header, parse_header
+
+
+def check_base_listing(index: fmt.Index, base) -> Checkpoint | None:
+    """Scan the base and compare its file list with the bundle's record of
+    its base: a cheap first refusal before any byte is read."""
+    if index.base_fingerprint is None:
+        if base is not None:
+            A = scan(base)
+            if A.files:
+                raise BaseMismatchError(
+                    "this bundle is a full anchor: it builds a checkpoint from nothing and takes no base",
+                    hint="apply it without a base directory",
+                )
+        return None
+    if base is None:
+        raise UsageError(
+            f"this bundle needs its base checkpoint (fingerprint {hexd(index.base_fingerprint)[:16]})"
+        )
+    A = scan(base)
+    want = {r.path: r for r in index.base_files}
+    have = {f.path: f for f in A.files}
+    for path, r in want.items():
+        f = have.get(path)
+        if f is None:
+            raise BaseMismatchError(f"{A.root}: lacks {printable(path)}, which the bundle's base has")
+        if f.kind != r.kind or f.size != r.size:
+            raise BaseMismatchError(f"{A.root}: {printable(path)} differs from the bundle's base ({f.size} bytes, expected {r.size})")
+    for path in have:
+        if path not in want:
+            raise BaseMismatchError(f"{A.root}: has {printable(path)}, which the bundle's base does not")
+    return A
+
+
+def verify_bundle(
+    reader: BundleReader, A: Checkpoint | None, *, reporter: Reporter = SILENT, records: list | None = None
+) -> dict[int, Header]:
+    """Read the whole bundle once: every record digest, the record order, the
+    chain digest; parse and check every target header. Nothing is written.
+    ``A`` needs only ``A.file(path).header``. With ``records``, the headers
+    of CHUNK and FILE records are appended to it (payloads are not kept)."""
+    index = reader.index
+    reporter.phase("verify bundle", reader.size)
+    headers: dict[int, Header] = {}
+    for rec in reader.records():
+        h = rec.header
+        where = f"{reader.path}: record {rec.index}"
+        if records is not None and h.type != fmt.HEADER:
+            records.append(Record(h, rec.offset, rec.index, None))
+        if h.type == fmt.FILE:
+            reader.check_file_payload(rec)
+        elif h.type == fmt.HEADER:
+            f = index.files[h.file]
+            raw = decode_header_record(rec, where=where)
+            if xxhash.xxh3_128_digest(raw) != f.header_digest:
+                raise IntegrityError(f"{where}: header of {printable(f.path)} does not match its digest")
+            headers[h.file] = _parse_target_header(raw, f, where)
+        reporter.advance(fmt.RECORD.size + h.payload_len)
+    for i, f in enumerate(index.files):
+        if f.kind == KIND_TENSORS and f.source == "base":
+            old = A.file(f.path) if A else None
+            if old is None or old.header is None or xxhash.xxh3_128_digest(old.header.raw) != f.header_digest:
+                raise BaseMismatchError(f"{printable(f.path)}: the base's header is not the one the bundle expects")
+            headers[i] = _parse_target_header(old.header.raw, f, reader.path)
+    seen: dict[str, str] = {}
+    for i, header in sorted(headers.items()):
+        for t in header.tensors:
+            other = seen.setdefault(t.name, index.files[i].path)
+            if other != index.files[i].path:
+                raise FormatError(f"{reader.path}: target tensor {printable(t.name)} appears in two files")
+    return headers
+
+
+def _parse_target_header(raw: bytes, f: fmt.TargetFile, where: str) -> Header:
+    if len(raw) != f.header_size:
+        raise FormatError(f"{where}: header of {printable(f.path)} has the wrong size")
+    header = parse_header(raw, f.size, where=f"{where}: {printable(f.path)}")
+    if len(header.tensors) != len(f.tensor_digests):
+        raise FormatError(f"{where}: {printable(f.path)} lists {len(f.tensor_digests)} tensor digests for {len(header.tensors)} tensors")
+    return header
+
+
+def check_target_digests(index: fmt.Index, headers: dict[int, Header], dt: Digests, *, only) -> None:
+    for i, f in enumerate(index.files):
+        if f.kind != KIND_TENSORS or i not in only:
+            continue
+        for t, want in zip(headers[i].tensors, f.tensor_digests):
+            got = tree(bytes(dt.tensors.get(t.name, b""))) if t.nbytes else tree(b"")
+            if got != want:
+                raise IntegrityError(f"{printable(f.path)}: tensor {printable(t.name)} does not match the target digest")

@@ -1,0 +1,313 @@
+"""The engine that both apply modes run: walk the bundle's records in order,
+rebuild each unit of the target from the base and its record, check it
+against the base and target chunk digests, and write it."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ...codec.chunk import RAW, decode_into
+from ...codec.dtypes import uint_type
+from ...defaults import DEFAULT_CHUNK
+from ...errors import BaseMismatchError, FormatError, IntegrityError
+from ...format import records as fmt
+from ...format.bundle import ZERO, BundleReader, Record
+from ...fsutil import io_error, write_all
+from ...parallel import ordered_map
+from ...paths import printable
+from ...progress import Reporter
+from ...store import cache, manifest
+from ...store.blockio import FdCache, known_digests, read_base, scratch, span_digests
+from ...store.checkpoint import KIND_TENSORS, Checkpoint
+from ...store.digests import Digests, hash_file
+from ...store.hashing import hexd, tree
+from ...store.header import Header
+from ...store.units import FileLayout, Unit
+from .checks import check_target_digests
+
+
+@dataclass(frozen=True, slots=True)
+class OpenFile:
+    """The data pass reached tensor file ``file``: create it and write its header."""
+
+    file: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnitWork:
+    """One unit of tensor file ``file`` to produce: base bytes, patched by
+    ``record`` (None: copied from the base as they are)."""
+
+    file: int
+    layout: FileLayout
+    unit: Unit
+    record: Record | None
+
+
+@dataclass(frozen=True, slots=True)
+class UnitDone:
+    """A unit produced and checked, with its block digests (base digests are
+    None for a unit that has no base)."""
+
+    file: int
+    unit: Unit
+    base_digests: list[bytes] | None
+    target_digests: list[bytes]
+
+
+class _Walk:
+    """The data pass in bundle order: OpenFile and UnitWork items for tensor
+    data, with the gaps between records filled from the base. Companion
+    files stream from the bundle, so ``on_file`` handles them inline."""
+
+    def __init__(self, reader: BundleReader, headers: dict[int, Header], A: Checkpoint | None, on_file) -> None:
+        self.reader, self.index, self.headers = reader, reader.index, headers
+        self.base_tensors = A.tensors if A else {}
+        self.on_file = on_file
+        self.layouts: dict[int, FileLayout] = {}
+        self.done_upto: dict[int, int] = {}
+        self.current = -1
+
+    def gaps(self, i: int, upto: int) -> Iterator[UnitWork]:
+        lay = self.layouts[i]
+        start = self.done_upto.get(i, 0)
+        if upto > start:
+            where = self.index.files[i].path
+            yield from (UnitWork(i, lay, u, None) for u in lay.gap_units(start, upto, DEFAULT_CHUNK, where=where))
+        self.done_upto[i] = upto
+
+    def finish_current(self) -> Iterator[UnitWork]:
+        c = self.current
+        if c >= 0 and self.index.files[c].kind == KIND_TENSORS:
+            yield from self.gaps(c, self.index.files[c].data_len)
+
+    def advance_to(self, i: int) -> Iterator[OpenFile | UnitWork]:
+        while self.current < i:
+            yield from self.finish_current()
+            self.current += 1
+            f = self.index.files[self.current]
+            if f.kind == KIND_TENSORS:
+                self.layouts[self.current] = FileLayout(self.headers[self.current], self.base_tensors)
+                yield OpenFile(self.current)
+            elif f.source == "base":
+                self.on_file(self.current, None)
+
+    def chunk(self, rec: Record) -> Iterator[UnitWork]:
+        h = rec.header
+        where = f"{self.reader.path}: record {rec.index}"
+        yield from self.gaps(h.file, h.lo)
+        unit = self.layouts[h.file].record_unit(h.lo, h.hi, h.word, delta=h.codec != RAW, where=where)
+        based = {s.base is not None for s in unit.spans}
+        if len(based) != 1 or (h.base != ZERO) != (True in based):
+            raise FormatError(f"{where}: base digest does not match the tensors the chunk covers")
+        self.done_upto[h.file] = h.hi
+        yield UnitWork(h.file, self.layouts[h.file], unit, rec)
+
+    def __iter__(self) -> Iterator[OpenFile | UnitWork]:
+        for rec in self.reader.records():
+            yield from self.advance_to(rec.header.file)
+            if rec.header.type == fmt.FILE:
+                self.on_file(rec.header.file, rec)
+            elif rec.header.type == fmt.CHUNK:
+                yield from self.chunk(rec)
+        yield from self.advance_to(len(self.index.files) - 1)
+        yield from self.finish_current()
+
+
+def apply_unit(
+    fds: FdCache, out_fd: int, data_start: int, unit: Unit, rec: Record | None, *, where: str,
+    known_a: dict | None = None, file: int = -1,
+) -> UnitDone:
+    """Produce one unit of the target: base bytes, patched by ``rec`` if any;
+    check base and target chunk digests; write at its offset in ``out_fd``
+    (or nowhere when ``out_fd`` is negative). The base digests of a patched
+    unit come from the manifest cache (``known_a``) when it holds them;
+    every byte written is hashed."""
+    buf = scratch("b", unit.nbytes)
+    a_dig = None
+    if unit.spans[0].base is not None:
+        read_base(fds, unit, buf)
+        # bytes copied as they are must be hashed (they are the target);
+        # bytes about to be patched are checked by the cache's digests, and
+        # the patched result is hashed below
+        a_dig = known_digests(unit, known_a, base=True) if known_a and rec is not None else None
+        if a_dig is None:
+            a_dig = span_digests(unit, buf)
+    if rec is None:
+        t_dig = a_dig
+    else:
+        h = rec.header
+        if a_dig is not None and tree(b"".join(a_dig)) != h.base:
+            raise BaseMismatchError(
+                f"{where}: base bytes of {printable(unit.spans[0].tensor.name)} differ from the bundle's base"
+            )
+        decode_into(h.codec, h.param, h.count, list(rec.payload), buf.view(uint_type(unit.word)), where=where)
+        t_dig = span_digests(unit, buf)
+        if tree(b"".join(t_dig)) != h.target:
+            raise IntegrityError(f"{where}: rebuilt bytes of {printable(unit.spans[0].tensor.name)} do not match the target digest")
+    if out_fd >= 0:
+        try:
+            write_all(out_fd, buf, data_start + unit.lo)
+        except OSError as e:
+            raise io_error(where, e) from None
+    return UnitDone(file, unit, a_dig, t_dig)
+
+
+class _Builder:
+    """The state of one ``build``: output descriptors, digests, bytes written."""
+
+    def __init__(self, reader: BundleReader, A: Checkpoint | None, headers, outputs: dict[int, str], reporter) -> None:
+        self.reader, self.index, self.A, self.headers = reader, reader.index, A, headers
+        self.outputs, self.reporter = outputs, reporter
+        self.da, self.dt = Digests(), Digests()
+        self.out_fds: dict[int, int] = {}
+        self.written = 0
+
+    def open_out(self, i: int) -> int:
+        path = self.outputs[i]
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as e:
+            raise io_error(path, e) from None
+
+    def on_file(self, i: int, rec: Record | None) -> None:
+        """Write companion file ``i``: copied from the base, or streamed from ``rec``."""
+        if i not in self.outputs:
+            return
+        f = self.index.files[i]
+        fd = self.open_out(i)
+        try:
+            if rec is None:
+                old = self.A.file(f.path) if self.A else None
+                if old is None or old.kind == KIND_TENSORS:
+                    raise BaseMismatchError(f"{printable(f.path)}: the base lacks this file")
+                blocks = hash_file(old.abspath, old.size, reporter=self.reporter, copy_to=fd)
+                self.da.files[f.path] = blocks
+            else:
+                blocks = _write_stream(self.reader.file_payload(rec), fd, self.reporter)
+            self.dt.files[f.path] = blocks
+            if tree(blocks) != f.digest:
+                raise IntegrityError(f"{printable(f.path)}: content does not match the target digest")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.written += f.size
+
+    def items(self) -> Iterator[OpenFile | UnitWork]:
+        """The walk's items for the files to write; opens each tensor file and
+        writes its header as the walk reaches it."""
+        for item in _Walk(self.reader, self.headers, self.A, self.on_file):
+            if item.file not in self.outputs:
+                continue
+            if isinstance(item, OpenFile):
+                i = item.file
+                fd = self.out_fds[i] = self.open_out(i)
+                _preallocate(fd, self.index.files[i].size, self.index.files[i].path)
+                write_all(fd, self.headers[i].raw, 0)
+            yield item
+
+    def close(self) -> None:
+        for fd in self.out_fds.values():
+            os.close(fd)
+
+
+def build(
+    reader: BundleReader,
+    A: Checkpoint | None,
+    headers: dict[int, Header],
+    outputs: dict[int, str],
+    *,
+    threads: int,
+    reporter: Reporter,
+    check_base: bool = True,
+) -> tuple[int, Digests]:
+    """Write the target files named in ``outputs`` (file index -> path) and
+    verify each against the target digests; with ``check_base``, also check
+    the base against the bundle's base fingerprint. Returns the bytes written
+    and the block digests of what was written."""
+    index = reader.index
+    b = _Builder(reader, A, headers, outputs, reporter)
+    reporter.phase("apply", sum(index.files[i].size for i in outputs))
+    known_a = cache.cached_tensors(A) if A is not None else cache.Known()
+    with FdCache() as fds:
+
+        def work(item: OpenFile | UnitWork) -> OpenFile | UnitDone:
+            if isinstance(item, OpenFile):
+                return item
+            where = f"{reader.path}: {printable(index.files[item.file].path)}"
+            return apply_unit(fds, b.out_fds[item.file], item.layout.header.data_start, item.unit, item.record,
+                              where=where, known_a=known_a, file=item.file)
+
+        try:
+            _collect(b, ordered_map(work, b.items(), threads=threads))
+        finally:
+            b.close()
+    b.written += sum(index.files[i].size for i in b.out_fds)
+    check_target_digests(index, headers, b.dt, only=outputs)
+    if A is not None and check_base:
+        reporter.phase("check base", None)
+        fp = manifest.complete(A, b.da, threads=threads, cached=known_a.paths).fingerprint
+        if fp != index.base_fingerprint:
+            raise BaseMismatchError(
+                f"{A.root}: fingerprint {hexd(fp)[:16]} is not the bundle's base {hexd(index.base_fingerprint)[:16]}"
+            )
+    return b.written, b.dt
+
+
+def _collect(b: _Builder, results) -> None:
+    """Record each unit's digests as results arrive, in file order: once file
+    i's successor shows up, file i is complete and its fsync can overlap the
+    remaining work."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdiff-sync") as syncer:
+        synced: list = []
+        current = None
+        for res in results:
+            if current is not None and res.file != current:
+                synced.append(syncer.submit(os.fsync, b.out_fds[current]))
+            current = res.file
+            if isinstance(res, OpenFile):
+                continue
+            if res.base_digests is not None:
+                b.da.put_unit(res.unit, res.base_digests, base=True)
+            b.dt.put_unit(res.unit, res.target_digests)
+            b.reporter.advance(res.unit.nbytes)
+        if current is not None:
+            synced.append(syncer.submit(os.fsync, b.out_fds[current]))
+        for f in synced:
+            f.result()
+
+
+def _preallocate(fd: int, size: int, path: str) -> None:
+    """Reserve the space now, so a full disk fails before any work is done."""
+    try:
+        os.posix_fallocate(fd, 0, size) if size else None
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # the file system cannot: truncate instead
+            os.ftruncate(fd, size)
+        else:
+            raise io_error(path, e) from None
+
+
+def _write_stream(pieces, fd: int, reporter: Reporter) -> bytes:
+    """Write decompressed pieces and return the block digests of the whole."""
+    from ...store.hashing import BLOCK_SIZE, block_digests
+
+    parts = []
+    pending = b""
+    off = 0
+    for piece in pieces:
+        write_all(fd, piece, off)
+        off += len(piece)
+        reporter.advance(len(piece))
+        data = pending + piece
+        whole = len(data) - len(data) % BLOCK_SIZE
+        parts.append(block_digests(data[:whole]))
+        pending = data[whole:]
+    if pending:
+        parts.append(block_digests(pending))
+    return b"".join(parts)

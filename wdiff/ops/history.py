@@ -1,0 +1,111 @@
+"""log and status: what a remote holds, and where a directory stands against
+it. ``plan`` finds the cheapest run of bundles from a directory's version
+(or from an anchor) to the one wanted; pull follows it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ..errors import NotFoundError
+from ..format.chain import Chain, Entry
+from ..parallel import default_threads
+from ..progress import SILENT, Reporter
+from ..remotes import open_remote
+from ..store import manifest
+from ..store.checkpoint import scan
+from ..store.hashing import fingerprint, hexd, short
+from .fetch import read_chain
+
+EMPTY_FINGERPRINT = fingerprint([])
+
+
+@dataclass(frozen=True)
+class LogResult:
+    remote: str
+    head: bytes | None
+    entries: tuple[Entry, ...]  # newest first
+
+    def to_json(self) -> dict:
+        return {
+            "schema": "wdiff.log/1",
+            "remote": self.remote,
+            "head": hexd(self.head) if self.head else None,
+            "entries": [dict(e.to_json(), anchor=e.anchor) for e in self.entries],
+        }
+
+
+def log(remote) -> LogResult:
+    store = open_remote(remote)
+    chain = read_chain(store)
+    return LogResult(store.url, chain.head, tuple(reversed(chain.entries)))
+
+
+@dataclass(frozen=True)
+class StatusResult:
+    remote: str
+    directory: str
+    current: bytes  # the directory's fingerprint
+    known: bool  # the remote has this version
+    target: bytes  # the head (or the version asked for)
+    behind: int  # bundles to apply; -1 when no path exists
+    download: int  # bytes a pull would fetch
+    from_anchor: bool = False
+    labels: dict = field(default_factory=dict)
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.current == self.target
+
+    def to_json(self) -> dict:
+        return {
+            "schema": "wdiff.status/1",
+            "remote": self.remote,
+            "directory": self.directory,
+            "current": hexd(self.current),
+            "known": self.known,
+            "target": hexd(self.target),
+            "up_to_date": self.up_to_date,
+            "behind": self.behind,
+            "download_bytes": self.download,
+            "from_anchor": self.from_anchor,
+        }
+
+
+def fingerprint_of(directory: str, threads: int, reporter: Reporter) -> bytes:
+    if not os.path.isdir(directory):
+        return EMPTY_FINGERPRINT
+    ckpt = scan(directory)
+    if not ckpt.files:
+        return EMPTY_FINGERPRINT
+    reporter.phase("fingerprint", ckpt.total_bytes)
+    return manifest.compute(ckpt, threads=threads, reporter=reporter).fingerprint
+
+
+def plan(chain: Chain, current: bytes, goal: bytes) -> tuple[list[Entry], bool]:
+    if current == goal:
+        return [], False
+    run = chain.path(current, goal) if current in chain.versions else None
+    if run is not None:
+        return run, False
+    run = chain.path(None, goal)
+    if run is None:
+        raise NotFoundError(f"no anchor leads to version {short(goal)}; the remote cannot rebuild it")
+    return run, True
+
+
+def status(directory, remote, *, to: str | None = None, threads: int | None = None, reporter: Reporter = SILENT) -> StatusResult:
+    directory = os.fspath(directory)
+    threads = threads or default_threads()
+    store = open_remote(remote)
+    chain = read_chain(store)
+    goal = chain.resolve(to)
+    current = fingerprint_of(directory, threads, reporter)
+    try:
+        run, from_anchor = plan(chain, current, goal)
+        behind, download = len(run), sum(e.size for e in run)
+    except NotFoundError:
+        behind, download, from_anchor = -1, 0, True
+    reporter.done()
+    return StatusResult(store.url, directory, current, current in chain.versions or current == EMPTY_FINGERPRINT,
+                        goal, behind, download, from_anchor)

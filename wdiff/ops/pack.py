@@ -1,0 +1,298 @@
+"""``pack``: write the bundle that turns checkpoint A into checkpoint B.
+
+One pass over both checkpoints: each unit of B is read and hashed, and, when
+its digest differs from the same bytes of A, encoded element by element.
+Unchanged units cost nothing but their digests in the index.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import xxhash
+
+from ..codec.chunk import CODEC_NAMES, ZSTD, Encoded, compressor, encode_delta, encode_raw
+from ..codec.dtypes import uint_type
+from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL, __version__
+from ..errors import UsageError
+from ..format import records as fmt
+from ..format.bundle import ZERO, BundleWriter
+from ..fsutil import io_error
+from ..parallel import default_threads, ordered_map
+from ..progress import SILENT, Reporter
+from ..store.blockio import FdCache, known_digests, read_base, read_target, scratch, span_digests
+from ..store.checkpoint import KIND_TENSORS, Checkpoint, FileEntry
+from ..store.digests import Digests, hash_file
+from ..store.hashing import hexd, tensor_file_digest, tree
+from ..store.units import Unit
+from .pair import Pair, UnitWork
+
+SCHEMA = "wdiff.pack/1"
+WRITER = f"wdiff {__version__}"
+
+
+@dataclass(frozen=True)
+class CodecStat:
+    records: int = 0
+    changed: int = 0  # changed words
+    bytes: int = 0  # payload bytes
+
+    def add(self, changed: int, nbytes: int) -> CodecStat:
+        return CodecStat(self.records + 1, self.changed + changed, self.bytes + nbytes)
+
+
+@dataclass(frozen=True)
+class PackResult:
+    bundle: str
+    bundle_id: bytes
+    base_fingerprint: bytes | None
+    target_fingerprint: bytes
+    bundle_bytes: int
+    target_bytes: int  # size of checkpoint B
+    tensors: int
+    tensors_changed: int  # modified, added or retyped
+    files_stored: int  # companion files and headers stored in the bundle
+    changed_elements: int
+    codecs: dict[str, CodecStat] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def ratio(self) -> float:
+        return self.target_bytes / self.bundle_bytes if self.bundle_bytes else float("inf")
+
+    @property
+    def bytes_per_changed(self) -> float | None:
+        return self.bundle_bytes / self.changed_elements if self.changed_elements else None
+
+    def to_json(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "bundle": self.bundle,
+            "bundle_id": hexd(self.bundle_id),
+            "base_fingerprint": hexd(self.base_fingerprint) if self.base_fingerprint else None,
+            "target_fingerprint": hexd(self.target_fingerprint),
+            "bundle_bytes": self.bundle_bytes,
+            "target_bytes": self.target_bytes,
+            "ratio": self.ratio,
+            "tensors": self.tensors,
+            "tensors_changed": self.tensors_changed,
+            "files_stored": self.files_stored,
+            "changed_elements": self.changed_elements,
+            "bytes_per_changed_element": self.bytes_per_changed,
+            "codecs": {k: {"records": v.records, "changed_elements": v.changed, "bytes": v.bytes} for k, v in self.codecs.items()},
+            "warnings": list(self.warnings),
+        }
+
+
+def pack(
+    a,
+    b,
+    out,
+    *,
+    level: int = DEFAULT_LEVEL,
+    threads: int | None = None,
+    chunk: int = DEFAULT_CHUNK,
+    reporter: Reporter = SILENT,
+) -> PackResult:
+    """Write to ``out`` a bundle that turns checkpoint ``a`` into ``b``.
+    With ``a=None`` the bundle is a full anchor that builds ``b`` from nothing."""
+    if not 1 <= level <= 22:
+        raise UsageError(f"compression level {level} is out of range (1..22)")
+    threads = threads or default_threads()
+    pair = Pair(a, b, reporter=reporter)
+    B = pair.B
+    if os.path.abspath(os.fspath(out)).startswith(os.path.abspath(B.root) + os.sep):
+        raise UsageError("the bundle must not be written inside the target checkpoint")
+    work = pair.units(chunk)
+    reporter.phase("pack", sum(x.unit.nbytes for x in work) + sum(f.size for f in B.files if f.kind != KIND_TENSORS))
+    with BundleWriter(out, level=level) as w, FdCache() as fds:
+        tally = Tally(w, level)
+        results = ordered_map(lambda x: _pack_unit(fds, level, pair.known_a, pair.known_b, x), work, threads=threads)
+        targets = _write_records(pair, w, tally, results, reporter)
+        reporter.phase("hash base", None)
+        mA = pair.complete_base(threads=threads, reporter=reporter)
+        base_fp = mA.fingerprint if mA else None
+        base_rows = tuple(fmt.FileRow(d.path, d.kind, d.size, d.digest) for d in mA.files) if mA else ()
+        mB = pair.db.manifest(B)
+        index = fmt.Index(
+            writer=WRITER,
+            base_fingerprint=base_fp,
+            base_files=base_rows,
+            target_fingerprint=mB.fingerprint,
+            files=tuple(targets),
+            records_count=w.count,
+            records_bytes=w.records_bytes,
+            records_digest=w.records_digest,
+        )
+        bundle_id = w.finish(index)
+    pair.remember_target()
+    reporter.done()
+    return PackResult(
+        bundle=os.fspath(out),
+        bundle_id=bundle_id,
+        base_fingerprint=base_fp,
+        target_fingerprint=mB.fingerprint,
+        bundle_bytes=os.path.getsize(out),
+        target_bytes=B.total_bytes,
+        tensors=len(B.tensors),
+        tensors_changed=len(tally.changed_tensors),
+        files_stored=tally.files_stored,
+        changed_elements=tally.changed_elements,
+        codecs=dict(sorted(tally.stats.items())),
+        warnings=pair.warnings,
+    )
+
+
+def _write_records(pair: Pair, w: BundleWriter, tally: Tally, results, reporter: Reporter) -> list[fmt.TargetFile]:
+    """Write B's files in order: each companion file, each tensor file's new
+    header (when it is not the base's) and the records of its encoded units
+    as they arrive; returns the index's target rows."""
+    A, B = pair.A, pair.B
+    targets: list[fmt.TargetFile] = []
+    pending = next(results, None)
+    for i, f in enumerate(B.files):
+        if f.kind != KIND_TENSORS:
+            targets.append(_companion(w, i, f, A, pair.da, pair.db, reporter))
+            tally.files_stored += targets[-1].source == "bundle"
+            continue
+        old = A.file(f.path) if A else None
+        from_base = old is not None and old.header is not None and old.header.raw == f.header.raw
+        if not from_base:
+            tally.header(i, f.header.raw)
+        while pending is not None and pending.file == i:
+            pair.record(pending.unit, pending.base_digests, pending.target_digests)
+            tally.chunk(pending)
+            reporter.advance(pending.unit.nbytes)
+            pending = next(results, None)
+        pair.db.tensors.update({t.name: bytearray() for t in f.header.tensors if t.nbytes == 0})
+        targets.append(_tensor_target(i, f, pair.db, from_base))
+    return targets
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedUnit:
+    """One unit of the target encoded: its block digests on both sides (base
+    None for a unit with no base) and its record's payload (None: unchanged)."""
+
+    file: int
+    unit: Unit
+    base_digests: list[bytes] | None
+    target_digests: list[bytes]
+    encoded: Encoded | None
+
+
+class Tally:
+    """Writes the HEADER and CHUNK records of pack and squash, and counts
+    what they hold for the result."""
+
+    def __init__(self, writer: BundleWriter, level: int) -> None:
+        self.w, self.level = writer, level
+        self.stats: dict[str, CodecStat] = {}
+        self.changed_tensors: set[str] = set()
+        self.changed_elements = 0
+        self.files_stored = 0
+
+    def header(self, i: int, raw: bytes) -> None:
+        """The new safetensors header of target file ``i``."""
+        self.w.add(header_record(i, raw), (compressor(self.level).compress(raw),))
+        self.files_stored += 1
+
+    def chunk(self, res: EncodedUnit) -> None:
+        enc = res.encoded
+        if enc is None:
+            return
+        rh = self.w.add(chunk_record(res.file, res.unit, res.base_digests, res.target_digests, enc), enc.parts)
+        name = CODEC_NAMES[enc.codec]
+        self.stats[name] = self.stats.get(name, CodecStat()).add(enc.count, rh.payload_len + fmt.RECORD.size)
+        self.changed_elements += enc.count
+        self.changed_tensors.update(_changed_spans(res.unit, res.base_digests, res.target_digests))
+
+
+def _pack_unit(fds: FdCache, level: int, known_a: dict, known_b: dict, x: UnitWork) -> EncodedUnit:
+    unit = x.unit
+    b_dig = known_digests(unit, known_b)
+    a_dig = known_digests(unit, known_a, base=True) if unit.delta else None
+    if a_dig is not None and a_dig == b_dig:  # unchanged by digests the manifest cache holds: nothing to read
+        return EncodedUnit(x.file, unit, a_dig, b_dig, None)
+    bbuf = scratch("b", unit.nbytes)
+    read_target(fds, x.entry, unit, bbuf)
+    return encode_unit(fds, level, x.file, unit, bbuf, b_dig=b_dig, a_dig=a_dig)
+
+
+def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf, *, b_dig=None, a_dig=None) -> EncodedUnit:
+    """Encode the target bytes ``bbuf`` of a unit of file ``i`` against its
+    base bytes (read here). Shared by pack and squash. Digests already known
+    (``b_dig``, ``a_dig``: from the manifest cache) are not computed again."""
+    if b_dig is None:
+        b_dig = span_digests(unit, bbuf)
+    ut = uint_type(unit.word)
+    if not unit.delta:
+        return EncodedUnit(i, unit, None, b_dig, encode_raw(bbuf.view(ut), level))
+    if a_dig == b_dig:
+        return EncodedUnit(i, unit, a_dig, b_dig, None)
+    abuf = scratch("a", unit.nbytes)
+    read_base(fds, unit, abuf)
+    if a_dig is None:
+        a_dig = span_digests(unit, abuf)
+        if a_dig == b_dig:
+            return EncodedUnit(i, unit, a_dig, b_dig, None)
+    return EncodedUnit(i, unit, a_dig, b_dig, encode_delta(abuf.view(ut), bbuf.view(ut), level))
+
+
+def _changed_spans(unit: Unit, a_dig, b_dig):
+    for k, s in enumerate(unit.spans):
+        if a_dig is None or a_dig[k] != b_dig[k]:
+            yield s.tensor.name
+
+
+def chunk_record(i: int, unit: Unit, a_dig, b_dig, enc) -> fmt.RecordHeader:
+    """The header of the record that carries ``enc``, a unit of target file ``i``."""
+    return fmt.RecordHeader(
+        type=fmt.CHUNK, codec=enc.codec, word=unit.word, param=enc.param, file=i,
+        lo=unit.lo, hi=unit.hi, count=enc.count, lens=(0, 0, 0),
+        base=tree(b"".join(a_dig)) if a_dig is not None else ZERO,
+        target=tree(b"".join(b_dig)),
+    )
+
+
+def header_record(i: int, raw: bytes) -> fmt.RecordHeader:
+    """The record that carries ``raw``, the safetensors header of target file ``i``."""
+    return fmt.RecordHeader(
+        type=fmt.HEADER, codec=ZSTD, word=1, param=0, file=i, lo=0, hi=len(raw), count=0,
+        lens=(0, 0, 0), base=ZERO, target=xxhash.xxh3_128_digest(raw),
+    )
+
+
+def _tensor_target(i: int, f: FileEntry, db: Digests, from_base: bool) -> fmt.TargetFile:
+    hd = xxhash.xxh3_128_digest(f.header.raw)
+    tds = tuple(tree(bytes(db.tensors[t.name])) for t in f.header.tensors)
+    return fmt.TargetFile(
+        f.path, KIND_TENSORS, f.size, tensor_file_digest(hd, list(tds)),
+        "base" if from_base else "bundle", hd, len(f.header.raw), tds,
+    )
+
+
+def _companion(w: BundleWriter, i: int, f: FileEntry, A: Checkpoint | None, da, db, reporter) -> fmt.TargetFile:
+    blocks = hash_file(f.abspath, f.size)
+    db.files[f.path] = blocks
+    digest = tree(blocks)
+    old = A.file(f.path) if A else None
+    if old is not None and old.kind != KIND_TENSORS:
+        if old.path not in da.files:
+            da.files[old.path] = hash_file(old.abspath, old.size)
+        if tree(da.files[old.path]) == digest and old.size == f.size:
+            reporter.advance(f.size)
+            return fmt.TargetFile(f.path, "file", f.size, digest, "base")
+    rh = fmt.RecordHeader(
+        type=fmt.FILE, codec=ZSTD, word=1, param=0, file=i, lo=0, hi=f.size, count=0,
+        lens=(0, 0, 0), base=ZERO, target=digest,
+    )
+    try:
+        with open(f.abspath, "rb") as src:
+            w.add_stream(rh, src, f.size)
+    except OSError as e:
+        raise io_error(f.abspath, e) from None
+    reporter.advance(f.size)
+    return fmt.TargetFile(f.path, "file", f.size, digest, "bundle")
+
