@@ -1,0 +1,1 @@
+wdiff apply --json sparse.wdb base -o out

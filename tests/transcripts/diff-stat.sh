@@ -1,0 +1,2 @@
+wdiff diff --stat base sparse
+wdiff diff --stat base struct

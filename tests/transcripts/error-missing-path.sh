@@ -1,0 +1,2 @@
+# a path that does not exist: exit 3
+wdiff diff base nosuch

@@ -1,0 +1,1 @@
+wdiff log nosuch-remote

@@ -1,0 +1,1 @@
+wdiff apply sparse.wdb base -o dense

@@ -1,0 +1,1 @@
+wdiff info corrupt/sparse-truncated.wdb

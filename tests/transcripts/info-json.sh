@@ -1,0 +1,1 @@
+wdiff info --json struct.wdb

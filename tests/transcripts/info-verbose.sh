@@ -1,0 +1,1 @@
+wdiff info -v struct.wdb

@@ -1,0 +1,2 @@
+wdiff info anchor.wdb
+wdiff info dense.wdb

@@ -1,0 +1,1 @@
+wdiff pack --json base struct -o s.wdb
