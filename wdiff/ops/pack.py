@@ -20,7 +20,7 @@ from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL, __version__
 from ..errors import UsageError
 from ..format import records as fmt
 from ..format.bundle import ZERO, BundleWriter
-from ..fsutil import io_error
+from ..fsutil import check_output, io_error
 from ..parallel import default_threads, ordered_map
 from ..progress import SILENT, Reporter
 from ..store.blockio import FdCache, read_base, read_target, scratch, span_digests
@@ -96,16 +96,18 @@ def pack(
     threads: int | None = None,
     chunk: int = DEFAULT_CHUNK,
     reporter: Reporter = SILENT,
+    overwrite: bool = False,
 ) -> PackResult:
     """Write to ``out`` a bundle that turns checkpoint ``a`` into ``b``.
-    With ``a=None`` the bundle is a full anchor that builds ``b`` from nothing."""
+    With ``a=None`` the bundle is a full anchor that builds ``b`` from nothing.
+    An existing ``out`` is refused unless ``overwrite``; an ``out`` that is,
+    or lies inside, A or B always is."""
     if not 1 <= level <= 22:
         raise UsageError(f"compression level {level} is out of range (1..22)")
+    check_output(out, [("the base checkpoint", a), ("the target checkpoint", b)], overwrite=overwrite)
     threads = threads or default_threads()
     pair = Pair(a, b, reporter=reporter)
     B = pair.B
-    if os.path.abspath(os.fspath(out)).startswith(os.path.abspath(B.root) + os.sep):
-        raise UsageError("the bundle must not be written inside the target checkpoint")
     work = pair.units(chunk)
     reporter.phase("pack", sum(x.unit.nbytes for x in work) + sum(f.size for f in B.files if f.kind != KIND_TENSORS))
     with BundleWriter(out, level=level) as w, FdCache() as fds:
