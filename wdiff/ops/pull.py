@@ -127,7 +127,7 @@ def _bring(store, chain, directory: str, work: str, current: bytes, goal: bytes,
             bundle = os.path.join(work, f"squash-{short(current)}-{short(goal)}.wdb")
             # a guessed base is checked by the squash itself (it reads DIR)
             squash(bundles, None if from_anchor else directory, bundle, threads=threads, reporter=reporter,
-                   base_fingerprint=None if from_anchor or guessed else current, overwrite=True)
+                   base_fingerprint=None if from_anchor or guessed else current, check_out=False)
         apply_in_place(bundle, directory, abort=False, threads=threads, reporter=reporter)
     remove_tree(work)
     return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in run), downloaded,

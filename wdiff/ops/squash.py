@@ -161,18 +161,21 @@ def squash(
     reporter: Reporter = SILENT,
     base_fingerprint: bytes | None = None,
     overwrite: bool = False,
+    check_out: bool = True,
 ) -> PackResult:
     """Compose ``bundles`` (each one's base the previous one's target) into one
     bundle written to ``out``. ``base`` is the checkpoint directory the first
     bundle applies to (None when it is an anchor); its fingerprint is checked
     first, unless the caller just computed it (by reading) and passes it in.
     An existing ``out`` is refused unless ``overwrite``; an ``out`` that is a
-    bundle, or is or lies inside the base, always is."""
+    bundle, or is or lies inside the base, always is (``check_out=False``:
+    pull's own work file in the base's .wdiff/, which is no part of it)."""
     if not bundles:
         raise UsageError("squash needs at least one bundle")
     if out is None:
         raise UsageError("squash needs an output file (-o FILE)")
-    check_output(out, [("the bundle", b) for b in bundles] + [("the base checkpoint", base)], overwrite=overwrite)
+    if check_out:
+        check_output(out, [("the bundle", b) for b in bundles] + [("the base checkpoint", base)], overwrite=overwrite)
     threads = threads or default_threads()
     steps: list[_Step] = []
     try:
