@@ -33,7 +33,7 @@ _wdiff() {
                 -l|--level|--sign|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "-o --output --anchor -l --level --sign --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "-o --output --anchor -f --force -l --level --sign --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi
@@ -93,7 +93,7 @@ _wdiff() {
                 --remote|--from|--to|-l|--level|--sign|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "-o --output --remote --from --to --base -l --level --sign --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "-o --output --remote --from --to --base -f --force -l --level --sign --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

@@ -29,6 +29,7 @@ complete -c wdiff -n '__fish_seen_subcommand_from diff' -s h -l help -d 'Show th
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -F
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -s o -l output -r -F -d 'Bundle file to write'
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -l anchor -d 'Pack B whole, as a bundle that needs no base'
+complete -c wdiff -n '__fish_seen_subcommand_from pack' -s f -l force -d 'Replace the bundle file if it exists'
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -s l -l level -x -d 'zstd level (1 is the fastest and, for weights, the smallest)'
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -l sign -x -d 'Sign with this minisign secret key (see wdiff keygen)'
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -l json -d 'Print exactly one JSON document on stdout'
@@ -88,6 +89,7 @@ complete -c wdiff -n '__fish_seen_subcommand_from squash' -l remote -x -d 'Squas
 complete -c wdiff -n '__fish_seen_subcommand_from squash' -l from -x -d 'With --remote: start here [default: nothing, making an anchor]'
 complete -c wdiff -n '__fish_seen_subcommand_from squash' -l to -x -d 'With --remote: end here [default: the head]'
 complete -c wdiff -n '__fish_seen_subcommand_from squash' -l base -r -F -d 'The checkpoint the run starts from (not needed from an anchor)'
+complete -c wdiff -n '__fish_seen_subcommand_from squash' -s f -l force -d 'Replace the bundle file (-o) if it exists'
 complete -c wdiff -n '__fish_seen_subcommand_from squash' -s l -l level -x -d 'zstd level (1 is the fastest and, for weights, the smallest)'
 complete -c wdiff -n '__fish_seen_subcommand_from squash' -l sign -x -d 'Sign with this minisign secret key (see wdiff keygen)'
 complete -c wdiff -n '__fish_seen_subcommand_from squash' -l json -d 'Print exactly one JSON document on stdout'

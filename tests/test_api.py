@@ -51,8 +51,8 @@ def test_public_signatures_match_the_use_cases_behind_them():
     for name, module in behind.items():
         inner = inspect.signature(getattr(importlib.import_module(module), name)).parameters
         outer = inspect.signature(getattr(wdiff, name)).parameters
-        # squash's base_fingerprint is for pull's own use, not a public option
-        hidden = {"base_fingerprint"}
+        # squash's base_fingerprint and check_out are for pull's own use, not public options
+        hidden = {"base_fingerprint", "check_out"}
         assert [p for p in inner if p not in hidden] == list(outer), name
         for p in outer:
             assert outer[p].default == inner[p].default, (name, p)

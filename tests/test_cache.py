@@ -35,8 +35,8 @@ def test_pack_leaves_the_target_fingerprinted(pair, tmp_path, monkeypatch):
     res = wdiff.pack(A, B, tmp_path / "d.wdb")
     with monkeypatch.context() as m:
         no_reading(m)
-        assert manifest.compute(scan(B), threads=1).fingerprint == res.target_fingerprint
-        assert manifest.compute(scan(A), threads=1).fingerprint == res.base_fingerprint
+        assert manifest.compute(scan(B), threads=1, use_cache=True).fingerprint == res.target_fingerprint
+        assert manifest.compute(scan(A), threads=1, use_cache=True).fingerprint == res.base_fingerprint
 
 
 def test_apply_leaves_the_output_fingerprinted(pair, tmp_path, monkeypatch):
@@ -45,12 +45,12 @@ def test_apply_leaves_the_output_fingerprinted(pair, tmp_path, monkeypatch):
     wdiff.apply(tmp_path / "d.wdb", A, tmp_path / "C")
     with monkeypatch.context() as m:
         no_reading(m)
-        assert manifest.compute(scan(tmp_path / "C"), threads=1).fingerprint == res.target_fingerprint
+        assert manifest.compute(scan(tmp_path / "C"), threads=1, use_cache=True).fingerprint == res.target_fingerprint
 
 
 def test_a_changed_file_is_never_served_stale(pair, tmp_path):
     A, B = pair
-    before = manifest.compute(scan(A), threads=1).fingerprint
+    before = manifest.compute(scan(A), threads=1, use_cache=True).fingerprint
     shard = os.path.join(A, "model.safetensors")
     st = os.stat(shard)
     with open(shard, "r+b") as f:  # same size, same mtime: only ctime and content change
@@ -59,13 +59,13 @@ def test_a_changed_file_is_never_served_stale(pair, tmp_path):
         f.seek(st.st_size - 3)
         f.write(bytes([old[0] ^ 0xFF]))
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
-    after = manifest.compute(scan(A), threads=1).fingerprint
+    after = manifest.compute(scan(A), threads=1, use_cache=True).fingerprint
     assert after != before
 
 
 def test_damaged_entries_are_misses(pair, tmp_path, monkeypatch):
     A, B = pair
-    fp = manifest.compute(scan(A), threads=1).fingerprint
+    fp = manifest.compute(scan(A), threads=1, use_cache=True).fingerprint
     root = cache.cache_dir()
     for name in os.listdir(root):
         p = os.path.join(root, name)
@@ -73,11 +73,11 @@ def test_damaged_entries_are_misses(pair, tmp_path, monkeypatch):
         data[len(data) // 2] ^= 1
         open(p, "wb").write(bytes(data))
     assert all(cache.lookup(f) is None for f in scan(A).files)
-    assert manifest.compute(scan(A), threads=1).fingerprint == fp
+    assert manifest.compute(scan(A), threads=1, use_cache=True).fingerprint == fp
 
 
 def test_cache_can_be_turned_off(pair, tmp_path, monkeypatch):
     A, B = pair
     monkeypatch.setenv("WDIFF_CACHE_DIR", "none")
-    manifest.compute(scan(A), threads=1)
+    manifest.compute(scan(A), threads=1, use_cache=True)
     assert not (tmp_path / "cache").exists()

@@ -89,17 +89,20 @@ def pack(
     threads: int | None = None,
     chunk: int = DEFAULT_CHUNK,
     reporter: Reporter = SILENT,
+    overwrite: bool = False,
 ) -> PackResult:
     """Write to ``out`` the bundle that turns checkpoint ``a`` into ``b``.
 
     With ``a=None`` the bundle is an anchor: ``b`` whole, needing no base.
     ``level`` is zstd's; ``chunk`` the bytes one record covers at most. The
     same inputs and options always give the same bytes, whatever
-    ``threads``. Returns a :class:`~wdiff.ops.pack.PackResult`.
+    ``threads``. An existing ``out`` is refused unless ``overwrite``; an
+    ``out`` that is, or lies inside, ``a`` or ``b`` always is. Returns a
+    :class:`~wdiff.ops.pack.PackResult`.
     """
     from .ops.pack import pack as _pack
 
-    return _pack(a, b, out, level=level, threads=threads, chunk=chunk, reporter=reporter)
+    return _pack(a, b, out, level=level, threads=threads, chunk=chunk, reporter=reporter, overwrite=overwrite)
 
 
 def apply(
@@ -138,13 +141,15 @@ def squash(
     level: int = DEFAULT_LEVEL,
     threads: int | None = None,
     reporter: Reporter = SILENT,
+    overwrite: bool = False,
 ) -> PackResult:
     """Compose a run of ``bundles`` (each one's target the next one's base)
     into one bundle ``out`` from the first base to the last target, exactly.
-    ``base`` is the first bundle's base checkpoint (None when it is an anchor)."""
+    ``base`` is the first bundle's base checkpoint (None when it is an anchor).
+    An existing ``out`` is refused unless ``overwrite``."""
     from .ops.squash import squash as _squash
 
-    return _squash(bundles, base, out, level=level, threads=threads, reporter=reporter)
+    return _squash(bundles, base, out, level=level, threads=threads, reporter=reporter, overwrite=overwrite)
 
 
 def verify(

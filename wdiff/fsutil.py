@@ -82,3 +82,76 @@ def locked(lock_path: str, *, what: str):
         yield
     finally:
         os.close(fd)
+
+
+# -- outputs named on the command line -------------------------------------------
+
+#: an input directory with more entries than this is not searched for hard links
+MAX_LINK_SCAN = 100_000
+
+
+def check_output(out, inputs, *, overwrite: bool = True) -> str:
+    """Refuse (UsageError, exit 2) an output path ``out`` that is, or lies
+    inside, one of ``inputs`` (``(what, path)`` pairs; None paths are
+    skipped), compared as resolved paths: symlinks, relative paths, ``..``
+    and trailing slashes resolve first, and an existing output that is the
+    same file as an input, or as a file inside an input directory (a hard
+    link), is refused too. Both the place a rename lands (the output's
+    resolved parent) and the file the output names now (followed when it is
+    a symlink) are checked. Without ``overwrite``, an existing output is
+    refused as well. Returns ``out`` as a string."""
+    from .errors import UsageError
+
+    out = os.fspath(out)
+    if not overwrite and os.path.lexists(out):
+        raise UsageError(f"{out}: already exists", hint="pass --force (-f) to replace it")
+    stripped = out.rstrip("/") or "/"
+    head, tail = os.path.split(stripped)
+    landing = os.path.join(os.path.realpath(head or "."), tail) if tail not in ("", ".", "..") else os.path.realpath(stripped)
+    targets = {os.path.normpath(landing), os.path.realpath(stripped)}
+    existing = _stat(out)
+    try:
+        linked = existing is not None and os.stat(out).st_nlink > 1
+    except OSError:
+        linked = False
+    for what, path in inputs:
+        if path is None:
+            continue
+        path = os.fspath(path)
+        real = os.path.realpath(path)
+        for t in targets:
+            if t == real or t.startswith(real.rstrip("/") + "/"):
+                rel = "is" if t == real else "lies inside"
+                raise UsageError(f"{out}: {rel} {what} {path} (resolved: {real}); refusing to write an input")
+        if existing is None:
+            continue
+        st = _stat(path)
+        if st is not None and st == existing:
+            raise UsageError(f"{out}: is the same file as {what} {path}; refusing to write an input")
+        if linked and os.path.isdir(path):
+            hit = _linked_inside(real, existing)
+            if hit is not None:
+                raise UsageError(f"{out}: is the same file as {hit}, inside {what} {path}; refusing to write an input")
+    return out
+
+
+def _stat(path: str):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _linked_inside(root: str, ident) -> str | None:
+    """A path under ``root`` that is the file ``ident`` (device, inode)."""
+    n = 0
+    for dirpath, dirs, files in os.walk(root):
+        for name in files:
+            n += 1
+            if n > MAX_LINK_SCAN:
+                return None
+            p = os.path.join(dirpath, name)
+            if _stat(p) == ident:
+                return p
+    return None

@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             add("wdiff startup (--version)", t, rss, 0, note="fixed cost in every row below")
             t, rss, r = run([*wd, "diff", "--json", *threads, a, b])
             add("wdiff diff", t, rss, 2 * a_bytes)
-            t, rss, r = run([*wd, "pack", "--json", *threads, a, b, "-o", bundle])
+            t, rss, r = run([*wd, "pack", "--json", "--force", *threads, a, b, "-o", bundle])
             if r.returncode != 0:
                 raise SystemExit(r.stderr.decode())
             doc = json.loads(r.stdout)

@@ -136,6 +136,7 @@ def pack(
     ],
     output: Annotated[Path, typer.Option("--output", "-o", help="Bundle file to write.", show_default=False)],
     anchor: Annotated[bool, typer.Option("--anchor", help="Pack B whole, as a bundle that needs no base.")] = False,
+    force: Annotated[bool, typer.Option("--force", "-f", help="Replace the bundle file if it exists.")] = False,
     level: Level = DEFAULT_LEVEL,
     sign: SignKey = None,
     json_mode: Json = False,
@@ -163,7 +164,7 @@ def pack(
         if len(paths) != 2:
             raise UsageError("pack takes two checkpoint directories, A and B (or --anchor B)")
         a, b = paths
-    res = run_pack(a, b, output, level=level, threads=threads, reporter=o.TerminalReporter(out))
+    res = run_pack(a, b, output, level=level, threads=threads, reporter=o.TerminalReporter(out), overwrite=force)
     if sign is not None:
         from ..ops.signatures import sign_bundle
 

@@ -194,6 +194,7 @@ def squash(
     start: Annotated[Optional[str], typer.Option("--from", metavar="VERSION", help="With --remote: start here [default: nothing, making an anchor].", show_default=False)] = None,
     to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="With --remote: end here [default: the head].", show_default=False)] = None,
     base: Annotated[Optional[Path], typer.Option("--base", help="The checkpoint the run starts from (not needed from an anchor).", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", "-f", help="Replace the bundle file (-o) if it exists.")] = False,
     level: Level = DEFAULT_LEVEL,
     sign: SignKey = None,
     json_mode: Json = False,
@@ -233,7 +234,7 @@ def squash(
         raise UsageError("--from and --to go with --remote")
     from ..ops.squash import squash as run_squash
 
-    res = run_squash(bundles, base, output, level=level, threads=threads, reporter=reporter)
+    res = run_squash(bundles, base, output, level=level, threads=threads, reporter=reporter, overwrite=force)
     if sign is not None:
         from ..ops.signatures import sign_bundle
 

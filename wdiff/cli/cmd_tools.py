@@ -109,7 +109,7 @@ def sign(
 
     out = _setup(json_mode, quiet, verbose)
     secret = load_secret(str(key))
-    sig = sign_bundle(bundle, secret, reporter=o.TerminalReporter(out))
+    sig = sign_bundle(bundle, secret, reporter=o.TerminalReporter(out), key_path=key)
     if out.json:
         out.document({"schema": "wdiff.sign/1", "bundle": str(bundle), "signature": sig, "key_id": secret.public_key.id_hex})
         return

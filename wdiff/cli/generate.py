@@ -25,7 +25,8 @@ MAN_DATE = "2026-12-01"
 ENVIRONMENT = [
     ("WDIFF_THREADS", "Worker threads (default: all cores). --threads overrides it."),
     ("WDIFF_CACHE_DIR", "Where the manifest cache keeps the block digests of files already hashed "
-                        "(default: $XDG_CACHE_HOME/wdiff or ~/.cache/wdiff); none turns it off. Safe to delete."),
+                        "(default: $XDG_CACHE_HOME/wdiff or ~/.cache/wdiff); none turns it off. Safe to delete. "
+                        "Its entries are only guesses, used by pull to choose bundles; no result rests on them."),
     ("WDIFF_NATIVE", "Set to 0 to use the numpy kernels instead of the C extension (same results, slower); "
                      "wdiff --version says which are in use."),
     ("WDIFF_DEBUG", "Set to 1 to print a traceback with every error."),

@@ -1,8 +1,9 @@
 """``diff``: what changed between two checkpoints, tensor by tensor.
 
-Tensors are matched by name, whatever shard holds them. Unchanged blocks are
-recognised by digest alone; elements are compared only inside blocks whose
-digests differ, and float statistics are computed only for changed tensors.
+Tensors are matched by name, whatever shard holds them. Both sides are read
+and hashed (never taken from the manifest cache); elements are compared only
+inside blocks whose digests differ, and float statistics are computed only
+for changed tensors.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..codec.dtypes import dtype_info, uint_type
 from ..defaults import DEFAULT_CHUNK
 from ..parallel import default_threads, ordered_map
 from ..progress import SILENT, Reporter
-from ..store.blockio import FdCache, known_digests, read_base, read_target, scratch, span_digests
+from ..store.blockio import FdCache, read_base, read_target, scratch, span_digests
 from ..store.checkpoint import KIND_TENSORS, Checkpoint
 from ..store.hashing import BLOCK_SIZE, hexd, n_blocks
 from ..store.units import Unit
@@ -189,7 +190,7 @@ def diff(a, b, *, threads: int | None = None, reporter: Reporter = SILENT) -> Di
     work = pair.units(DEFAULT_CHUNK)
     reporter.phase("compare", sum(w.unit.nbytes for w in work))
     with FdCache() as fds:
-        for c in ordered_map(lambda w: _diff_unit(fds, pair.known_a, pair.known_b, w.entry, w.unit), work, threads=threads):
+        for c in ordered_map(lambda w: _diff_unit(fds, w.entry, w.unit), work, threads=threads):
             pair.record(c.unit, c.base_digests, c.target_digests)
             if c.stats is not None:
                 for s, st in zip(c.unit.spans, c.stats):
@@ -216,33 +217,21 @@ class _Compared:
     stats: list | None
 
 
-def _diff_unit(fds: FdCache, known_a: dict, known_b: dict, f, unit: Unit) -> _Compared:
-    """Digests and statistics of one unit. Digests the manifest cache knows
-    are not computed again, and a side is not read when digests alone show
-    the unit unchanged."""
-    b_dig = known_digests(unit, known_b)
-    if not unit.delta:
-        if b_dig is None:
-            bbuf = scratch("b", unit.nbytes)
-            read_target(fds, f, unit, bbuf)
-            b_dig = span_digests(unit, bbuf)
-        return _Compared(unit, None, b_dig, None)
-    unchanged = [None] * len(unit.spans)
-    a_dig = known_digests(unit, known_a, base=True)
-    if a_dig is not None and a_dig == b_dig:
-        return _Compared(unit, a_dig, b_dig, unchanged)
+def _diff_unit(fds: FdCache, f, unit: Unit) -> _Compared:
+    """Digests and statistics of one unit. Both sides are read and hashed:
+    a digest from the manifest cache could be stale (a write through a
+    shared mmap leaves the file's stat as it was), and "unchanged" is an
+    output."""
     bbuf = scratch("b", unit.nbytes)
     read_target(fds, f, unit, bbuf)
-    if b_dig is None:
-        b_dig = span_digests(unit, bbuf)
-        if a_dig == b_dig:
-            return _Compared(unit, a_dig, b_dig, unchanged)
+    b_dig = span_digests(unit, bbuf)
+    if not unit.delta:
+        return _Compared(unit, None, b_dig, None)
     abuf = scratch("a", unit.nbytes)
     read_base(fds, unit, abuf)
-    if a_dig is None:
-        a_dig = span_digests(unit, abuf)
-        if a_dig == b_dig:
-            return _Compared(unit, a_dig, b_dig, unchanged)
+    a_dig = span_digests(unit, abuf)
+    if a_dig == b_dig:
+        return _Compared(unit, a_dig, b_dig, [None] * len(unit.spans))
     ut = uint_type(unit.word)
     bounds = np.cumsum([0] + [s.nbytes // unit.word for s in unit.spans])
     changed = [i for i in range(len(unit.spans)) if a_dig[i] != b_dig[i]]

@@ -72,14 +72,17 @@ class StatusResult:
         }
 
 
-def fingerprint_of(directory: str, threads: int, reporter: Reporter) -> bytes:
+def fingerprint_of(directory: str, threads: int, reporter: Reporter, *, guess: bool = False) -> bytes:
+    """The fingerprint of ``directory``, read and hashed; with ``guess``,
+    taken from the manifest cache where it holds the files' digests: a
+    guess, to be confirmed by reading before anything rests on it."""
     if not os.path.isdir(directory):
         return EMPTY_FINGERPRINT
     ckpt = scan(directory)
     if not ckpt.files:
         return EMPTY_FINGERPRINT
     reporter.phase("fingerprint", ckpt.total_bytes)
-    return manifest.compute(ckpt, threads=threads, reporter=reporter).fingerprint
+    return manifest.compute(ckpt, threads=threads, reporter=reporter, use_cache=guess).fingerprint
 
 
 def plan(chain: Chain, current: bytes, goal: bytes) -> tuple[list[Entry], bool]:

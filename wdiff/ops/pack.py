@@ -1,8 +1,10 @@
 """``pack``: write the bundle that turns checkpoint A into checkpoint B.
 
 One pass over both checkpoints: each unit of B is read and hashed, and, when
-its digest differs from the same bytes of A, encoded element by element.
-Unchanged units cost nothing but their digests in the index.
+its digest differs from the same bytes of A (read and hashed too), encoded
+element by element. Unchanged units cost nothing but their digests in the
+index. Nothing is taken from the manifest cache: what is encoded, and every
+digest written, is what is on disk now.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL, __version__
 from ..errors import UsageError
 from ..format import records as fmt
 from ..format.bundle import ZERO, BundleWriter
-from ..fsutil import io_error
+from ..fsutil import check_output, io_error
 from ..parallel import default_threads, ordered_map
 from ..progress import SILENT, Reporter
-from ..store.blockio import FdCache, known_digests, read_base, read_target, scratch, span_digests
+from ..store.blockio import FdCache, read_base, read_target, scratch, span_digests
 from ..store.checkpoint import KIND_TENSORS, Checkpoint, FileEntry
 from ..store.digests import Digests, hash_file
 from ..store.hashing import hexd, tensor_file_digest, tree
@@ -94,21 +96,23 @@ def pack(
     threads: int | None = None,
     chunk: int = DEFAULT_CHUNK,
     reporter: Reporter = SILENT,
+    overwrite: bool = False,
 ) -> PackResult:
     """Write to ``out`` a bundle that turns checkpoint ``a`` into ``b``.
-    With ``a=None`` the bundle is a full anchor that builds ``b`` from nothing."""
+    With ``a=None`` the bundle is a full anchor that builds ``b`` from nothing.
+    An existing ``out`` is refused unless ``overwrite``; an ``out`` that is,
+    or lies inside, A or B always is."""
     if not 1 <= level <= 22:
         raise UsageError(f"compression level {level} is out of range (1..22)")
+    check_output(out, [("the base checkpoint", a), ("the target checkpoint", b)], overwrite=overwrite)
     threads = threads or default_threads()
     pair = Pair(a, b, reporter=reporter)
     B = pair.B
-    if os.path.abspath(os.fspath(out)).startswith(os.path.abspath(B.root) + os.sep):
-        raise UsageError("the bundle must not be written inside the target checkpoint")
     work = pair.units(chunk)
     reporter.phase("pack", sum(x.unit.nbytes for x in work) + sum(f.size for f in B.files if f.kind != KIND_TENSORS))
     with BundleWriter(out, level=level) as w, FdCache() as fds:
         tally = Tally(w, level)
-        results = ordered_map(lambda x: _pack_unit(fds, level, pair.known_a, pair.known_b, x), work, threads=threads)
+        results = ordered_map(lambda x: _pack_unit(fds, level, x), work, threads=threads)
         targets = _write_records(pair, w, tally, results, reporter)
         reporter.phase("hash base", None)
         mA = pair.complete_base(threads=threads, reporter=reporter)
@@ -209,34 +213,28 @@ class Tally:
         self.changed_tensors.update(_changed_spans(res.unit, res.base_digests, res.target_digests))
 
 
-def _pack_unit(fds: FdCache, level: int, known_a: dict, known_b: dict, x: UnitWork) -> EncodedUnit:
-    unit = x.unit
-    b_dig = known_digests(unit, known_b)
-    a_dig = known_digests(unit, known_a, base=True) if unit.delta else None
-    if a_dig is not None and a_dig == b_dig:  # unchanged by digests the manifest cache holds: nothing to read
-        return EncodedUnit(x.file, unit, a_dig, b_dig, None)
-    bbuf = scratch("b", unit.nbytes)
-    read_target(fds, x.entry, unit, bbuf)
-    return encode_unit(fds, level, x.file, unit, bbuf, b_dig=b_dig, a_dig=a_dig)
+def _pack_unit(fds: FdCache, level: int, x: UnitWork) -> EncodedUnit:
+    """B's bytes are read and hashed for every unit, A's for every unit with
+    a base: a bundle encodes what is on disk now, and its digests are of the
+    bytes encoded (never the manifest cache's, which may be stale)."""
+    bbuf = scratch("b", x.unit.nbytes)
+    read_target(fds, x.entry, x.unit, bbuf)
+    return encode_unit(fds, level, x.file, x.unit, bbuf)
 
 
-def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf, *, b_dig=None, a_dig=None) -> EncodedUnit:
+def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf) -> EncodedUnit:
     """Encode the target bytes ``bbuf`` of a unit of file ``i`` against its
-    base bytes (read here). Shared by pack and squash. Digests already known
-    (``b_dig``, ``a_dig``: from the manifest cache) are not computed again."""
-    if b_dig is None:
-        b_dig = span_digests(unit, bbuf)
+    base bytes (read here); both sides' digests are of these bytes. Shared
+    by pack and squash."""
+    b_dig = span_digests(unit, bbuf)
     ut = uint_type(unit.word)
     if not unit.delta:
         return EncodedUnit(i, unit, None, b_dig, encode_raw(bbuf.view(ut), level))
-    if a_dig == b_dig:
-        return EncodedUnit(i, unit, a_dig, b_dig, None)
     abuf = scratch("a", unit.nbytes)
     read_base(fds, unit, abuf)
-    if a_dig is None:
-        a_dig = span_digests(unit, abuf)
-        if a_dig == b_dig:
-            return EncodedUnit(i, unit, a_dig, b_dig, None)
+    a_dig = span_digests(unit, abuf)
+    if a_dig == b_dig:
+        return EncodedUnit(i, unit, a_dig, b_dig, None)
     return EncodedUnit(i, unit, a_dig, b_dig, encode_delta(abuf.view(ut), bbuf.view(ut), level))
 
 

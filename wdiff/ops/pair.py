@@ -1,6 +1,7 @@
 """The skeleton diff and pack share: two checkpoints opened for one data
-pass over B's units against A, with digest accumulators for both sides and
-what the manifest cache already knows of each."""
+pass over B's units against A, with digest accumulators for both sides.
+Every digest comes from bytes read in this run: the manifest cache is
+written for the next run, never read here (its hits are guesses)."""
 
 from __future__ import annotations
 
@@ -38,8 +39,6 @@ class Pair:
         for w in self.warnings:
             reporter.warn(w)
         self.da, self.db = Digests(), Digests()
-        self.known_a = cache.cached_tensors(self.A) if self.A else cache.Known()
-        self.known_b = cache.cached_tensors(self.B)
 
     @property
     def base_tensors(self) -> dict:
@@ -52,20 +51,20 @@ class Pair:
                 for u in pack_units(f.header, self.base_tensors, chunk)]
 
     def record(self, unit: Unit, a_dig: list[bytes] | None, b_dig: list[bytes]) -> None:
-        """Keep the block digests a worker computed (or took from the cache)."""
+        """Keep the block digests a worker computed."""
         self.db.put_unit(unit, b_dig)
         if a_dig is not None:
             self.da.put_unit(unit, a_dig, base=True)
 
     def complete_base(self, *, threads: int, reporter: Reporter) -> Manifest | None:
-        """A's manifest: what the pass did not hash is hashed (or taken from the cache) now."""
+        """A's manifest: what the pass did not hash is hashed now."""
         if self.A is None:
             return None
-        return manifest.complete(self.A, self.da, threads=threads, reporter=reporter, cached=self.known_a.paths)
+        return manifest.complete(self.A, self.da, threads=threads, reporter=reporter)
 
     def complete_target(self, *, threads: int, reporter: Reporter) -> Manifest:
-        return manifest.complete(self.B, self.db, threads=threads, reporter=reporter, cached=self.known_b.paths)
+        return manifest.complete(self.B, self.db, threads=threads, reporter=reporter)
 
     def remember_target(self) -> None:
         """B is the next step's base: store its digests, known now, in the cache."""
-        cache.remember(self.B, self.db, skip=self.known_b.paths)
+        cache.remember(self.B, self.db)

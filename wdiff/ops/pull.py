@@ -10,7 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from ..errors import BusyError
+from ..errors import BaseMismatchError, BusyError
 from ..format import signature as signing
 from ..fsutil import fsync_dir, locked, remove_tree
 from ..parallel import default_threads
@@ -79,34 +79,57 @@ def pull(
         work = os.path.join(directory, STATE_DIR, "pull")
         _finish_interrupted(directory, work, threads, reporter)
         goal = chain.resolve(to)
-        current = fingerprint_of(directory, threads, reporter)
-        run, from_anchor = plan(chain, current, goal)
-        before = current if current in chain.versions else None
-        if not run:
-            remove_tree(work)
-            reporter.done()
-            return PullResult(store.url, directory, before, goal, up_to_date=True)
-        downloaded = 0
-        bundles = []
-        for e in run:
-            path, n = download(store, e, work, reporter)
-            if keys:
-                verify_bundle_signature(store, e, path, keys)
-            bundles.append(path)
-            downloaded += n
-        empty = current == EMPTY_FINGERPRINT
-        if from_anchor and not empty:
-            _rebuild_beside(directory, bundles, work, threads, reporter)
-        else:
-            if len(bundles) == 1:
-                bundle = bundles[0]
-            else:
-                bundle = os.path.join(work, f"squash-{short(current)}-{short(goal)}.wdb")
-                squash(bundles, None if from_anchor else directory, bundle, threads=threads, reporter=reporter,
-                       base_fingerprint=None if from_anchor else current)
-            apply_in_place(bundle, directory, abort=False, threads=threads, reporter=reporter)
-        remove_tree(work)
+        # the manifest cache's guess of DIR's version picks the bundles; it
+        # is confirmed by reading where nothing later would check it (DIR
+        # already at the goal, or at a version the remote does not know)
+        current = fingerprint_of(directory, threads, reporter, guess=True)
+        guessed = current != EMPTY_FINGERPRINT and current != goal and current in chain.versions
+        if not guessed and current != EMPTY_FINGERPRINT:
+            current = fingerprint_of(directory, threads, reporter)
+        try:
+            result = _bring(store, chain, directory, work, current, goal, guessed, keys, threads, reporter)
+        except BaseMismatchError:
+            if not guessed:
+                raise
+            # the guess was stale (a file changed behind the cache's back):
+            # nothing was written; plan again from what DIR holds
+            current = fingerprint_of(directory, threads, reporter)
+            result = _bring(store, chain, directory, work, current, goal, False, keys, threads, reporter)
     reporter.done()
+    return result
+
+
+def _bring(store, chain, directory: str, work: str, current: bytes, goal: bytes, guessed: bool, keys,
+           threads: int, reporter: Reporter) -> PullResult:
+    """Bring ``directory``, at version ``current``, to ``goal``. An apply
+    reads and checks the whole base, so a ``guessed`` current that is wrong
+    ends in a BaseMismatchError before anything is written."""
+    run, from_anchor = plan(chain, current, goal)
+    before = current if current in chain.versions else None
+    if not run:
+        remove_tree(work)
+        return PullResult(store.url, directory, before, goal, up_to_date=True)
+    downloaded = 0
+    bundles = []
+    for e in run:
+        path, n = download(store, e, work, reporter)
+        if keys:
+            verify_bundle_signature(store, e, path, keys)
+        bundles.append(path)
+        downloaded += n
+    empty = current == EMPTY_FINGERPRINT
+    if from_anchor and not empty:
+        _rebuild_beside(directory, bundles, work, threads, reporter)
+    else:
+        if len(bundles) == 1:
+            bundle = bundles[0]
+        else:
+            bundle = os.path.join(work, f"squash-{short(current)}-{short(goal)}.wdb")
+            # a guessed base is checked by the squash itself (it reads DIR)
+            squash(bundles, None if from_anchor else directory, bundle, threads=threads, reporter=reporter,
+                   base_fingerprint=None if from_anchor or guessed else current, check_out=False)
+        apply_in_place(bundle, directory, abort=False, threads=threads, reporter=reporter)
+    remove_tree(work)
     return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in run), downloaded,
                       from_anchor=from_anchor)
 
@@ -143,7 +166,7 @@ def _rebuild_beside(directory: str, bundles: list[str], work: str, threads: int,
     bundle = bundles[0]
     if len(bundles) > 1:
         bundle = os.path.join(work, "squash-anchor.wdb")
-        squash(bundles, None, bundle, threads=threads, reporter=reporter)
+        squash(bundles, None, bundle, threads=threads, reporter=reporter, overwrite=True)
     apply(bundle, None, fresh, threads=threads, reporter=reporter)
     os.rename(directory, old)
     os.rename(fresh, directory)

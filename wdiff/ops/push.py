@@ -79,7 +79,7 @@ def push(
         fd, tmp = tempfile.mkstemp(prefix=".wdiff-push-", suffix=".wdb", dir=parent_dir)
         os.close(fd)
         try:
-            pack(None if anchor else base, source, tmp, level=level, threads=threads, reporter=reporter)
+            pack(None if anchor else base, source, tmp, level=level, threads=threads, reporter=reporter, overwrite=True)
             return push_bundle(tmp, remote, label=label, part_size=part_size, fork=fork, sign_key=sign_key,
                                 reporter=reporter)
         finally:

@@ -14,6 +14,7 @@ from ..errors import IntegrityError, NotFoundError
 from ..format import signature as signing
 from ..format.bundle import BundleReader, check_records
 from ..format.chain import Entry
+from ..fsutil import check_output
 from ..progress import SILENT, Reporter
 from ..remotes import Upload
 from ..store.hashing import hexd
@@ -23,12 +24,17 @@ SIG_MAX = -1
 
 
 
-def sign_bundle(path, key, *, verify: bool = True, reporter: Reporter = SILENT) -> str:
+def sign_bundle(path, key, *, verify: bool = True, reporter: Reporter = SILENT, key_path=None) -> str:
     """Write ``path.minisig``: ``key`` (a SecretKey or a key file) signs the
     bundle, its trusted comment naming the bundle, its base and its target.
-    With ``verify``, every record is checked first. Returns the signature path."""
+    With ``verify``, every record is checked first. The signature file is
+    refused when it is the bundle or the key (``key_path``, for a SecretKey
+    loaded from a file), however reached. Returns the signature path."""
     path = os.fspath(path)
-    secret = key if isinstance(key, signing.SecretKey) else signing.load_secret(os.fspath(key))
+    key_path = os.fspath(key) if not isinstance(key, signing.SecretKey) else key_path and os.fspath(key_path)
+    check_output(path + signing.SUFFIX, [("the bundle", path), ("the secret key", key_path),
+                                         ("the public key", key_path and key_path + ".pub")])
+    secret = key if key_path is None else signing.load_secret(key_path)
     with BundleReader(path) as r:
         if verify:
             check_records(r, reporter)

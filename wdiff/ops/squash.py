@@ -30,6 +30,7 @@ from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL
 from ..errors import BaseMismatchError, FormatError, IntegrityError, UsageError
 from ..format import records as fmt
 from ..format.bundle import ZERO, BundleReader, BundleWriter, Record
+from ..fsutil import check_output
 from ..parallel import default_threads, ordered_map
 from ..paths import printable
 from ..progress import SILENT, Reporter
@@ -159,15 +160,22 @@ def squash(
     threads: int | None = None,
     reporter: Reporter = SILENT,
     base_fingerprint: bytes | None = None,
+    overwrite: bool = False,
+    check_out: bool = True,
 ) -> PackResult:
     """Compose ``bundles`` (each one's base the previous one's target) into one
     bundle written to ``out``. ``base`` is the checkpoint directory the first
     bundle applies to (None when it is an anchor); its fingerprint is checked
-    first, unless the caller just computed it and passes it in."""
+    first, unless the caller just computed it (by reading) and passes it in.
+    An existing ``out`` is refused unless ``overwrite``; an ``out`` that is a
+    bundle, or is or lies inside the base, always is (``check_out=False``:
+    pull's own work file in the base's .wdiff/, which is no part of it)."""
     if not bundles:
         raise UsageError("squash needs at least one bundle")
     if out is None:
         raise UsageError("squash needs an output file (-o FILE)")
+    if check_out:
+        check_output(out, [("the bundle", b) for b in bundles] + [("the base checkpoint", base)], overwrite=overwrite)
     threads = threads or default_threads()
     steps: list[_Step] = []
     try:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..fsutil import io_error
 from .checkpoint import read_into
-from .hashing import BLOCK_SIZE, DIGEST_SIZE, block_digests, n_blocks
+from .hashing import block_digests
 from .units import Unit
 
 _local = threading.local()
@@ -109,19 +109,4 @@ def span_digests(unit: Unit, buf: np.ndarray) -> list[bytes]:
     for s in unit.spans:
         out.append(block_digests(buf[pos : pos + s.nbytes]))
         pos += s.nbytes
-    return out
-
-
-def known_digests(unit: Unit, known: dict[str, bytes], *, base: bool = False) -> list[bytes] | None:
-    """Block digests of each span of ``unit`` (of its base tensors with
-    ``base``) taken from ``known`` (tensor name -> concatenated block
-    digests, as the manifest cache holds them); ``None`` unless every span is
-    covered. Spans start on block boundaries, so this is slicing."""
-    out = []
-    for s in unit.spans:
-        t = s.base.tensor if base else s.tensor
-        d = known.get(t.name)
-        if d is None or len(d) != DIGEST_SIZE * n_blocks(t.nbytes):
-            return None
-        out.append(d[DIGEST_SIZE * (s.lo // BLOCK_SIZE) : DIGEST_SIZE * n_blocks(s.hi)])
     return out

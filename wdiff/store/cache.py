@@ -1,6 +1,18 @@
-"""The manifest cache: block digests of files already hashed, so that a
-checkpoint seen before (the previous step's target is the next step's base)
-is not read again just to be fingerprinted.
+"""The manifest cache: block digests of files already hashed, kept as a
+*hint* of which version a directory holds.
+
+What it trusts, and what it may decide: an entry is looked up by the file's
+stat (path, device, inode, size, modification and change times) and a probe
+of its first and last 64 KiB. That cannot see every change: a second write
+through a shared mmap to a page that is already dirty changes none of them,
+and this kernel exposes no change cookie to userspace (``statx`` does not
+report ``STATX_CHANGE_COOKIE``; ``i_version`` is internal). So a hit is a
+guess, and no decision that can change an output rests on it: diff, pack,
+apply (both modes), squash, verify and status read and hash every byte they
+judge. ``pull`` alone uses a hit, to choose which bundles to fetch; the apply
+that follows reads and checks the whole base, a pull that finds the
+directory at the wanted version confirms that by reading, and a wrong guess
+costs a refusal and a second plan, never a wrong result.
 
 One cache entry per file, under ``$WDIFF_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/wdiff`` or ``~/.cache/wdiff``; ``none`` turns the cache
@@ -151,32 +163,6 @@ def fill(ckpt: Checkpoint, digests: Digests) -> set[str]:
             digests.files[f.path] = hit[0]
         served.add(f.path)
     return served
-
-
-class Known(dict):
-    """Block digests of tensors that the manifest cache holds (tensor name ->
-    concatenated block digests), and the paths of the files they came from."""
-
-    paths: frozenset[str] = frozenset()
-
-
-def cached_tensors(ckpt: Checkpoint) -> Known:
-    """What the manifest cache holds of the tensor files of ``ckpt``: a data
-    pass can use these digests instead of hashing what it reads, skip
-    reading blocks whose digests match on both sides, and need not store
-    these files in the cache again (pass ``known.paths`` to
-    :func:`complete`)."""
-    out = Known()
-    paths = set()
-    for f in ckpt.files:
-        if f.kind != KIND_TENSORS:
-            continue
-        hit = lookup(f)
-        if hit is not None:
-            out.update((t.name, b) for t, b in zip(f.header.tensors, hit))
-            paths.add(f.path)
-    out.paths = frozenset(paths)
-    return out
 
 
 def remember(ckpt: Checkpoint, digests: Digests, *, skip: set[str] = frozenset()) -> None:

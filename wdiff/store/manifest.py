@@ -3,8 +3,10 @@ digests, computed in parallel with bounded memory.
 
 The data passes of diff, pack and apply produce most block digests as a by-
 product (:class:`~wdiff.store.digests.Digests` collects them);
-:func:`complete` takes what the manifest cache holds and hashes only what is
-left.
+:func:`complete` hashes only what is left. The manifest cache is consulted
+only when a caller asks for it (``use_cache=True``): its hits are guesses
+(see :mod:`wdiff.store.cache`), fit for a hint and for nothing an output
+depends on.
 """
 
 from __future__ import annotations
@@ -28,14 +30,13 @@ def complete(
     *,
     threads: int,
     reporter: Reporter = SILENT,
-    use_cache: bool = True,
-    cached: frozenset[str] = frozenset(),
+    use_cache: bool = False,
 ) -> Manifest:
-    """Hash whatever of ``ckpt`` is not in ``digests`` yet (unless the
-    manifest cache has it and ``use_cache``); return the manifest. Files
-    whose paths are in ``cached`` came from the cache and are not stored
-    in it again."""
-    served = (cache.fill(ckpt, digests) if use_cache else set()) | cached
+    """Hash whatever of ``ckpt`` is not in ``digests`` yet; return the
+    manifest, and remember it in the manifest cache. With ``use_cache``,
+    digests the cache holds are taken instead of reading: the manifest is
+    then a guess, not a measurement."""
+    served = cache.fill(ckpt, digests) if use_cache else set()
     for f in ckpt.files:
         if f.kind != KIND_TENSORS and f.path not in digests.files:
             digests.files[f.path] = hash_file(f.abspath, f.size, reporter=reporter)
@@ -69,6 +70,7 @@ def _missing_units(f: FileEntry, digests: Digests) -> Iterable[Unit]:
             yield unit
 
 
-def compute(ckpt: Checkpoint, *, threads: int, reporter: Reporter = SILENT, use_cache: bool = True) -> Manifest:
-    """Hash a whole checkpoint (or take its digests from the manifest cache)."""
+def compute(ckpt: Checkpoint, *, threads: int, reporter: Reporter = SILENT, use_cache: bool = False) -> Manifest:
+    """Hash a whole checkpoint (with ``use_cache``, guess its digests from
+    the manifest cache where it has them)."""
     return complete(ckpt, Digests(), threads=threads, reporter=reporter, use_cache=use_cache)

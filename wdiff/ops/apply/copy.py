@@ -9,7 +9,7 @@ import os
 
 from ...errors import UsageError
 from ...format.bundle import BundleReader
-from ...fsutil import fsync_dir, io_error, remove_tree, temp_name
+from ...fsutil import check_output, fsync_dir, io_error, remove_tree, temp_name
 from ...progress import SILENT, Reporter
 from ...store import cache
 from ...store.checkpoint import scan
@@ -21,6 +21,7 @@ from .result import ApplyResult
 def apply_copy(bundle, base, out, *, threads: int, reporter: Reporter = SILENT) -> ApplyResult:
     """Rebuild the target of ``bundle`` from ``base`` into the new directory ``out``."""
     out = os.fspath(out)
+    check_output(out, [("the base checkpoint", base), ("the bundle", bundle)])
     _check_out(out, base)
     with BundleReader(bundle) as reader:
         A = check_base_listing(reader.index, base)

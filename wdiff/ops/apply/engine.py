@@ -20,8 +20,8 @@ from ...fsutil import io_error, write_all
 from ...parallel import ordered_map
 from ...paths import printable
 from ...progress import Reporter
-from ...store import cache, manifest
-from ...store.blockio import FdCache, known_digests, read_base, scratch, span_digests
+from ...store import manifest
+from ...store.blockio import FdCache, read_base, scratch, span_digests
 from ...store.checkpoint import KIND_TENSORS, Checkpoint
 from ...store.digests import Digests, hash_file
 from ...store.hashing import hexd, tree
@@ -120,23 +120,18 @@ class _Walk:
 
 def apply_unit(
     fds: FdCache, out_fd: int, data_start: int, unit: Unit, rec: Record | None, *, where: str,
-    known_a: dict | None = None, file: int = -1,
+    file: int = -1,
 ) -> UnitDone:
     """Produce one unit of the target: base bytes, patched by ``rec`` if any;
     check base and target chunk digests; write at its offset in ``out_fd``
-    (or nowhere when ``out_fd`` is negative). The base digests of a patched
-    unit come from the manifest cache (``known_a``) when it holds them;
-    every byte written is hashed."""
+    (or nowhere when ``out_fd`` is negative). The base bytes are hashed as
+    they are read (a base unit is never taken as matching on the manifest
+    cache's word), and every byte written is hashed."""
     buf = scratch("b", unit.nbytes)
     a_dig = None
     if unit.spans[0].base is not None:
         read_base(fds, unit, buf)
-        # bytes copied as they are must be hashed (they are the target);
-        # bytes about to be patched are checked by the cache's digests, and
-        # the patched result is hashed below
-        a_dig = known_digests(unit, known_a, base=True) if known_a and rec is not None else None
-        if a_dig is None:
-            a_dig = span_digests(unit, buf)
+        a_dig = span_digests(unit, buf)
     if rec is None:
         t_dig = a_dig
     else:
@@ -233,7 +228,6 @@ def build(
     index = reader.index
     b = _Builder(reader, A, headers, outputs, reporter)
     reporter.phase("apply", sum(index.files[i].size for i in outputs))
-    known_a = cache.cached_tensors(A) if A is not None else cache.Known()
     with FdCache() as fds:
 
         def work(item: OpenFile | UnitWork) -> OpenFile | UnitDone:
@@ -241,7 +235,7 @@ def build(
                 return item
             where = f"{reader.path}: {printable(index.files[item.file].path)}"
             return apply_unit(fds, b.out_fds[item.file], item.layout.header.data_start, item.unit, item.record,
-                              where=where, known_a=known_a, file=item.file)
+                              where=where, file=item.file)
 
         try:
             _collect(b, ordered_map(work, b.items(), threads=threads))
@@ -251,7 +245,7 @@ def build(
     check_target_digests(index, headers, b.dt, only=outputs)
     if A is not None and check_base:
         reporter.phase("check base", None)
-        fp = manifest.complete(A, b.da, threads=threads, cached=known_a.paths).fingerprint
+        fp = manifest.complete(A, b.da, threads=threads).fingerprint
         if fp != index.base_fingerprint:
             raise BaseMismatchError(
                 f"{A.root}: fingerprint {hexd(fp)[:16]} is not the bundle's base {hexd(index.base_fingerprint)[:16]}"
