@@ -22,6 +22,7 @@ from ..fsutil import io_error
 from ..parallel import default_threads, ordered_map
 from ..progress import SILENT, Reporter
 from ..store.blockio import FdCache, known_digests, read_base, read_target, scratch, span_digests
+from ..store import ignore
 from ..store.checkpoint import KIND_TENSORS, Checkpoint, FileEntry
 from ..store.digests import Digests, hash_file
 from ..store.hashing import hexd, tensor_file_digest, tree
@@ -56,6 +57,8 @@ class PackResult:
     changed_elements: int
     codecs: dict[str, CodecStat] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    #: files the ignore rules left out of either checkpoint
+    excluded: tuple[str, ...] = ()
 
     @property
     def ratio(self) -> float:
@@ -82,6 +85,7 @@ class PackResult:
             "bytes_per_changed_element": self.bytes_per_changed,
             "codecs": {k: {"records": v.records, "changed_elements": v.changed, "bytes": v.bytes} for k, v in self.codecs.items()},
             "warnings": list(self.warnings),
+            "excluded": list(self.excluded),
         }
 
 
@@ -94,19 +98,23 @@ def pack(
     threads: int | None = None,
     chunk: int = DEFAULT_CHUNK,
     reporter: Reporter = SILENT,
+    exclude: tuple[str, ...] | list[str] = (),
+    include: tuple[str, ...] | list[str] = (),
 ) -> PackResult:
     """Write to ``out`` a bundle that turns checkpoint ``a`` into ``b``.
-    With ``a=None`` the bundle is a full anchor that builds ``b`` from nothing."""
+    With ``a=None`` the bundle is a full anchor that builds ``b`` from nothing.
+    Files that match the default trainer-state patterns, the checkpoints'
+    .wdiffignore or ``exclude`` (and no later ``include``) are left out."""
     if not 1 <= level <= 22:
         raise UsageError(f"compression level {level} is out of range (1..22)")
     threads = threads or default_threads()
-    pair = Pair(a, b, reporter=reporter)
+    pair = Pair(a, b, reporter=reporter, rules=ignore.rules(exclude, include))
     B = pair.B
     if os.path.abspath(os.fspath(out)).startswith(os.path.abspath(B.root) + os.sep):
         raise UsageError("the bundle must not be written inside the target checkpoint")
     work = pair.units(chunk)
     reporter.phase("pack", sum(x.unit.nbytes for x in work) + sum(f.size for f in B.files if f.kind != KIND_TENSORS))
-    with BundleWriter(out, level=level) as w, FdCache() as fds:
+    with BundleWriter(out, level=level, version=pair.version) as w, FdCache() as fds:
         tally = Tally(w, level)
         results = ordered_map(lambda x: _pack_unit(fds, level, pair.known_a, pair.known_b, x), work, threads=threads)
         targets = _write_records(pair, w, tally, results, reporter)
@@ -116,6 +124,7 @@ def pack(
         base_rows = tuple(fmt.FileRow(d.path, d.kind, d.size, d.digest) for d in mA.files) if mA else ()
         mB = pair.db.manifest(B)
         index = fmt.Index(
+            version=pair.version,
             writer=WRITER,
             base_fingerprint=base_fp,
             base_files=base_rows,
@@ -141,6 +150,7 @@ def pack(
         changed_elements=tally.changed_elements,
         codecs=dict(sorted(tally.stats.items())),
         warnings=pair.warnings,
+        excluded=pair.excluded,
     )
 
 
