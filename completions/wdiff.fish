@@ -67,7 +67,7 @@ complete -c wdiff -n '__fish_seen_subcommand_from push' -s v -l verbose -d 'More
 complete -c wdiff -n '__fish_seen_subcommand_from push' -s j -l threads -x -d 'Worker threads [default: all cores, or WDIFF_THREADS]'
 complete -c wdiff -n '__fish_seen_subcommand_from push' -s h -l help -d 'Show the help and exit'
 complete -c wdiff -n '__fish_seen_subcommand_from pull' -F
-complete -c wdiff -n '__fish_seen_subcommand_from pull' -l to -x -d 'A fingerprint (or prefix) or label [default: the head]'
+complete -c wdiff -n '__fish_seen_subcommand_from pull' -l to -x -d 'A fingerprint (or prefix), a label, or HEAD~N (N pushes before the head) [default: the head]'
 complete -c wdiff -n '__fish_seen_subcommand_from pull' -l trusted-key -x -d 'Accept only what this public key signed (repeatable; default: WDIFF_TRUSTED_KEYS)'
 complete -c wdiff -n '__fish_seen_subcommand_from pull' -l require-signature -d 'Refuse anything unsigned (needs a trusted key)'
 complete -c wdiff -n '__fish_seen_subcommand_from pull' -l json -d 'Print exactly one JSON document on stdout'
