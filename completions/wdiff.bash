@@ -19,10 +19,10 @@ _wdiff() {
     case "$cmd" in
         diff)
             case "$prev" in
-                -j|--threads) return ;;
+                --exclude|--include|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--stat --exit-code -a --all --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--stat --exit-code -a --all --exclude --include --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi
@@ -30,10 +30,10 @@ _wdiff() {
         pack)
             case "$prev" in
                 -o|--output) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-                -l|--level|--sign|-j|--threads) return ;;
+                -l|--level|--sign|--exclude|--include|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "-o --output --anchor -f --force -l --level --sign --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "-o --output --anchor -f --force -l --level --sign --exclude --include --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi
@@ -41,10 +41,10 @@ _wdiff() {
         apply)
             case "$prev" in
                 -o|--output) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-                --trusted-key|-j|--threads) return ;;
+                --trusted-key|--exclude|--include|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "-o --output --in-place --abort --trusted-key --require-signature --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "-o --output --in-place --abort --trusted-key --require-signature --exclude --include --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

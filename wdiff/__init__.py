@@ -66,18 +66,29 @@ __all__ = [
 PathLike = str | os.PathLike
 
 
-def diff(a: PathLike, b: PathLike, *, threads: int | None = None, reporter: Reporter = SILENT) -> DiffResult:
+def diff(
+    a: PathLike,
+    b: PathLike,
+    *,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+    exclude: tuple[str, ...] | list[str] = (),
+    include: tuple[str, ...] | list[str] = (),
+) -> DiffResult:
     """Compare checkpoint ``a`` with checkpoint ``b``, tensor by tensor.
 
     Returns a :class:`~wdiff.ops.diff.DiffResult`: per tensor its status
     (unchanged, modified, added, removed, retyped), the changed blocks and
     elements, the largest change and the relative L2 norm of the change; per
     companion file whether it changed; and totals. ``threads`` defaults to
-    every core (or ``WDIFF_THREADS``).
+    every core (or ``WDIFF_THREADS``). Either side may be a single
+    ``.safetensors`` file. Files matching the default trainer-state
+    patterns, the checkpoint's ``.wdiffignore`` or ``exclude`` (gitignore
+    syntax) are left out, unless a later ``include`` pattern matches.
     """
     from .ops.diff import diff as _diff
 
-    return _diff(a, b, threads=threads, reporter=reporter)
+    return _diff(a, b, threads=threads, reporter=reporter, exclude=exclude, include=include)
 
 
 def pack(
@@ -90,6 +101,8 @@ def pack(
     chunk: int = DEFAULT_CHUNK,
     reporter: Reporter = SILENT,
     overwrite: bool = False,
+    exclude: tuple[str, ...] | list[str] = (),
+    include: tuple[str, ...] | list[str] = (),
 ) -> PackResult:
     """Write to ``out`` the bundle that turns checkpoint ``a`` into ``b``.
 
@@ -97,12 +110,14 @@ def pack(
     ``level`` is zstd's; ``chunk`` the bytes one record covers at most. The
     same inputs and options always give the same bytes, whatever
     ``threads``. An existing ``out`` is refused unless ``overwrite``; an
-    ``out`` that is, or lies inside, ``a`` or ``b`` always is. Returns a
+    ``out`` that is, or lies inside, ``a`` or ``b`` always is. ``exclude``
+    and ``include`` are as for :func:`diff`. Returns a
     :class:`~wdiff.ops.pack.PackResult`.
     """
     from .ops.pack import pack as _pack
 
-    return _pack(a, b, out, level=level, threads=threads, chunk=chunk, reporter=reporter, overwrite=overwrite)
+    return _pack(a, b, out, level=level, threads=threads, chunk=chunk, reporter=reporter, overwrite=overwrite,
+                 exclude=exclude, include=include)
 
 
 def apply(
@@ -116,6 +131,8 @@ def apply(
     require_signature: bool = False,
     threads: int | None = None,
     reporter: Reporter = SILENT,
+    exclude: tuple[str, ...] | list[str] = (),
+    include: tuple[str, ...] | list[str] = (),
 ) -> ApplyResult:
     """Rebuild the target of ``bundle`` from checkpoint ``base``.
 
@@ -125,12 +142,15 @@ def apply(
     back). The base is checked against the bundle's base fingerprint and the
     result against the target's digests before anything replaces the base.
     With ``trusted_keys`` (paths of public keys, or ``WDIFF_TRUSTED_KEYS``),
-    ``bundle.minisig`` must be a valid signature by one of them.
+    ``bundle.minisig`` must be a valid signature by one of them. Files of
+    ``base`` that the ignore rules leave out (see :func:`diff`) are neither
+    read, nor copied, nor removed.
     """
     from .ops.apply import apply as _apply
 
     return _apply(bundle, base, out, in_place=in_place, abort=abort, trusted_keys=trusted_keys,
-                  require_signature=require_signature, threads=threads, reporter=reporter)
+                  require_signature=require_signature, threads=threads, reporter=reporter,
+                  exclude=exclude, include=include)
 
 
 def squash(

@@ -11,6 +11,8 @@ from ..defaults import DEFAULT_LEVEL
 from ..errors import ExitCode, UsageError
 from . import output as o
 from .common import (
+    Exclude,
+    Include,
     Json,
     Level,
     Quiet,
@@ -36,6 +38,8 @@ def diff(
         bool, typer.Option("--exit-code", help="Exit 1 when the checkpoints differ, 0 when they do not.")
     ] = False,
     all_: Annotated[bool, typer.Option("--all", "-a", help="List unchanged tensors too.")] = False,
+    exclude: Exclude = None,
+    include: Include = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -43,7 +47,10 @@ def diff(
 ) -> None:
     """Show what changed between two checkpoints, tensor by tensor.
 
-    Tensors are matched by name, whatever shard holds them. Unchanged tensors
+    Tensors are matched by name within their directory, whatever shard holds
+    them; A and B may also be single .safetensors files. Trainer state
+    (optimizer.pt, ...), .wdiffignore and --exclude patterns are left out,
+    --include brings a file back. Unchanged tensors
     are recognised from block digests alone; for modified ones wdiff counts
     changed blocks and elements and, for float types, reports the largest
     absolute change and the L2 norm of the change relative to A's. Companion
@@ -52,7 +59,7 @@ def diff(
     from ..ops.diff import diff as run_diff
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_diff(a, b, threads=threads, reporter=o.TerminalReporter(out))
+    res = run_diff(a, b, threads=threads, reporter=o.TerminalReporter(out), exclude=exclude or (), include=include or ())
     if out.json:
         out.document(res.to_json())
     elif stat:
@@ -139,6 +146,8 @@ def pack(
     force: Annotated[bool, typer.Option("--force", "-f", help="Replace the bundle file if it exists.")] = False,
     level: Level = DEFAULT_LEVEL,
     sign: SignKey = None,
+    exclude: Exclude = None,
+    include: Include = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -164,7 +173,8 @@ def pack(
         if len(paths) != 2:
             raise UsageError("pack takes two checkpoint directories, A and B (or --anchor B)")
         a, b = paths
-    res = run_pack(a, b, output, level=level, threads=threads, reporter=o.TerminalReporter(out), overwrite=force)
+    res = run_pack(a, b, output, level=level, threads=threads, reporter=o.TerminalReporter(out), overwrite=force,
+                   exclude=exclude or (), include=include or ())
     if sign is not None:
         from ..ops.signatures import sign_bundle
 
@@ -202,6 +212,8 @@ def apply(
     abort: Annotated[bool, typer.Option("--abort", help="With --in-place: roll back an interrupted apply.")] = False,
     trusted_key: TrustedKeys = None,
     require_signature: RequireSig = False,
+    exclude: Exclude = None,
+    include: Include = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -221,7 +233,8 @@ def apply(
 
     out = _setup(json_mode, quiet, verbose)
     res = run_apply(bundle, base, output, in_place=in_place, abort=abort, trusted_keys=trusted_key,
-                    require_signature=require_signature, threads=threads, reporter=o.TerminalReporter(out))
+                    require_signature=require_signature, threads=threads, reporter=o.TerminalReporter(out),
+                    exclude=exclude or (), include=include or ())
     if out.json:
         out.document(res.to_json())
         return

@@ -75,7 +75,7 @@ def push(
 def pull(
     remote: Remote,
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="Checkpoint directory to update (created if missing).", show_default=False)],
-    to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="A fingerprint (or prefix) or label [default: the head].", show_default=False)] = None,
+    to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="A fingerprint (or prefix), a label, or HEAD~N (N pushes before the head) [default: the head].", show_default=False)] = None,
     trusted_key: TrustedKeys = None,
     require_signature: RequireSig = False,
     json_mode: Json = False,

@@ -48,6 +48,16 @@ TrustedKeys = Annotated[
     typer.Option("--trusted-key", metavar="KEY.pub", help="Accept only what this public key signed (repeatable; default: WDIFF_TRUSTED_KEYS).", show_default=False),
 ]
 RequireSig = Annotated[bool, typer.Option("--require-signature", help="Refuse anything unsigned (needs a trusted key).")]
+Exclude = Annotated[
+    Optional[list[str]],
+    typer.Option("--exclude", metavar="PATTERN", show_default=False,
+                 help="Leave out files matching PATTERN (gitignore syntax; repeatable), as .wdiffignore does."),
+]
+Include = Annotated[
+    Optional[list[str]],
+    typer.Option("--include", metavar="PATTERN", show_default=False,
+                 help="Keep files matching PATTERN even if a default, .wdiffignore or --exclude leaves them out (repeatable)."),
+]
 Level = Annotated[
     int, typer.Option("--level", "-l", min=1, max=22, help="zstd level (1 is the fastest and, for weights, the smallest).")
 ]

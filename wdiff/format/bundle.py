@@ -42,8 +42,9 @@ class BundleWriter:
     """Write a bundle to ``path`` atomically. Use as a context manager; call
     :meth:`finish` to commit, anything else leaves no file behind."""
 
-    def __init__(self, path: str, *, level: int = DEFAULT_LEVEL) -> None:
+    def __init__(self, path: str, *, level: int = DEFAULT_LEVEL, version: int = fmt.VERSION) -> None:
         self.path = os.fspath(path)
+        self.version = version
         self.level = level
         self._tmp = temp_name(self.path)
         try:
@@ -53,7 +54,7 @@ class BundleWriter:
         self._pos = 0
         self._chain = xxhash.xxh3_128()
         self.count = 0
-        self._write(fmt.pack_preamble())
+        self._write(fmt.pack_preamble(version))
 
     def _write(self, data) -> None:
         try:
@@ -195,7 +196,7 @@ class BundleReader:
             raise io_error(where, e) from None
         try:
             self.size = os.fstat(self._f.fileno()).st_size
-            fmt.check_preamble(self._read_at(0, fmt.PREAMBLE.size), where=where)
+            version = fmt.check_preamble(self._read_at(0, fmt.PREAMBLE.size), where=where)
             if self.size < fmt.PREAMBLE.size + fmt.FOOTER.size:
                 raise FormatError(f"{where}: truncated bundle")
             footer = fmt.unpack_footer(
@@ -208,6 +209,8 @@ class BundleReader:
             self.index = fmt.decode_index(
                 decompress_exact(packed, footer.index_raw_len, where=f"{where}: index"), where=where
             )
+            if self.index.version != version:
+                raise FormatError(f"{where}: preamble and index disagree on the format version")
             if self.index.records_bytes != footer.index_offset - fmt.PREAMBLE.size:
                 raise FormatError(f"{where}: index and footer disagree on the record area")
         except BaseException:

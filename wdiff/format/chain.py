@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import re
 from dataclasses import dataclass, replace
 
 from ..errors import FormatError, NotFoundError
@@ -33,6 +34,8 @@ VERSION = 1
 MAX_CHAIN_BYTES = 32 * 1024 * 1024
 MAX_ENTRIES = 50_000
 MAX_LABEL = 256
+#: HEAD~N in resolve
+_BACK = re.compile(r"(?i:head)~([0-9]{1,6})")
 OBJECTS = "objects"
 
 
@@ -145,12 +148,16 @@ class Chain:
     # -- queries ---------------------------------------------------------------------
 
     def resolve(self, spec: str | None) -> bytes:
-        """A version from a user's words: None or "head", a label, a full
+        """A version from a user's words: None or "head", "HEAD~N" (N
+        versions before the head, case-insensitive), a label, a full
         fingerprint or an unambiguous prefix of at least 4 hex digits."""
-        if spec is None or spec == "head":
+        if spec is None or spec.lower() == "head":
             if self.head is None:
                 raise NotFoundError("the remote has no versions yet")
             return self.head
+        m = _BACK.fullmatch(spec)
+        if m and not any(e.label == spec for e in self.entries):
+            return self._back(int(m.group(1)), spec)
         labelled = [e.version for e in self.entries if e.label == spec]
         if labelled:
             return labelled[-1]
@@ -162,6 +169,20 @@ class Chain:
             if len(hits) > 1:
                 raise NotFoundError(f"version {printable(spec)} is ambiguous: {len(hits)} versions start with it")
         raise NotFoundError(f"no version {printable(spec)} on the remote")
+
+    def _back(self, n: int, spec: str) -> bytes:
+        """N steps back from the head, each to the parent of the entry that
+        first brought a version (its push; squash entries come later)."""
+        v = self.resolve(None)
+        first: dict[bytes, Entry] = {}
+        for e in self.entries:
+            first.setdefault(e.version, e)
+        for k in range(n):
+            parent = first[v].parent
+            if parent is None:
+                raise NotFoundError(f"no version {printable(spec)} on the remote: it begins {k} version(s) before the head")
+            v = parent
+        return v
 
     def path(self, start: bytes | None, goal: bytes) -> list[Entry] | None:
         """The cheapest run of entries (fewest bytes, then fewest entries) from

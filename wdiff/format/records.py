@@ -26,6 +26,11 @@ from ..store.header import MAX_TENSORS
 MAGIC = b"\x89WDIFF\r\n"
 END_MAGIC = b"WDIFFEND"
 VERSION = 1
+#: the newest version this wdiff reads and writes; it writes the lowest one
+#: whose rules give the bundle it means (see man/wdiff-format.5, CHANGES)
+MAX_VERSION = 2
+#: from this version on, tensor names are scoped by their file's directory
+SCOPED_NAMES = 2
 FORMAT_NAME = "wdiff-bundle"
 
 PREAMBLE = struct.Struct("<8sII")
@@ -100,21 +105,24 @@ def record_digest(payload_digest_state: xxhash.xxh3_128, header: RecordHeader) -
     return payload_digest_state.digest()
 
 
-def pack_preamble() -> bytes:
-    return PREAMBLE.pack(MAGIC, VERSION, 0)
+def pack_preamble(version: int = VERSION) -> bytes:
+    assert VERSION <= version <= MAX_VERSION
+    return PREAMBLE.pack(MAGIC, version, 0)
 
 
-def check_preamble(raw: bytes, *, where: str) -> None:
+def check_preamble(raw: bytes, *, where: str) -> int:
+    """Check the preamble; return the bundle's format version."""
     if len(raw) < PREAMBLE.size or raw[:8] != MAGIC:
         raise FormatError(f"{where}: not a wdiff bundle (bad magic)")
     _, version, flags = PREAMBLE.unpack(raw[: PREAMBLE.size])
-    if version != VERSION:
+    if not VERSION <= version <= MAX_VERSION:
         raise FormatError(
-            f"{where}: bundle format version {version} is not supported (this wdiff reads {VERSION})",
-            hint="upgrade wdiff" if version > VERSION else None,
+            f"{where}: bundle format version {version} is not supported (this wdiff reads {VERSION} to {MAX_VERSION})",
+            hint="upgrade wdiff" if version > MAX_VERSION else None,
         )
     if flags != 0:
         raise FormatError(f"{where}: bundle uses features this wdiff does not know (flags {flags:#x})")
+    return version
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +278,7 @@ def decode_index(raw: bytes, *, where: str) -> Index:
         raise FormatError(f"{where}: index is not valid JSON") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
         raise FormatError(f"{where}: not a wdiff bundle index")
-    if type(obj.get("version")) is not int or obj["version"] != VERSION:
+    if type(obj.get("version")) is not int or not VERSION <= obj["version"] <= MAX_VERSION:
         raise FormatError(f"{where}: index version {obj.get('version')!r} is not supported")
     try:
         canonical = canonical_json(obj)
@@ -315,6 +323,7 @@ def decode_index(raw: bytes, *, where: str) -> Index:
         raise FormatError(f"{where}: a bundle without a base takes a file from the base")
     rec = _keys(obj["records"], {"count", "bytes", "digest"}, where)
     return Index(
+        version=obj["version"],
         writer=writer,
         base_fingerprint=base_fp,
         base_files=base_files,
@@ -356,5 +365,5 @@ def _target_file(d: object, where: str) -> TargetFile:
 
 __all__ = [
     "BLOCK_SIZE", "CHUNK", "DIGEST_SIZE", "FILE", "FOOTER", "HEADER", "Index", "MAGIC", "PREAMBLE",
-    "RECORD", "RecordHeader", "TargetFile", "FileRow", "VERSION",
+    "RECORD", "RecordHeader", "TargetFile", "FileRow", "VERSION", "MAX_VERSION", "SCOPED_NAMES",
 ]

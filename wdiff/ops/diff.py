@@ -24,6 +24,7 @@ from ..store.blockio import FdCache, read_base, read_target, scratch, span_diges
 from ..store.checkpoint import KIND_TENSORS, Checkpoint
 from ..store.hashing import BLOCK_SIZE, hexd, n_blocks
 from ..store.units import Unit
+from ..store import ignore
 from .pair import Pair
 
 SCHEMA = "wdiff.diff/1"
@@ -182,10 +183,12 @@ class _Acc:
             self.sum_a2 += st[4]
 
 
-def diff(a, b, *, threads: int | None = None, reporter: Reporter = SILENT) -> DiffResult:
-    """Compare checkpoint directories ``a`` and ``b``."""
+def diff(a, b, *, threads: int | None = None, reporter: Reporter = SILENT, exclude=(), include=()) -> DiffResult:
+    """Compare checkpoints ``a`` and ``b`` (directories, or single files),
+    leaving out what the ignore rules exclude (``exclude``, ``include``:
+    gitignore patterns after the defaults and .wdiffignore)."""
     threads = threads or default_threads()
-    pair = Pair(a, b, reporter=reporter)
+    pair = Pair(a, b, reporter=reporter, rules=ignore.rules(exclude, include))
     acc: dict[str, _Acc] = {}
     work = pair.units(DEFAULT_CHUNK)
     reporter.phase("compare", sum(w.unit.nbytes for w in work))

@@ -23,6 +23,7 @@ from ..format.bundle import ZERO, BundleWriter
 from ..fsutil import check_output, io_error
 from ..parallel import default_threads, ordered_map
 from ..progress import SILENT, Reporter
+from ..store import ignore
 from ..store.blockio import FdCache, read_base, read_target, scratch, span_digests
 from ..store.checkpoint import KIND_TENSORS, Checkpoint, FileEntry
 from ..store.digests import Digests, hash_file
@@ -58,6 +59,8 @@ class PackResult:
     changed_elements: int
     codecs: dict[str, CodecStat] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    #: files the ignore rules left out of either checkpoint
+    excluded: tuple[str, ...] = ()
 
     @property
     def ratio(self) -> float:
@@ -84,6 +87,7 @@ class PackResult:
             "bytes_per_changed_element": self.bytes_per_changed,
             "codecs": {k: {"records": v.records, "changed_elements": v.changed, "bytes": v.bytes} for k, v in self.codecs.items()},
             "warnings": list(self.warnings),
+            "excluded": list(self.excluded),
         }
 
 
@@ -97,20 +101,24 @@ def pack(
     chunk: int = DEFAULT_CHUNK,
     reporter: Reporter = SILENT,
     overwrite: bool = False,
+    exclude: tuple[str, ...] | list[str] = (),
+    include: tuple[str, ...] | list[str] = (),
 ) -> PackResult:
     """Write to ``out`` a bundle that turns checkpoint ``a`` into ``b``.
     With ``a=None`` the bundle is a full anchor that builds ``b`` from nothing.
     An existing ``out`` is refused unless ``overwrite``; an ``out`` that is,
-    or lies inside, A or B always is."""
+    or lies inside, A or B always is. Files that match the default
+    trainer-state patterns, the checkpoints' .wdiffignore or ``exclude`` (and
+    no later ``include``) are left out."""
     if not 1 <= level <= 22:
         raise UsageError(f"compression level {level} is out of range (1..22)")
     check_output(out, [("the base checkpoint", a), ("the target checkpoint", b)], overwrite=overwrite)
     threads = threads or default_threads()
-    pair = Pair(a, b, reporter=reporter)
+    pair = Pair(a, b, reporter=reporter, rules=ignore.rules(exclude, include))
     B = pair.B
     work = pair.units(chunk)
     reporter.phase("pack", sum(x.unit.nbytes for x in work) + sum(f.size for f in B.files if f.kind != KIND_TENSORS))
-    with BundleWriter(out, level=level) as w, FdCache() as fds:
+    with BundleWriter(out, level=level, version=pair.version) as w, FdCache() as fds:
         tally = Tally(w, level)
         results = ordered_map(lambda x: _pack_unit(fds, level, x), work, threads=threads)
         targets = _write_records(pair, w, tally, results, reporter)
@@ -120,6 +128,7 @@ def pack(
         base_rows = tuple(fmt.FileRow(d.path, d.kind, d.size, d.digest) for d in mA.files) if mA else ()
         mB = pair.db.manifest(B)
         index = fmt.Index(
+            version=pair.version,
             writer=WRITER,
             base_fingerprint=base_fp,
             base_files=base_rows,
@@ -145,6 +154,7 @@ def pack(
         changed_elements=tally.changed_elements,
         codecs=dict(sorted(tally.stats.items())),
         warnings=pair.warnings,
+        excluded=pair.excluded,
     )
 
 

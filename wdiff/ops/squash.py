@@ -36,13 +36,14 @@ from ..paths import printable
 from ..progress import SILENT, Reporter
 from ..store import manifest
 from ..store.blockio import FdCache
-from ..store.checkpoint import KIND_TENSORS, Checkpoint
+from ..store.checkpoint import KIND_TENSORS, Checkpoint, FileEntry, bare_name
 from ..store.digests import Digests
 from ..store.hashing import tree
 from ..store.header import Header, TensorInfo
 from ..store.units import pack_units
 from .apply.checks import check_base_listing, verify_bundle
 from .pack import WRITER, PackResult, Tally, encode_unit
+from .pair import format_version
 
 CACHE_BYTES = 256 * 1024 * 1024
 
@@ -64,6 +65,8 @@ class _Version:
     files: dict[str, _File] = field(default_factory=dict)
     tensors: dict[str, tuple[int, TensorInfo]] = field(default_factory=dict)  # name -> (file index, info)
     origin: dict[str, tuple[int, Record | None]] = field(default_factory=dict)
+    #: bare name -> qualified name, for the steps of format version 1
+    bare: dict[str, str] = field(default_factory=dict)
 
     def file(self, path: str) -> _File | None:
         return self.files.get(path)
@@ -210,8 +213,9 @@ def _base_version(A: Checkpoint | None) -> _Version:
         v.files[f.path] = _File(f.path, f.kind, f.header)
         if f.kind != KIND_TENSORS:
             v.origin[f.path] = (0, None)
-    for name, (_, t) in A.tensors.items():
+    for name, (f, t) in A.tensors.items():
         v.tensors[name] = (-1, t)
+        v.bare.setdefault(bare_name(f.path, name), name)
     return v
 
 
@@ -222,6 +226,7 @@ def _next_version(prev: _Version, j: int, st: _Step, headers: dict[int, Header])
             v.files[f.path] = _File(f.path, f.kind, headers[i])
             for t in headers[i].tensors:
                 v.tensors[t.name] = (i, t)
+                v.bare.setdefault(bare_name(f.path, t.name), t.name)
         else:
             v.files[f.path] = _File(f.path, f.kind, None)
             if f.source == "bundle":
@@ -248,9 +253,14 @@ def _bytes_of(j: int, name: str, lo: int, hi: int, steps, versions, fds, A, cach
         return buf
     st = steps[j - 1]
     fi, t = versions[j].tensors[name]
-    prev = versions[j - 1].tensors.get(name)
+    # the base source by this step's rule: the same qualified name (version
+    # 2), or the same bare name anywhere (version 1)
+    src = name
+    if st.reader.index.version < fmt.SCOPED_NAMES:
+        src = versions[j - 1].bare.get(bare_name(st.reader.index.files[fi].path, name), "")
+    prev = versions[j - 1].tensors.get(src)
     based = prev is not None and _same_type(prev[1], t)
-    buf = _bytes_of(j - 1, name, lo, hi, steps, versions, fds, A, cache) if based else np.zeros(hi - lo, dtype=np.uint8)
+    buf = _bytes_of(j - 1, src, lo, hi, steps, versions, fds, A, cache) if based else np.zeros(hi - lo, dtype=np.uint8)
     covered = 0
     a0 = t.start + lo
     for rec in st.overlapping(fi, a0, t.start + hi):
@@ -275,17 +285,23 @@ def _write(steps, versions, A, out: str, *, level: int, threads: int, reporter: 
     last = steps[-1].reader.index
     first = steps[0].reader.index
     vk = versions[-1]
-    base_tensors = A.tensors if A is not None else {}
+    # the composed bundle's version is chosen as pack chooses it, from its
+    # base and its target alone
+    target = Checkpoint("", tuple(
+        FileEntry(f.path, "", f.size, f.kind, vk.files[f.path].header, (0, 0, 0, 0, 0)) for f in last.files
+    ))
+    version = format_version(A, target)
+    scoped = version >= fmt.SCOPED_NAMES
     cache = _Decoded()
     k = len(steps)
     work = [
         (i, u)
         for i, f in enumerate(last.files)
         if f.kind == KIND_TENSORS
-        for u in pack_units(vk.files[f.path].header, base_tensors, DEFAULT_CHUNK)
+        for u in pack_units(vk.files[f.path].header, A.base_tensors_for(f.path, scoped) if A is not None else {}, DEFAULT_CHUNK)
     ]
     reporter.phase("squash", sum(u.nbytes for _, u in work))
-    with BundleWriter(out, level=level) as w, FdCache() as fds:
+    with BundleWriter(out, level=level, version=version) as w, FdCache() as fds:
         tally = Tally(w, level)
 
         def run(item):
@@ -301,7 +317,7 @@ def _write(steps, versions, A, out: str, *, level: int, threads: int, reporter: 
         targets = _write_records(steps, versions, A, w, tally, results, reporter)
         base_fp, base_rows = first.base_fingerprint, first.base_files
         index = fmt.Index(
-            writer=WRITER, base_fingerprint=base_fp, base_files=base_rows,
+            version=version, writer=WRITER, base_fingerprint=base_fp, base_files=base_rows,
             target_fingerprint=last.target_fingerprint, files=tuple(targets),
             records_count=w.count, records_bytes=w.records_bytes, records_digest=w.records_digest,
         )

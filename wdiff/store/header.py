@@ -61,6 +61,16 @@ class Header:
     def data_start(self) -> int:
         return len(self.raw)
 
+    def scoped(self, scope: str) -> Header:
+        """The same header with every tensor named by its qualified name,
+        ``scope/name``, for a tensor file in directory ``scope`` (the top
+        level, "", keeps bare names). Data order does not change: every name
+        gains the same prefix."""
+        if not scope:
+            return self
+        pre = scope + "/"
+        return Header(self.raw, tuple(t._replace(name=pre + t.name) for t in self.tensors), self.metadata)
+
     @property
     def data_len(self) -> int:
         return self.tensors[-1].end if self.tensors else 0

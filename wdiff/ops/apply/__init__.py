@@ -10,6 +10,7 @@ from ...errors import UsageError
 from ...format import signature as signing
 from ...parallel import default_threads
 from ...progress import SILENT, Reporter
+from ...store import ignore
 from .copy import apply_copy
 from .inplace import apply_in_place
 from .result import ApplyResult
@@ -28,12 +29,17 @@ def apply(
     require_signature: bool = False,
     threads: int | None = None,
     reporter: Reporter = SILENT,
+    exclude=(),
+    include=(),
 ) -> ApplyResult:
     """Apply ``bundle`` to the checkpoint ``base``: into a new directory
     ``out``, or with ``in_place=True`` inside ``base`` itself. With trusted
     keys (given, or in WDIFF_TRUSTED_KEYS), ``bundle.minisig`` must be a valid
-    signature of the bundle by one of them."""
+    signature of the bundle by one of them. Files of ``base`` that the
+    ignore rules leave out (trainer state, .wdiffignore, ``exclude`` unless
+    ``include``) are neither read, nor copied, nor removed."""
     threads = threads or default_threads()
+    rules = ignore.rules(exclude, include)
     keys = signing.required_keys(trusted_keys, require_signature)
     if keys and not abort:
         signing.verify_file(os.fspath(bundle), os.fspath(bundle) + signing.SUFFIX, keys)
@@ -42,9 +48,12 @@ def apply(
             raise UsageError("give either an output directory or --in-place, not both")
         if base is None:
             raise UsageError("--in-place needs the checkpoint directory to update")
-        return apply_in_place(bundle, base, abort=abort, threads=threads, reporter=reporter)
+        if os.path.isfile(os.fspath(base)):
+            raise UsageError(f"{os.fspath(base)}: --in-place updates a checkpoint directory, not a single file",
+                             hint="write the new file with -o OUT")
+        return apply_in_place(bundle, base, abort=abort, threads=threads, reporter=reporter, rules=rules)
     if abort:
         raise UsageError("--abort only makes sense with --in-place")
     if out is None:
         raise UsageError("give an output directory (-o OUT) or --in-place")
-    return apply_copy(bundle, base, out, threads=threads, reporter=reporter)
+    return apply_copy(bundle, base, out, threads=threads, reporter=reporter, rules=rules)

@@ -11,18 +11,35 @@ from ...format import records as fmt
 from ...format.bundle import BundleReader, Record, decode_header_record
 from ...paths import printable
 from ...progress import SILENT, Reporter
-from ...store.checkpoint import KIND_TENSORS, Checkpoint, scan
+from ...store.checkpoint import KIND_TENSORS, Checkpoint, bare_name, is_file_arg, scan, scope_of
 from ...store.digests import Digests
 from ...store.hashing import hexd, tree
 from ...store.header import Header, parse_header
+from ...store.ignore import DEFAULT_RULES, Rules
 
 
-def check_base_listing(index: fmt.Index, base) -> Checkpoint | None:
+def _refuse_clashes(index: fmt.Index, A: Checkpoint) -> None:
+    """In place, a target file must not land on a file left out here."""
+    targets = {f.path for f in index.files}
+    for path in A.excluded:
+        if path.rstrip("/") in targets or (path.endswith("/") and any(t.startswith(path) for t in targets)):
+            raise UsageError(
+                f"{A.root}: {printable(path)} is left out of the checkpoint here, but the bundle's target has it",
+                hint=f"--include {printable(path.rstrip('/'))} makes it part of the base, or move it away",
+            )
+
+
+def check_base_listing(index: fmt.Index, base, *, rules: Rules = DEFAULT_RULES, in_place: bool = False) -> Checkpoint | None:
     """Scan the base and compare its file list with the bundle's record of
-    its base: a cheap first refusal before any byte is read."""
+    its base: a cheap first refusal before any byte is read. Files the
+    ignore ``rules`` leave out are not part of the base (trainer state
+    beside the weights), unless the bundle's base lists them; ``in_place``,
+    a target file that would land on such a file is refused, not written."""
     if index.base_fingerprint is None:
         if base is not None:
-            A = scan(base)
+            A = scan(base, rules=rules)
+            if in_place:
+                _refuse_clashes(index, A)
             if A.files:
                 raise BaseMismatchError(
                     "this bundle is a full anchor: it builds a checkpoint from nothing and takes no base",
@@ -33,7 +50,11 @@ def check_base_listing(index: fmt.Index, base) -> Checkpoint | None:
         raise UsageError(
             f"this bundle needs its base checkpoint (fingerprint {hexd(index.base_fingerprint)[:16]})"
         )
-    A = scan(base)
+    # a single file is the bundle's one base file, whatever its name here
+    name = index.base_files[0].path if is_file_arg(base) and len(index.base_files) == 1 else None
+    A = scan(base, rules=rules, keep=frozenset(r.path for r in index.base_files), name=name)
+    if in_place:
+        _refuse_clashes(index, A)
     want = {r.path: r for r in index.base_files}
     have = {f.path: f for f in A.files}
     for path, r in want.items():
@@ -78,19 +99,24 @@ def verify_bundle(
             if old is None or old.header is None or xxhash.xxh3_128_digest(old.header.raw) != f.header_digest:
                 raise BaseMismatchError(f"{printable(f.path)}: the base's header is not the one the bundle expects")
             headers[i] = _parse_target_header(old.header.raw, f, reader.path)
+    # names are unique within a directory (version 2) or across the whole
+    # target (version 1): headers hold qualified names, unique in both cases
+    scoped = index.version >= fmt.SCOPED_NAMES
     seen: dict[str, str] = {}
     for i, header in sorted(headers.items()):
+        path = index.files[i].path
         for t in header.tensors:
-            other = seen.setdefault(t.name, index.files[i].path)
-            if other != index.files[i].path:
-                raise FormatError(f"{reader.path}: target tensor {printable(t.name)} appears in two files")
+            key = t.name if scoped else bare_name(path, t.name)
+            other = seen.setdefault(key, path)
+            if other != path:
+                raise FormatError(f"{reader.path}: target tensor {printable(key)} appears in two files")
     return headers
 
 
 def _parse_target_header(raw: bytes, f: fmt.TargetFile, where: str) -> Header:
     if len(raw) != f.header_size:
         raise FormatError(f"{where}: header of {printable(f.path)} has the wrong size")
-    header = parse_header(raw, f.size, where=f"{where}: {printable(f.path)}")
+    header = parse_header(raw, f.size, where=f"{where}: {printable(f.path)}").scoped(scope_of(f.path))
     if len(header.tensors) != len(f.tensor_digests):
         raise FormatError(f"{where}: {printable(f.path)} lists {len(f.tensor_digests)} tensor digests for {len(header.tensors)} tensors")
     return header

@@ -12,19 +12,26 @@ from ...format.bundle import BundleReader
 from ...fsutil import check_output, fsync_dir, io_error, remove_tree, temp_name
 from ...progress import SILENT, Reporter
 from ...store import cache
-from ...store.checkpoint import scan
+from ...store.checkpoint import is_file_arg, scan
+from ...store.ignore import DEFAULT_RULES, Rules
 from .checks import check_base_listing, verify_bundle
 from .engine import build
 from .result import ApplyResult
 
 
-def apply_copy(bundle, base, out, *, threads: int, reporter: Reporter = SILENT) -> ApplyResult:
+def apply_copy(bundle, base, out, *, threads: int, reporter: Reporter = SILENT, rules: Rules = DEFAULT_RULES) -> ApplyResult:
     """Rebuild the target of ``bundle`` from ``base`` into the new directory ``out``."""
     out = os.fspath(out)
     check_output(out, [("the base checkpoint", base), ("the bundle", bundle)])
-    _check_out(out, base)
+    single = is_file_arg(base)  # a file in, a file out
+    _check_out(out, base, single=single)
     with BundleReader(bundle) as reader:
-        A = check_base_listing(reader.index, base)
+        if single and len(reader.index.files) != 1:
+            raise UsageError(
+                f"{base} is a single file, but the bundle's target has {len(reader.index.files)} files",
+                hint="apply it to the checkpoint directory it was made from",
+            )
+        A = check_base_listing(reader.index, base, rules=rules)
         headers = verify_bundle(reader, A, reporter=reporter)
         tmp = temp_name(os.path.abspath(out).rstrip("/"), "tmp")
         try:
@@ -35,9 +42,13 @@ def apply_copy(bundle, base, out, *, threads: int, reporter: Reporter = SILENT) 
             outputs = {i: os.path.join(tmp, f.path) for i, f in enumerate(reader.index.files)}
             written, produced = build(reader, A, headers, outputs, threads=threads, reporter=reporter)
             fsync_tree(tmp)
-            if os.path.isdir(out):
-                os.rmdir(out)  # empty, checked above; fails loudly if that changed
-            os.rename(tmp, out)
+            if single:
+                os.rename(outputs[0], out)  # the one file, verified; then its empty folder goes
+                remove_tree(tmp)
+            else:
+                if os.path.isdir(out):
+                    os.rmdir(out)  # empty, checked above; fails loudly if that changed
+                os.rename(tmp, out)
             fsync_dir(os.path.dirname(os.path.abspath(out)))
         except OSError as e:
             remove_tree(tmp)
@@ -45,7 +56,8 @@ def apply_copy(bundle, base, out, *, threads: int, reporter: Reporter = SILENT) 
         except BaseException:
             remove_tree(tmp)
             raise
-    cache.remember(scan(out, reuse=A), produced)  # the next step's base is hashed already
+    if not single:
+        cache.remember(scan(out, reuse=A), produced)  # the next step's base is hashed already
     reporter.done()
     return ApplyResult(
         output=out,
@@ -57,7 +69,9 @@ def apply_copy(bundle, base, out, *, threads: int, reporter: Reporter = SILENT) 
     )
 
 
-def _check_out(out: str, base) -> None:
+def _check_out(out: str, base, *, single: bool = False) -> None:
+    if single and os.path.lexists(out):
+        raise UsageError(f"{out}: already exists", hint="the result of a single file is a new file: choose a new path")
     if os.path.lexists(out):
         if not os.path.isdir(out) or os.path.islink(out) or os.listdir(out):
             raise UsageError(f"{out}: already exists and is not an empty directory", hint="choose a new output path")

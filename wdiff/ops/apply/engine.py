@@ -66,7 +66,8 @@ class _Walk:
 
     def __init__(self, reader: BundleReader, headers: dict[int, Header], A: Checkpoint | None, on_file) -> None:
         self.reader, self.index, self.headers = reader, reader.index, headers
-        self.base_tensors = A.tensors if A else {}
+        self.A = A
+        self.scoped = reader.index.version >= fmt.SCOPED_NAMES
         self.on_file = on_file
         self.layouts: dict[int, FileLayout] = {}
         self.done_upto: dict[int, int] = {}
@@ -91,7 +92,8 @@ class _Walk:
             self.current += 1
             f = self.index.files[self.current]
             if f.kind == KIND_TENSORS:
-                self.layouts[self.current] = FileLayout(self.headers[self.current], self.base_tensors)
+                base = self.A.base_tensors_for(f.path, self.scoped) if self.A else {}
+                self.layouts[self.current] = FileLayout(self.headers[self.current], base)
                 yield OpenFile(self.current)
             elif f.source == "base":
                 self.on_file(self.current, None)

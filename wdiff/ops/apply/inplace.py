@@ -47,13 +47,14 @@ from ...store.blockio import FdCache
 from ...store.checkpoint import KIND_TENSORS, Checkpoint, read_into, scan
 from ...store.digests import Digests
 from ...store.hashing import hexd
+from ...store.ignore import DEFAULT_RULES, Rules
 from .checks import check_base_listing, check_target_digests, verify_bundle
 from .engine import apply_unit, build
 from .patch import patch_files, patch_items
 from .result import ApplyResult
 
 
-def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporter = SILENT) -> ApplyResult:
+def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporter = SILENT, rules: Rules = DEFAULT_RULES) -> ApplyResult:
     """See module doc. Holds ``BASE/.wdiff/lock`` throughout."""
     root = os.fspath(base)
     if not os.path.isdir(root):
@@ -79,7 +80,7 @@ def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporte
             return _result(reader, root, 0, resumed=True, target=reader.index.base_fingerprint)
         headers = known = None
         if journal is None:
-            journal, headers, known = _start(reader, root, txn, threads=threads, reporter=reporter)
+            journal, headers, known = _start(reader, root, txn, threads=threads, reporter=reporter, rules=rules)
             if journal is None:  # already the target
                 return _result(reader, root, 0, resumed=False)
             resumed = False
@@ -106,9 +107,9 @@ def _result(reader: BundleReader, root: str, written: int, *, resumed: bool, tar
     )
 
 
-def _start(reader: BundleReader, root: str, txn: Txn, *, threads: int, reporter: Reporter):
+def _start(reader: BundleReader, root: str, txn: Txn, *, threads: int, reporter: Reporter, rules: Rules = DEFAULT_RULES):
     index = reader.index
-    A = check_base_listing(index, root)
+    A = check_base_listing(index, root, rules=rules, in_place=True)
     A = A if A is not None else scan(root)
     _refuse_shared_files(A)
     headers = verify_bundle(reader, A, reporter=reporter)

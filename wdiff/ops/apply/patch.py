@@ -60,7 +60,8 @@ def patch_items(reader: BundleReader, A: Checkpoint, headers, patch: set[int]):
             continue
         lay = layouts.get(h.file)
         if lay is None:
-            lay = layouts[h.file] = FileLayout(headers[h.file], A.tensors)
+            base = A.base_tensors_for(index.files[h.file].path, index.version >= fmt.SCOPED_NAMES)
+            lay = layouts[h.file] = FileLayout(headers[h.file], base)
         where = f"{reader.path}: record {rec.index}"
         unit = lay.record_unit(h.lo, h.hi, h.word, delta=h.codec != RAW, where=where)
         yield PatchItem(h.file, A.file(index.files[h.file].path), unit, rec)
