@@ -636,7 +636,7 @@ class _Handler(BaseHTTPRequestHandler):
             f.seek(r.offset)
             pos = r.offset
             while to_send > 0:
-                block = bytearray(f.read(min(to_send, 1 << 20)))
+                block = bytearray(f.read(min(to_send, 64 << 10)))  # small blocks: ``sent`` is what left
                 if not block:
                     break
                 if r.corrupt_at is not None and pos <= r.corrupt_at < pos + len(block):
