@@ -52,20 +52,20 @@ _wdiff() {
         push)
             case "$prev" in
                 --base) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-                --label|--part-size|-l|--level|--sign|-j|--threads) return ;;
+                --label|--part-size|-l|--level|--sign|--commit-message|--token|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--base --anchor --label --part-size --fork -l --level --sign --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--base --anchor --label --part-size --fork -l --level --sign --public --commit-message --token --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi
             ;;
         pull)
             case "$prev" in
-                --to|--trusted-key|-j|--threads) return ;;
+                --to|--trusted-key|--token|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--to --trusted-key --require-signature --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--to --trusted-key --require-signature --token --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

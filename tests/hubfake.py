@@ -5,7 +5,10 @@
 
 - model and dataset repositories: create, info, preupload, atomic NDJSON commits (with
   ``parentCommit`` -> HTTP 412 when stale), per-commit trees (files stay readable at old shas),
-  tree listing, paths-info, refs, commits, and ``/resolve`` downloads (HEAD + GET, with ``Range``);
+  tree listing, paths-info, refs, commits, branch creation (``POST .../branch/{name}``, from
+  ``startingPoint``), visibility (a private repository is invisible without a valid token: 404,
+  as the Hub answers), the model card's YAML metadata reported by repo info (``cardData``,
+  ``tags``), and ``/resolve`` downloads (HEAD + GET, with ``Range``);
 - uploads through the legacy LFS protocol (``HF_HUB_DISABLE_XET=1``: batch + basic PUT + verify)
   and through Xet: the Xet token endpoints answer with a ``local://<tmp>/cas`` CAS URL, which
   hf_xet treats as a local folder where it runs its real chunking/dedup/reconstruction. The server
@@ -51,7 +54,8 @@ path leaves out the Xet headers and the client falls back to HTTP (``serve_xet=F
 same for every file).
 
 ``hub.requests`` counts requests per route name (``"resolve"``, ``"commit"``...) and per
-``"METHOD route"`` (``"GET resolve"``); ``hub.log`` keeps every request; ``hub.unhandled`` lists
+``"METHOD route"`` (``"GET resolve"``); ``hub.log`` keeps every request (with its ``Range`` header,
+its ``Authorization`` header's presence, and the body bytes sent for file downloads); ``hub.unhandled`` lists
 requests no route matched (tests should assert it stays empty).
 """
 
@@ -183,6 +187,9 @@ class RequestRecord:
     path: str
     route: str | None
     status: int | None = None
+    range: str | None = None  # the Range header, if any
+    authorized: bool = False  # an Authorization header was sent
+    sent: int = 0  # body bytes of a file download actually written to the socket
 
 
 class HubError(Exception):
@@ -464,6 +471,7 @@ ROUTES: list[tuple[tuple[str, ...], str, str, str]] = [
     (("POST",), rf"/api/{_TYPES}/{_REPO}/paths-info/{_REV}", "paths_info", "paths_info"),
     (("GET",), rf"/api/{_TYPES}/{_REPO}/refs", "refs", "refs"),
     (("GET",), rf"/api/{_TYPES}/{_REPO}/commits/{_REV}", "commits", "commits"),
+    (("POST",), rf"/api/{_TYPES}/{_REPO}/branch/{_REV}", "create_branch", "create_branch"),
     (("GET",), rf"/api/{_TYPES}/{_REPO}/xet-read-token/{_REV}", "xet_read_token", "repo_xet_token"),
     (("GET",), rf"/api/{_TYPES}/{_REPO}/xet-write-token/{_REV}", "xet_write_token", "repo_xet_token"),
     (("POST",), rf"/{_PREFIX}{_REPO}\.git/info/lfs/objects/batch", "lfs_batch", "lfs_batch"),
@@ -479,6 +487,7 @@ ROUTES: list[tuple[tuple[str, ...], str, str, str]] = [
     (("GET",), rf"/api/buckets/{_REPO}/xet-write-token", "xet_write_token", "bucket_xet_token"),
     (("HEAD", "GET"), rf"/buckets/{_REPO}/resolve/(?P<path>.+)", "bucket_resolve", "bucket_resolve"),
     (("HEAD", "GET"), rf"/{_PREFIX}{_REPO}/resolve/{_REV}/(?P<path>.+)", "resolve", "resolve"),
+    (("POST",), r"/api/validate-yaml", "validate_yaml", "validate_yaml"),
     (("GET",), r"/api/agent-harnesses", "agent_harnesses", "agent_harnesses"),
 ]
 _COMPILED = [(methods, re.compile(pattern + r"/?"), name, fn) for methods, pattern, name, fn in ROUTES]
@@ -542,8 +551,10 @@ class _Handler(BaseHTTPRequestHandler):
         split = urlsplit(self.path)
         self.query = parse_qs(split.query)
         self._body: bytes | None = None
-        record = RequestRecord(self.command, self.path, None)
+        record = RequestRecord(self.command, self.path, None, range=self.headers.get("Range"),
+                               authorized=self.headers.get("Authorization") is not None)
         self.hub.log.append(record)
+        self._record = record
         try:
             for methods, regex, name, fn in _COMPILED:
                 m = regex.fullmatch(split.path)
@@ -625,12 +636,13 @@ class _Handler(BaseHTTPRequestHandler):
             f.seek(r.offset)
             pos = r.offset
             while to_send > 0:
-                block = bytearray(f.read(min(to_send, 1 << 20)))
+                block = bytearray(f.read(min(to_send, 64 << 10)))  # small blocks: ``sent`` is what left
                 if not block:
                     break
                 if r.corrupt_at is not None and pos <= r.corrupt_at < pos + len(block):
                     block[r.corrupt_at - pos] ^= 0xFF
                 self.wfile.write(block)
+                self._record.sent += len(block)
                 pos += len(block)
                 to_send -= len(block)
         if r.close_after is not None:
@@ -734,6 +746,7 @@ class _Handler(BaseHTTPRequestHandler):
                         ptr = len(lfs_pointer(entry.sha256, entry.size))
                         sibling["lfs"] = {"size": entry.size, "sha256": entry.sha256, "pointerSize": ptr}
                 siblings.append(sibling)
+            card = self._card_data(commit)
             return _json(
                 {
                     "_id": hashlib.sha1(repo.repo_id.encode()).hexdigest()[:24],
@@ -747,10 +760,30 @@ class _Handler(BaseHTTPRequestHandler):
                     "gated": False,
                     "downloads": 0,
                     "likes": 0,
-                    "tags": [],
+                    "tags": list(card.get("tags") or []) if isinstance(card, dict) else [],
+                    **({"cardData": card} if card else {}),
                     "siblings": siblings,
                 }
             )
+
+    def _card_data(self, commit: Commit) -> dict[str, Any]:
+        """The YAML metadata block at the top of the repository's README.md, as the Hub parses it."""
+        entry = commit.files.get("README.md")
+        if entry is None:
+            return {}
+        text = self.hub._blobs.path_for(size=entry.size, sha256=entry.sha256, xet_hash=entry.xet_hash).read_text(
+            errors="replace"
+        )
+        m = re.match(r"---\r?\n(.*?)\r?\n---\r?\n", text, re.S)
+        if m is None:
+            return {}
+        import yaml
+
+        try:
+            data = yaml.safe_load(m.group(1))
+        except yaml.YAMLError:
+            return {}
+        return data if isinstance(data, dict) else {}
 
     def _upload_mode(self, path: str, size: int, sample: bytes) -> str:
         name = path.rsplit("/", 1)[-1]
@@ -913,6 +946,20 @@ class _Handler(BaseHTTPRequestHandler):
                 )
                 commit = repo.commits.get(commit.parent) if commit.parent else None
         return _json(out)
+
+    def r_create_branch(self) -> _Response:
+        """``HfApi.create_branch``: a new branch at ``startingPoint`` (a branch or a sha; default main).
+        409 when it exists, 400 for a name that is not a plain branch name, like the Hub."""
+        branch = self.params["rev"]
+        if branch.startswith("refs/") or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", branch) or ".." in branch:
+            raise HubError(400, f"Invalid reference for a branch: {branch}")
+        start = self.json_body().get("startingPoint") or "main"
+        with self.hub._lock:
+            repo = self._repo(write=True)
+            if branch in repo.branches:
+                raise HubError(409, "Reference already exists")
+            repo.branches[branch] = self._commit(repo, start).oid
+        return _json({})
 
     def _xet_token(self, refresh_route: str) -> _Response:
         exp = int(time.time()) + TOKEN_TTL_S
@@ -1146,6 +1193,26 @@ class _Handler(BaseHTTPRequestHandler):
         return self._file_response(path, entry.size, None, entry.xet_hash, headers)
 
     # ---- misc ---------------------------------------------------------------------------------
+
+    def r_validate_yaml(self) -> _Response:
+        """The check ``create_commit`` makes of a README.md it commits: the metadata block must be YAML
+        mapping; 400 with ``errors`` otherwise, like the Hub (which checks much more)."""
+        content = self.json_body().get("content") or ""
+        m = re.match(r"---\r?\n(.*?)\r?\n---\r?\n", content, re.S)
+        if m is None:
+            return _json({"warnings": [], "errors": []})
+        import yaml
+
+        try:
+            data = yaml.safe_load(m.group(1))
+        except yaml.YAMLError as e:
+            return _json({"errors": [{"message": f"Invalid YAML: {e}"}]}, 400)
+        if data is not None and not isinstance(data, dict):
+            return _json({"errors": [{"message": "The metadata must be a mapping"}]}, 400)
+        tags = (data or {}).get("tags")
+        if tags is not None and not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
+            return _json({"errors": [{"message": '"tags" must be an array of strings'}]}, 400)
+        return _json({"warnings": [], "errors": []})
 
     def r_agent_harnesses(self) -> _Response:
         # Fetched by build_hf_headers() unless telemetry is disabled: an empty registry detects no agent.

@@ -161,3 +161,226 @@ def test_cli_against_the_hub(hub, versions, tmp_path):
     env = dict(os.environ, HF_TOKEN="hf_bad_token")
     r = subprocess.run(cmd + ["push", "--anchor", str(versions[2]), "hf://acme/other"], capture_output=True, env=env, timeout=300)
     assert r.returncode == 7 and b"hf_bad_token" not in r.stderr
+
+
+# -- the Hub as its users know it: visibility, tokens, branches, folders, card, progress, resume --
+
+
+class Recording(wdiff.Reporter):
+    """Every progress event, in order, through the library's Reporter interface."""
+
+    def __init__(self):
+        self.events = []
+        self.threads = set()
+
+    def phase(self, name, total=None):
+        self.events.append(("phase", name, total))
+
+    def file(self, name, size):
+        self.events.append(("file", name, size))
+
+    def advance(self, n):
+        self.threads.add(threading.get_ident())
+        self.events.append(("advance", n))
+
+    def warn(self, message):
+        self.events.append(("warn", message))
+
+    def advances_in(self, phase):
+        """The byte counts advanced during the phase called ``phase`` (each time it starts)."""
+        out, inside = [], False
+        for ev in self.events:
+            if ev[0] == "phase":
+                inside = ev[1] == phase
+            elif ev[0] == "advance" and inside:
+                out.append(ev[1])
+        return out
+
+
+def test_first_push_creates_a_private_repository_and_says_so(hub, versions, tmp_path, monkeypatch):
+    rec = Recording()
+    wdiff.push(versions[0], URL, anchor=True, reporter=rec)
+    assert hub.repo("acme/deltas").private is True
+    assert any(ev[0] == "warn" and "private" in ev[1] and "--public" in ev[1] for ev in rec.events)
+    # the Hub hides it from anyone without a token: an anonymous pull finds nothing
+    monkeypatch.delenv("HF_TOKEN")
+    with pytest.raises(NotFoundError):
+        wdiff.pull(URL, tmp_path / "anon")
+    assert any(r.status == 404 and not r.authorized and "/api/models/acme/deltas" in r.path for r in hub.log)
+
+    wdiff.push(versions[0], "hf://acme/open", anchor=True, private=False, token=hub.token)
+    assert hub.repo("acme/open").private is False
+    wdiff.pull("hf://acme/open", tmp_path / "anon")  # no token at all: public
+    assert tree(tmp_path / "anon") == tree(versions[0])
+
+
+def test_token_is_used_and_never_printed(hub, versions, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_wrong")  # the explicit token wins over the environment
+    wdiff.push(versions[0], URL, anchor=True, token=hub.token)
+    wdiff.pull(URL, tmp_path / "d", token=hub.token)
+    assert tree(tmp_path / "d") == tree(versions[0])
+    with pytest.raises(AuthError):
+        wdiff.pull(URL, tmp_path / "e")  # HF_TOKEN alone is still honoured (and is wrong here)
+
+    exe = Path(sys.executable).parent / "wdiff"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "wdiff"]
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    r = subprocess.run(cmd + ["push", str(versions[1]), URL, "--base", str(versions[0]), "--token", hub.token,
+                              "--commit-message", "step one", "-v"], capture_output=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert hub.token.encode() not in r.stdout + r.stderr
+    assert hub.repo("acme/deltas").commits[hub.head("acme/deltas")].title == "step one"
+    r = subprocess.run(cmd + ["pull", URL, str(tmp_path / "d"), "--token", "hf_not_this_one"],
+                       capture_output=True, env=env, timeout=300)
+    assert r.returncode == 7 and b"hf_not_this_one" not in r.stdout + r.stderr
+    r = subprocess.run(cmd + ["pull", "-q", URL, str(tmp_path / "d"), "--token", hub.token],
+                       capture_output=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout == b"" and r.stderr == b"", r.stderr
+    assert tree(tmp_path / "d") == tree(versions[1])
+
+
+def test_at_branch_creates_it_from_main_and_keeps_main_alone(hub, versions, tmp_path):
+    wdiff.push(versions[0], URL, anchor=True)
+    main_before = hub.head("acme/deltas")
+    with pytest.raises(NotFoundError):
+        wdiff.log(URL + "@dev")  # reading a branch that does not exist does not create it
+    wdiff.push(versions[1], URL + "@dev", base=versions[0], label="v1")  # starts from main's chain
+    repo = hub.repo("acme/deltas")
+    assert "dev" in repo.branches and repo.commits[repo.branches["dev"]].parent == main_before
+    assert hub.head("acme/deltas") == main_before
+    assert [e.label for e in wdiff.log(URL + "@dev").entries] == ["v1", None]
+    assert len(wdiff.log(URL).entries) == 1
+    wdiff.pull(URL + "@dev", tmp_path / "d")
+    assert tree(tmp_path / "d") == tree(versions[1])
+    # a new repository pushed at a branch gets both main and the branch
+    wdiff.push(versions[0], "hf://acme/fresh@exp", anchor=True)
+    assert set(hub.repo("acme/fresh").branches) == {"main", "exp"}
+    assert wdiff.log("hf://acme/fresh@exp").head is not None
+    assert not any(p.startswith("wdiff/") for p in hub.files("acme/fresh", "main"))
+
+
+@pytest.mark.parametrize("kind", ["model", "dataset"])
+def test_subfolder_round_trips(hub, versions, tmp_path, kind):
+    prefix = "datasets/" if kind == "dataset" else ""
+    url = f"hf://{prefix}acme/multi@main/policies/small"
+    wdiff.push(versions[0], url, anchor=True)
+    wdiff.push(versions[1], url, base=versions[0])
+    other = f"hf://{prefix}acme/multi/policies/large"  # another chain beside it, no @REV
+    wdiff.push(versions[2], other, anchor=True)
+    files = hub.files("acme/multi", repo_type=kind)
+    assert "policies/small/chain.json" in files and "policies/large/chain.json" in files
+    assert not any(p.startswith("wdiff/") for p in files)
+    wdiff.pull(url, tmp_path / "s")
+    wdiff.pull(other, tmp_path / "l")
+    assert tree(tmp_path / "s") == tree(versions[1]) and tree(tmp_path / "l") == tree(versions[2])
+    assert len(wdiff.log(url).entries) == 2 and len(wdiff.log(other).entries) == 1
+    with pytest.raises(wdiff.WdiffError):
+        wdiff.log(f"hf://{prefix}acme/multi/../x")
+
+
+def test_model_card_is_written_once_in_the_first_commit(hub, versions):
+    wdiff.push(versions[0], URL, anchor=True)
+    files = hub.files("acme/deltas")
+    assert "README.md" in files
+    head = hub.repo("acme/deltas").commits[hub.head("acme/deltas")]
+    assert "wdiff/chain.json" in head.files and "README.md" in hub.repo("acme/deltas").commits[head.oid].files
+    first_commit_files = set(head.files) - set(hub.repo("acme/deltas").commits[head.parent].files)
+    assert {"README.md", "wdiff/chain.json"} <= first_commit_files  # one commit: card and chain together
+    card = hub.read_file("acme/deltas", "README.md").decode()
+    assert "wdiff pull hf://acme/deltas" in card
+    from huggingface_hub import HfApi
+
+    info = HfApi(endpoint=hub.endpoint, token=hub.token).model_info("acme/deltas")
+    assert "wdiff" in info.tags and info.card_data is not None and "wdiff" in info.card_data.tags
+
+    # the owner edits it; later pushes, and a new chain in a subfolder, leave it alone
+    from huggingface_hub import CommitOperationAdd
+
+    HfApi(endpoint=hub.endpoint, token=hub.token).create_commit(
+        "acme/deltas", operations=[CommitOperationAdd("README.md", b"# our policy\n")], commit_message="card")
+    wdiff.push(versions[1], URL, base=versions[0])
+    wdiff.push(versions[2], URL + "/other", anchor=True)
+    assert hub.read_file("acme/deltas", "README.md") == b"# our policy\n"
+
+
+def test_progress_moves_with_the_bytes(tmp_path, monkeypatch):
+    """Upload and download report bytes as they move (several growing events
+    per part, not one at the end), on the operation's thread, with the
+    client's own progress bars left on for the rest of the process."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    rng = np.random.default_rng(9)
+    big = write_ckpt(tmp_path / "big", {"w": rand(rng, "BF16", (1200, 1200))})  # ~2.9 MB, incompressible
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 64 * 1024)
+    for mode in ("xet", "lfs"):
+        block_internet(monkeypatch)
+        with FakeHub(tmp_path / f"hub-{mode}") as h:
+            configure_client(monkeypatch, h, xet=mode == "xet", home=tmp_path / f"home-{mode}", progress_bars=True)
+            url = f"hf://acme/{mode}"
+            rec = Recording()
+            res = wdiff.push(big, url, anchor=True, reporter=rec)
+            up = rec.advances_in("upload")
+            assert sum(up) == res.bytes and len(up) >= 2, (mode, up)
+            assert ("file", wdiff.log(url).entries[0].parts[0].path, res.bytes) in rec.events
+            rec = Recording()
+            wdiff.pull(url, tmp_path / f"d-{mode}", reporter=rec)
+            down = rec.advances_in("download")
+            assert sum(down) == res.bytes and len(down) >= res.bytes // (64 * 1024), (mode, len(down))
+            assert rec.threads == {threading.get_ident()}
+            assert not are_progress_bars_disabled()
+            assert not h.unhandled, h.unhandled
+
+
+def test_killed_download_resumes_from_the_bytes_it_has(hub, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    rng = np.random.default_rng(11)
+    big = write_ckpt(tmp_path / "big", {"w": rand(rng, "BF16", (1200, 1200))})
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 64 * 1024)
+    res = wdiff.push(big, URL, anchor=True)
+    part = wdiff.log(URL).entries[0].parts[0].path
+
+    class Killer(Recording):
+        def advance(self, n):
+            super().advance(n)
+            if sum(self.advances_in("download")) > res.bytes // 2:
+                raise KeyboardInterrupt  # Ctrl-C (or a SIGKILL) in the middle of the part
+
+    d = tmp_path / "d"
+    with pytest.raises(KeyboardInterrupt):
+        wdiff.pull(URL, d, reporter=Killer())
+    partial = [p for p in (d / ".wdiff" / "pull").iterdir() if ".part" in p.name]
+    assert len(partial) == 1
+    have = partial[0].stat().st_size  # what reached the file (the fake sent a little more into the socket)
+    served = lambda recs: sum(r.sent for r in recs if r.path.endswith(part))  # noqa: E731
+    assert res.bytes // 3 < have < res.bytes and served(hub.log) >= have
+    before = len(hub.log)
+    wdiff.pull(URL, d)
+    again = [r for r in hub.log[before:] if r.path.endswith(part) and r.method == "GET"]
+    assert [r.range for r in again] == [f"bytes={have}-"]
+    assert served(again) == res.bytes - have
+    assert tree(d) == tree(big)
+
+
+def test_damaged_partial_download_is_discarded(hub, tmp_path, monkeypatch):
+    rng = np.random.default_rng(12)
+    big = write_ckpt(tmp_path / "big", {"w": rand(rng, "BF16", (600, 600))})
+    res = wdiff.push(big, URL, anchor=True)
+    part = wdiff.log(URL).entries[0].parts[0].path
+    hub.faults.short_download(part, res.bytes // 3)  # a clean but short answer: the run fails, the prefix stays
+    d = tmp_path / "d"
+    with pytest.raises(RemoteError):
+        wdiff.pull(URL, d)
+    partial = [p for p in (d / ".wdiff" / "pull").iterdir() if ".part" in p.name]
+    assert len(partial) == 1 and partial[0].stat().st_size == res.bytes // 3
+    data = bytearray(partial[0].read_bytes())
+    data[10] ^= 0x40  # the disk (or a bad earlier answer) damaged what was kept
+    partial[0].write_bytes(bytes(data))
+    before = len(hub.log)
+    rec = Recording()
+    wdiff.pull(URL, d, reporter=rec)
+    gets = [r for r in hub.log[before:] if r.path.endswith(part) and r.method == "GET"]
+    assert [r.range for r in gets] == [f"bytes={res.bytes // 3}-", None]  # resumed, refused, fetched whole
+    assert any(ev[0] == "warn" and "again" in ev[1] for ev in rec.events)
+    assert tree(d) == tree(big)

@@ -272,11 +272,16 @@ def test_squash_equals_the_chain(versions, tmp_path):
 def test_remote_urls():
     from wdiff.remotes import parse_remote
 
-    assert parse_remote("hf://acme/model") == {"kind": "model", "repo_id": "acme/model", "revision": "main"}
+    assert parse_remote("hf://acme/model") == {"kind": "model", "repo_id": "acme/model", "revision": "main",
+                                               "subfolder": ""}
     assert parse_remote("hf://datasets/acme/d@dev")["kind"] == "dataset"
+    assert parse_remote("hf://acme/m@dev/a/b/") == {"kind": "model", "repo_id": "acme/m", "revision": "dev",
+                                                   "subfolder": "a/b"}
+    assert parse_remote("hf://datasets/acme/d/sub")["subfolder"] == "sub"
     assert parse_remote("hf://buckets/acme/b/some/prefix") == {"kind": "bucket", "repo_id": "acme/b", "prefix": "some/prefix"}
     assert parse_remote("file:///tmp/x") == {"kind": "local", "path": "/tmp/x"}
-    for bad in ("s3://bucket/x", "hf://only-one", "hf://buckets/a/b/../c", "http://example.com/x"):
+    for bad in ("s3://bucket/x", "hf://only-one", "hf://buckets/a/b/../c", "http://example.com/x",
+                "hf://acme/m@dev/../x", "hf://acme/m/a//b"):
         with pytest.raises(UsageError):
             parse_remote(bad)
 

@@ -208,6 +208,9 @@ def push(
     fork: bool = False,
     level: int = DEFAULT_LEVEL,
     sign_key: PathLike | None = None,
+    token: str | None = None,
+    private: bool = True,
+    commit_message: str | None = None,
     threads: int | None = None,
     reporter: Reporter = SILENT,
 ) -> PushResult:
@@ -219,11 +222,18 @@ def push(
     ``sign_key`` (a minisign secret key file) the bundle and the new chain
     index are signed. Of two concurrent pushes one wins; the other raises
     :class:`~wdiff.errors.ConflictError`.
+
+    On the Hub, a push creates what is missing: the repository (private
+    unless ``private=False``), the branch named by ``@REV`` (from the
+    default branch), and a model card when the repository has none.
+    ``token`` is handed to huggingface_hub (default: ``HF_TOKEN`` or the
+    stored login); ``commit_message`` replaces wdiff's own.
     """
     from .ops.push import push as _push
 
     return _push(source, remote, base=base, anchor=anchor, label=label, part_size=part_size, fork=fork,
-                 level=level, sign_key=sign_key, threads=threads, reporter=reporter)
+                 level=level, sign_key=sign_key, token=token, private=private, commit_message=commit_message,
+                 threads=threads, reporter=reporter)
 
 
 def squash_remote(
@@ -255,6 +265,7 @@ def pull(
     to: str | None = None,
     trusted_keys: list | None = None,
     require_signature: bool = False,
+    token: str | None = None,
     threads: int | None = None,
     reporter: Reporter = SILENT,
 ) -> PullResult:
@@ -262,11 +273,13 @@ def pull(
     the cheapest run of bundles from its version, or an anchor, downloaded,
     verified and applied in place. With ``trusted_keys`` (or
     ``WDIFF_TRUSTED_KEYS``) the chain index and every bundle must be signed
-    by one of them."""
+    by one of them. ``token`` is for a Hub remote (default: ``HF_TOKEN`` or
+    the stored login). An interrupted download continues, on the next call,
+    from the bytes it had."""
     from .ops.pull import pull as _pull
 
     return _pull(remote, directory, to=to, trusted_keys=trusted_keys, require_signature=require_signature,
-                 threads=threads, reporter=reporter)
+                 token=token, threads=threads, reporter=reporter)
 
 
 def status(

@@ -17,6 +17,11 @@ class Reporter:
     def advance(self, n: int) -> None:
         """``n`` more bytes of the current phase are done."""
 
+    def file(self, name: str, size: int) -> None:
+        """Within the current phase, the transfer of one file (a part of a
+        bundle on a remote, ``size`` bytes) starts; its bytes keep arriving
+        through :meth:`advance`, as part of the phase's."""
+
     def warn(self, message: str) -> None:
         """Something the user should know; the operation goes on."""
 

@@ -28,6 +28,8 @@ from .help import epilog
 
 # -- push ---------------------------------------------------------------------------------
 
+HubToken = Annotated[Optional[str], typer.Option("--token", metavar="TOKEN", help="Hugging Face token for a Hub remote [default: HF_TOKEN, or the stored `hf auth login`]; prefer HF_TOKEN, which no process listing shows.", show_default=False)]
+
 
 @app.command(epilog=epilog("push"))
 def push(
@@ -40,6 +42,9 @@ def push(
     fork: Annotated[bool, typer.Option("--fork", help="Allow a base that is an older version, not the head.")] = False,
     level: Level = DEFAULT_LEVEL,
     sign: SignKey = None,
+    public: Annotated[bool, typer.Option("--public", help="A Hub repository or bucket this push creates is public [default: private].")] = False,
+    commit_message: Annotated[Optional[str], typer.Option("--commit-message", metavar="TEXT", help="Message of the Hub commit [default: wdiff push VERSION (LABEL)].", show_default=False)] = None,
+    token: HubToken = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -52,12 +57,19 @@ def push(
     sees a version whose parts are missing. On a Hub repository both happen in
     one commit that fails if anyone else pushed meanwhile. A bundle whose base
     is not the head is refused. Pushing the same bundle again does nothing.
+
+    A first push to the Hub creates the repository, private unless --public
+    (and says so), with a model card (README.md) that says how to pull it,
+    unless the repository has one already. hf://ORG/NAME@BRANCH creates the
+    branch from the default branch when it does not exist, and
+    hf://ORG/NAME@BRANCH/FOLDER keeps the chain in FOLDER instead of wdiff/.
     """
     from ..ops.push import push as run_push
 
     out = _setup(json_mode, quiet, verbose)
     res = run_push(source, remote, base=base, anchor=anchor, label=label, part_size=_size_arg(part_size),
-                   fork=fork, level=level, sign_key=sign, threads=threads, reporter=o.TerminalReporter(out))
+                   fork=fork, level=level, sign_key=sign, token=token, private=not public,
+                   commit_message=commit_message, threads=threads, reporter=o.TerminalReporter(out))
     if out.json:
         out.document(res.to_json())
         return
@@ -78,6 +90,7 @@ def pull(
     to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="A fingerprint (or prefix), a label, or HEAD~N (N pushes before the head) [default: the head].", show_default=False)] = None,
     trusted_key: TrustedKeys = None,
     require_signature: RequireSig = False,
+    token: HubToken = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -88,7 +101,7 @@ def pull(
     wdiff fingerprints DIR, finds the smallest run of bundles from there to the
     wanted version (or from the nearest anchor when DIR is empty or holds a
     version the remote does not know), downloads and verifies every part
-    (resuming after an interruption), squashes the run into one delta and
+    (resuming after an interruption from the bytes it had), squashes the run into one delta and
     applies it in place: no intermediate checkpoint is written. When DIR is
     already at the version nothing is downloaded. Two pulls into one DIR
     never both write: the second exits with status 8.
@@ -97,7 +110,7 @@ def pull(
 
     out = _setup(json_mode, quiet, verbose)
     res = run_pull(remote, directory, to=to, trusted_keys=trusted_key, require_signature=require_signature,
-                   threads=threads, reporter=o.TerminalReporter(out))
+                   token=token, threads=threads, reporter=o.TerminalReporter(out))
     if out.json:
         out.document(res.to_json())
         return

@@ -86,7 +86,7 @@ def _root(
     pass
 
 
-Remote = Annotated[str, typer.Argument(metavar="REMOTE", help="A directory, file://PATH, hf://ORG/NAME[@REV], hf://datasets/ORG/NAME or hf://buckets/ORG/NAME[/PREFIX].", show_default=False)]
+Remote = Annotated[str, typer.Argument(metavar="REMOTE", help="A directory, file://PATH, hf://ORG/NAME[@REV][/FOLDER], hf://datasets/ORG/NAME[@REV][/FOLDER] or hf://buckets/ORG/NAME[/PREFIX].", show_default=False)]
 
 
 def _size_arg(text: str) -> int:

@@ -46,9 +46,18 @@ def download(store, e: Entry, work: str, reporter: Reporter) -> tuple[str, int]:
         if not (os.path.exists(done) and os.path.getsize(dest) == p.size):
             if os.path.exists(done):
                 os.unlink(done)
+            # an interrupted run may have left the first bytes of the part:
+            # stores continue from there, and the whole part is checked below
+            resumed = os.path.exists(dest) and os.path.getsize(dest) > 0
             store.fetch(p.path, dest, size=p.size, reporter=reporter)
             fetched += p.size
-            if os.path.getsize(dest) != p.size or range_digest(dest, 0, p.size) != p.digest:
+            if not _part_ok(dest, p) and resumed:
+                # the bytes kept from before may be what is damaged: never trust
+                # them, fetch the whole part once more
+                os.unlink(dest)
+                reporter.warn(f"{p.path}: the resumed download did not verify; fetching the whole part again")
+                store.fetch(p.path, dest, size=p.size, reporter=reporter)
+            if not _part_ok(dest, p):
                 os.unlink(dest)
                 raise IntegrityError(
                     f"{store.url}: part {p.path} arrived damaged (digest mismatch); it was discarded",
@@ -71,6 +80,10 @@ def download(store, e: Entry, work: str, reporter: Reporter) -> tuple[str, int]:
         os.unlink(pf)
         os.unlink(pf + ".ok")
     return final, fetched
+
+
+def _part_ok(dest: str, p) -> bool:
+    return os.path.getsize(dest) == p.size and range_digest(dest, 0, p.size) == p.digest
 
 
 def _is_bundle(path: str, bundle_id: bytes) -> bool:

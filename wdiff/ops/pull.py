@@ -59,16 +59,18 @@ def pull(
     to: str | None = None,
     trusted_keys: list | None = None,
     require_signature: bool = False,
+    token: str | None = None,
     threads: int | None = None,
     reporter: Reporter = SILENT,
 ) -> PullResult:
     """Bring ``directory`` to version ``to`` (default: the head) of ``remote``.
     With trusted keys (given, or in WDIFF_TRUSTED_KEYS), the chain index and
-    every bundle must carry a valid signature by one of them."""
+    every bundle must carry a valid signature by one of them. ``token``: for
+    a Hub remote (default: huggingface_hub's own)."""
     directory = os.path.abspath(os.fspath(directory))
     threads = threads or default_threads()
     keys = signing.required_keys(trusted_keys, require_signature)
-    store = open_remote(remote)
+    store = open_remote(remote, token=token)
     # read (and check) the chain before creating DIR: a missing or untrusted
     # remote must not leave an empty directory behind
     chain = read_chain(store, keys=keys)

@@ -62,13 +62,18 @@ def push(
     fork: bool = False,
     level: int = DEFAULT_LEVEL,
     sign_key=None,
+    token: str | None = None,
+    private: bool = True,
+    commit_message: str | None = None,
     threads: int | None = None,
     reporter: Reporter = SILENT,
 ) -> PushResult:
     """Push a bundle file, or a checkpoint directory packed against ``base``
     (or whole, with ``anchor=True``), to ``remote`` as its new head. With
     ``sign_key`` (a minisign secret key file), the bundle and the new chain
-    index are signed."""
+    index are signed. On the Hub: ``token`` (default: huggingface_hub's own),
+    ``private`` for a repository the push creates, ``commit_message``
+    instead of wdiff's own."""
     source = os.fspath(source)
     if part_size < 1024 * 1024:
         raise UsageError("the part size must be at least 1 MiB")
@@ -81,7 +86,7 @@ def push(
         try:
             pack(None if anchor else base, source, tmp, level=level, threads=threads, reporter=reporter, overwrite=True)
             return push_bundle(tmp, remote, label=label, part_size=part_size, fork=fork, sign_key=sign_key,
-                                reporter=reporter)
+                                reporter=reporter, token=token, private=private, commit_message=commit_message)
         finally:
             for p in (tmp, tmp + signing.SUFFIX):
                 if os.path.exists(p):
@@ -89,21 +94,22 @@ def push(
     if base is not None or anchor:
         raise UsageError("--base and --anchor apply to a checkpoint directory, not to a bundle file")
     return push_bundle(source, remote, label=label, part_size=part_size, fork=fork, sign_key=sign_key,
-                        reporter=reporter)
+                        reporter=reporter, token=token, private=private, commit_message=commit_message)
 
 
 def push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_key, reporter: Reporter,
-                 shortcut: bool = False) -> PushResult:
+                 shortcut: bool = False, token: str | None = None, private: bool = True,
+                 commit_message: str | None = None) -> PushResult:
     """Publish a bundle file. A ``shortcut`` (a squash of versions the chain
     has) may start anywhere and must end at a version the chain has; it
     leaves the head alone."""
     key = signing.load_secret(os.fspath(sign_key)) if sign_key is not None else None
-    store = open_remote(remote)
+    store = open_remote(remote, token=token, private=private, create=True)
     with BundleReader(path) as reader:
         check_records(reader, reporter)
         ix = reader.index
         bundle_id, size = reader.id, reader.size
-    raw, token = store.read_chain()
+    raw, chain_token = store.read_chain()
     chain = Chain.decode(raw, where=store.url)
     parent, version = ix.base_fingerprint, ix.target_fingerprint
     done = chain.entry(bundle_id)
@@ -147,8 +153,8 @@ def push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_ke
         uploads.append(chain_signature(encoded, key, path))
     reporter.phase("upload", size)
     verb = "wdiff squash" if shortcut else "wdiff push"
-    store.publish(uploads, encoded, token, message=f"{verb} {short(version)}" + (f" ({label})" if label else ""),
-                  reporter=reporter)
+    message = commit_message or f"{verb} {short(version)}" + (f" ({label})" if label else "")
+    store.publish(uploads, encoded, chain_token, message=message, reporter=reporter)
     reporter.done()
     return PushResult(store.url, bundle_id, version, parent, n_parts, size, True, label)
 

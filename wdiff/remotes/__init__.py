@@ -3,9 +3,10 @@
 :func:`open_remote` is the one place that understands remote URLs:
 
 ``/path``, ``./path``, ``file:///path``      a local directory
-``hf://ORG/NAME[@REV]``                       a Hub model repository
-``hf://models/ORG/NAME[@REV]``                the same, explicitly
-``hf://datasets/ORG/NAME[@REV]``              a Hub dataset repository
+``hf://ORG/NAME[@REV][/SUBFOLDER]``           a Hub model repository (chain in
+                                              SUBFOLDER, default ``wdiff``)
+``hf://models/ORG/NAME[@REV][/SUBFOLDER]``     the same, explicitly
+``hf://datasets/ORG/NAME[@REV][/SUBFOLDER]``   a Hub dataset repository
 ``hf://buckets/ORG/NAME[/PREFIX]``            a Hub Storage Bucket
 
 Only the Hub module imports huggingface_hub, and only when a Hub URL is used.
@@ -38,14 +39,12 @@ def parse_remote(url: str) -> dict:
             m = re.fullmatch(rf"({_NAME})/({_NAME})(?:/(.*))?", rest)
             if not m:
                 raise UsageError(f"{url}: expected hf://buckets/ORG/NAME[/PREFIX]")
-            prefix = (m.group(3) or "").strip("/")
-            if prefix and any(p in ("", ".", "..") for p in prefix.split("/")):
-                raise UsageError(f"{url}: bad prefix")
-            return {"kind": "bucket", "repo_id": f"{m.group(1)}/{m.group(2)}", "prefix": prefix}
-        m = re.fullmatch(rf"({_NAME})/({_NAME})(?:@([^/]+))?", rest)
+            return {"kind": "bucket", "repo_id": f"{m.group(1)}/{m.group(2)}", "prefix": _folder(url, m.group(3))}
+        m = re.fullmatch(rf"({_NAME})/({_NAME})(?:@([^/]+))?(?:/(.*))?", rest)
         if not m:
-            raise UsageError(f"{url}: expected hf://[datasets/]ORG/NAME[@REVISION]")
-        return {"kind": kind, "repo_id": f"{m.group(1)}/{m.group(2)}", "revision": m.group(3) or "main"}
+            raise UsageError(f"{url}: expected hf://[datasets/]ORG/NAME[@REVISION][/SUBFOLDER]")
+        return {"kind": kind, "repo_id": f"{m.group(1)}/{m.group(2)}", "revision": m.group(3) or "main",
+                "subfolder": _folder(url, m.group(4))}
     if "://" in url:
         p = urlparse(url)
         if p.scheme != "file" or p.netloc not in ("", "localhost"):
@@ -54,7 +53,19 @@ def parse_remote(url: str) -> dict:
     return {"kind": "local", "path": url}
 
 
-def open_remote(url: str | os.PathLike) -> Writer:
+def _folder(url: str, raw: str | None) -> str:
+    folder = (raw or "").strip("/")
+    if folder and any(p in ("", ".", "..") for p in folder.split("/")):
+        raise UsageError(f"{url}: bad folder {folder!r}")
+    return folder
+
+
+def open_remote(url: str | os.PathLike, *, token: str | None = None, private: bool = True,
+                create: bool = False) -> Writer:
+    """The store behind ``url``. For Hub remotes: ``token`` (default:
+    huggingface_hub's own, HF_TOKEN or a stored login), ``private`` for a
+    repository or bucket a push creates, and ``create`` for a pusher, to whom
+    a branch that does not exist yet reads as one to create."""
     url = os.fspath(url)
     spec = parse_remote(url)
     if spec["kind"] == "local":
@@ -63,4 +74,4 @@ def open_remote(url: str | os.PathLike) -> Writer:
         return LocalStore(spec["path"], url)
     from .hub import open_hub
 
-    return open_hub(url, spec)
+    return open_hub(url, spec, token=token, private=private, create=create)
