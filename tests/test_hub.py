@@ -102,7 +102,7 @@ def test_truncated_and_corrupted_downloads(hub, versions, tmp_path):
     d = tmp_path / "d"
     with pytest.raises(IntegrityError):
         wdiff.pull(URL, d)
-    assert not any(p.name != ".wdiff" for p in d.iterdir())
+    assert not d.exists()  # the pull created d and failed: nothing of it is left
     hub.faults.short_download(part, 1000)
     with pytest.raises((RemoteError, IntegrityError)):
         wdiff.pull(URL, d)

@@ -155,3 +155,60 @@ def _linked_inside(root: str, ident) -> str | None:
             if _stat(p) == ident:
                 return p
     return None
+
+
+def owner_tag() -> str:
+    """``PID-START`` of this process (START: its start time in clock ticks
+    since boot), carried in the names of temporary artefacts so that a later
+    run can tell whether their owner still lives."""
+    return f"{os.getpid()}-{_start_time(os.getpid())}"
+
+
+def _start_time(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def owner_alive(pid: int, start: int | None) -> bool:
+    """Whether the process that made an artefact tagged ``pid[-start]`` still runs."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return start is not None and _start_time(pid) == start
+
+
+@contextlib.contextmanager
+def locked_beside(lock_path: str, *, what: str):
+    """Like :func:`locked`, for a lock file that sits beside a directory: it
+    is never followed through a link, and it is removed on release (a waiter
+    that opened the removed file sees that its inode is gone and retries)."""
+    while True:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise io_error(lock_path, e) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise BusyError(f"{what} is in use by another wdiff process", hint="wait for it to finish") from None
+        try:
+            same = os.stat(lock_path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)
+        os.close(fd)

@@ -14,6 +14,7 @@ ENV_DEBUG = "WDIFF_DEBUG"
 # Longer than most functions, on purpose: every way a command can end is mapped
 # here, in one place, to its documented exit code; the length is the list of cases.
 def main(argv: list[str] | None = None) -> int:
+    import errno
     import signal
 
     import typer
@@ -68,6 +69,17 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         code = ExitCode.OK
+    except OSError as e:
+        # an OS error that no layer below turned into a WdiffIOError: still a
+        # documented I/O failure, named by its path
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        where = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
+        reason = e.strerror or str(e)
+        code = fail(ExitCode.IO, "io", f"{where}: {reason}" if where else reason,
+                    "free some space" if e.errno == errno.ENOSPC else None)
     except MemoryError:
         code = fail(ExitCode.USAGE, "internal", "out of memory")
     except Exception as e:  # noqa: BLE001 - the last line of defence

@@ -241,6 +241,9 @@ def apply(
     if abort:
         out.result(f"rolled back {o.name(res.output)} to the base {res.target_fingerprint.hex()[:16]}")
         return
+    if res.already:
+        out.result(f"{o.name(res.output)} is already at the target {res.target_fingerprint.hex()[:16]}; nothing to do")
+        return
     how = "updated in place" if res.in_place else "wrote"
     again = " (finished an interrupted apply)" if res.resumed else ""
     out.result(f"{how} {o.name(res.output)}{again}: {res.files} files verified, target {res.target_fingerprint.hex()[:16]}")

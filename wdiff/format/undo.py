@@ -13,6 +13,7 @@ import xxhash
 from ..codec.chunk import decompress_exact, plane_compressor, planes, rice_decode, rice_encode, unplanes
 from ..errors import FormatError
 from ..fsutil import io_error
+from ..statedir import StateDir
 
 _UNDO = struct.Struct("<4sIQQB3xQ16s16sB3xQQQ")
 _UNDO_MAGIC = b"WUND"
@@ -54,18 +55,27 @@ class UndoEntry:
 
 class UndoLog:
     """Append-only, fsynced undo entries; a torn tail is dropped on load (its
-    chunks were never written, since data follows the entries' fsync)."""
+    chunks were never written, since data follows the entries' fsync). The
+    file is reached through the transaction's :class:`StateDir`, never
+    through a link."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    NAME = "undo.log"
+
+    def __init__(self, txn: StateDir) -> None:
+        self.dir = txn
+        self.path = txn.where(self.NAME)
         self.fd = -1
+
+    def _open(self, flags: int) -> int:
+        try:
+            return self.dir.open_file(self.NAME, flags, 0o600)
+        except OSError as e:
+            raise io_error(self.path, e) from None
 
     def load(self) -> dict[tuple[int, int], UndoEntry]:
         entries: dict[tuple[int, int], UndoEntry] = {}
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
+        data = self.dir.read(self.NAME, limit=1 << 40)
+        if data is None:
             return entries
         pos = 0
         while pos + _UNDO.size <= len(data):
@@ -86,18 +96,20 @@ class UndoLog:
             entries[(file, lo)] = UndoEntry(file, lo, hi, word, count, base, target, r, tuple(parts))
             pos = end + 16
         if pos != len(data):
-            with open(self.path, "r+b") as f:
-                f.truncate(pos)
-                os.fsync(f.fileno())
+            fd = self._open(os.O_RDWR)
+            try:
+                os.ftruncate(fd, pos)
+                os.fsync(fd)
+            except OSError as e:
+                raise io_error(self.path, e) from None
+            finally:
+                os.close(fd)
         self._size = pos
         return entries
 
     def append(self, entries: list[UndoEntry]) -> None:
         if self.fd < 0:
-            try:
-                self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            except OSError as e:
-                raise io_error(self.path, e) from None
+            self.fd = self._open(os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         data = memoryview(b"".join(e.pack() for e in entries))
         try:
             while data:

@@ -10,7 +10,9 @@ import shutil
 from ..errors import IntegrityError, NotFoundError
 from ..format.bundle import BundleReader
 from ..format.chain import Chain, Entry
+from ..fsutil import io_error
 from ..progress import Reporter
+from ..statedir import StateDir
 from ..store.hashing import hexd, range_digest
 from .signatures import verify_chain
 
@@ -30,65 +32,95 @@ def read_chain(store, *, keys: list | None = None) -> Chain:
     return Chain.decode(raw, where=store.url)
 
 
-def download(store, e: Entry, work: str, reporter: Reporter) -> tuple[str, int]:
-    """Fetch and verify every part of an entry's bundle; parts that an
-    interrupted pull already verified are not fetched again."""
-    os.makedirs(work, exist_ok=True)
-    final = os.path.join(work, f"{hexd(e.bundle)}.wdb")
-    if os.path.exists(final) and _is_bundle(final, e.bundle):
+def download(store, e: Entry, work, reporter: Reporter) -> tuple[str, int]:
+    """Fetch and verify every part of an entry's bundle into ``work`` (a
+    :class:`~wdiff.statedir.StateDir`, or a path of a private directory).
+    The work area is a cache, never proof: a part or bundle found there is
+    used only once its digests match the chain's in this run, and one that
+    does not is deleted and fetched again. A shorter part (an interrupted
+    download) is resumed."""
+    if isinstance(work, str):
+        with StateDir.at(work) as d:
+            return download(store, e, d, reporter)
+    name = f"{hexd(e.bundle)}.wdb"
+    final = work.where(name)
+    if work.kind(name) == "file" and _verified(final, e):
         return final, 0
+    work.unlink(name)
     fetched = 0
     part_files = []
     reporter.phase("download", e.size)
     for k, p in enumerate(e.parts):
-        dest = os.path.join(work, f"{hexd(e.bundle)}.part{k:05d}")
-        done = dest + ".ok"
-        if not (os.path.exists(done) and os.path.getsize(dest) == p.size):
-            if os.path.exists(done):
-                os.unlink(done)
-            # an interrupted run may have left the first bytes of the part:
-            # stores continue from there, and the whole part is checked below
-            resumed = os.path.exists(dest) and os.path.getsize(dest) > 0
+        pn = f"{hexd(e.bundle)}.part{k:05d}"
+        dest = work.where(pn)
+        work.unlink(pn + ".ok")  # markers of older versions: a name is no proof
+        kind = work.kind(pn)
+        if kind not in (None, "file") or (kind == "file" and os.path.getsize(dest) > p.size):
+            work.unlink(pn)
+        elif kind == "file" and os.path.getsize(dest) == p.size:
+            if range_digest(dest, 0, p.size) == p.digest:
+                part_files.append(dest)
+                continue
+            work.unlink(pn)
+        # an interrupted run may have left the first bytes of the part: stores
+        # continue from there, and the whole part is checked below
+        resumed = work.kind(pn) == "file" and os.path.getsize(dest) > 0
+        store.fetch(p.path, dest, size=p.size, reporter=reporter)
+        fetched += p.size
+        if resumed and not _part_ok(work, pn, p):
+            # the bytes kept from before may be what is damaged: never trust
+            # them, fetch the whole part once more
+            work.unlink(pn)
+            reporter.warn(f"{p.path}: the resumed download did not verify; fetching the whole part again")
             store.fetch(p.path, dest, size=p.size, reporter=reporter)
-            fetched += p.size
-            if not _part_ok(dest, p) and resumed:
-                # the bytes kept from before may be what is damaged: never trust
-                # them, fetch the whole part once more
-                os.unlink(dest)
-                reporter.warn(f"{p.path}: the resumed download did not verify; fetching the whole part again")
-                store.fetch(p.path, dest, size=p.size, reporter=reporter)
-            if not _part_ok(dest, p):
-                os.unlink(dest)
-                raise IntegrityError(
-                    f"{store.url}: part {p.path} arrived damaged (digest mismatch); it was discarded",
-                    hint="run the pull again",
-                )
-            open(done, "wb").close()
+        if not _part_ok(work, pn, p):
+            work.unlink(pn)
+            raise IntegrityError(
+                f"{store.url}: part {p.path} arrived damaged (digest mismatch); it was discarded",
+                hint="run the pull again",
+            )
         part_files.append(dest)
-    tmp = final + ".tmp"
-    with open(tmp, "wb") as out:
-        for pf in part_files:
-            with open(pf, "rb") as f:
-                shutil.copyfileobj(f, out, PIECE)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, final)
-    if not _is_bundle(final, e.bundle):
-        os.unlink(final)
+    tmp = name + ".tmp"
+    try:
+        fd = work.open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            with os.fdopen(fd, "wb", closefd=False) as out:
+                for pf in part_files:
+                    with open(pf, "rb") as f:
+                        shutil.copyfileobj(f, out, PIECE)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=work.fd, dst_dir_fd=work.fd)
+    except OSError as err:
+        work.unlink(tmp)
+        raise io_error(work.where(tmp), err) from None
+    if not _verified(final, e):
+        work.unlink(name)
         raise IntegrityError(f"{store.url}: bundle {hexd(e.bundle)[:12]} is not what the chain says")
-    for pf in part_files:
-        os.unlink(pf)
-        os.unlink(pf + ".ok")
+    for k in range(len(e.parts)):
+        work.unlink(f"{hexd(e.bundle)}.part{k:05d}")
     return final, fetched
 
 
-def _part_ok(dest: str, p) -> bool:
-    return os.path.getsize(dest) == p.size and range_digest(dest, 0, p.size) == p.digest
+def _part_ok(work, pn: str, p) -> bool:
+    """The part file ``pn`` of the work area is a regular file of the part's
+    size and digest."""
+    dest = work.where(pn)
+    return work.kind(pn) == "file" and os.path.getsize(dest) == p.size and range_digest(dest, 0, p.size) == p.digest
 
 
-def _is_bundle(path: str, bundle_id: bytes) -> bool:
+def _verified(path: str, e: Entry) -> bool:
+    """Every part's digest over its range of the whole bundle, and the id."""
     try:
+        if os.path.getsize(path) != sum(p.size for p in e.parts):
+            return False
+        off = 0
+        for p in e.parts:
+            if range_digest(path, off, p.size) != p.digest:
+                return False
+            off += p.size
         with BundleReader(path) as r:
-            return r.id == bundle_id
+            return r.id == e.bundle
     except Exception:  # noqa: BLE001 - any damage means "fetch it again"
         return False

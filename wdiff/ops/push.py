@@ -5,6 +5,7 @@ bundle composed from bundles the chain already has."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -149,12 +150,18 @@ def push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_ke
     )
     new = chain.appended(entry, head=not shortcut)
     encoded = new.encode()
-    if key is not None:
-        uploads.append(chain_signature(encoded, key, path))
+    chain_sig = chain_signature(encoded, key, path) if key is not None else None
+    if chain_sig is not None:
+        uploads.append(chain_sig)
     reporter.phase("upload", size)
     verb = "wdiff squash" if shortcut else "wdiff push"
     message = commit_message or f"{verb} {short(version)}" + (f" ({label})" if label else "")
-    store.publish(uploads, encoded, chain_token, message=message, reporter=reporter)
+    try:
+        store.publish(uploads, encoded, chain_token, message=message, reporter=reporter)
+    finally:
+        if chain_sig is not None:  # the chain's signature file is wdiff's own temp: it goes once uploaded
+            with contextlib.suppress(OSError):
+                os.unlink(chain_sig.source)
     reporter.done()
     return PushResult(store.url, bundle_id, version, parent, n_parts, size, True, label)
 

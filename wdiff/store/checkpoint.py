@@ -278,6 +278,18 @@ def _walk(root: str, rel: str, depth: int, out: list[FileEntry], reuse: Checkpoi
         out.append(_entry(root, relpath, entry.path, st, seen.header if seen is not None else None))
 
 
+def entry_at(root: str, relpath: str, abspath: str) -> FileEntry:
+    """The entry of the file at ``abspath`` as if it lay at ``relpath`` of a
+    checkpoint (a staged file checked before it is renamed into place)."""
+    try:
+        st = os.stat(abspath, follow_symlinks=False)
+    except OSError as e:
+        raise WdiffIOError(f"{abspath}: {e.strerror}") from None
+    if not stat_mod.S_ISREG(st.st_mode):
+        raise FormatError(f"{abspath}: not a regular file")
+    return _entry(root, relpath, abspath, st, None)
+
+
 def _entry(root: str, relpath: str, abspath: str, st: os.stat_result, seen: Header | None) -> FileEntry:
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if not relpath.endswith(".safetensors"):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -163,14 +165,37 @@ class _Builder:
         self.da, self.dt = Digests(), Digests()
         self.out_fds: dict[int, int] = {}
         self.written = 0
+        self._modes: dict[str, int] | None = None
 
     def open_out(self, i: int) -> int:
         path = self.outputs[i]
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            mode = self.mode_of(self.index.files[i].path)
+            if mode is not None:
+                os.fchmod(fd, mode)
+            return fd
         except OSError as e:
             raise io_error(path, e) from None
+
+    def mode_of(self, path: str) -> int | None:
+        """The permission bits of a rebuilt file: those of the base's file at
+        the same path, else the ones most of the base's files have (None:
+        no base, the umask decides)."""
+        if self.A is None or not self.A.files:
+            return None
+        if self._modes is None:
+            self._modes = {}
+            for f in self.A.files:
+                try:
+                    self._modes[f.path] = stat.S_IMODE(os.stat(f.abspath).st_mode) & 0o777
+                except OSError:
+                    pass
+        if path in self._modes:
+            return self._modes[path]
+        counts = Counter(self._modes.values())
+        return counts.most_common(1)[0][0] if counts else None
 
     def on_file(self, i: int, rec: Record | None) -> None:
         """Write companion file ``i``: copied from the base, or streamed from ``rec``."""

@@ -22,7 +22,13 @@ Steps:
    staged files into place, delete the transaction.
 
 Every chunk is checked against the base and target digests before it is
-written. Interrupted, the next run with the same bundle finishes the job;
+written. ``DIR/.wdiff`` and everything in it is reached through
+wdiff.statedir (no links, no other user's directories), and the journal is
+input: the plan is derived again from the bundle (:func:`derive_plan`) and a
+journal whose plan differs is refused. A resumed apply checks every staged
+file before it patches, and the whole result against the target's digests
+before it commits, so "finished" always means "verified".
+Interrupted, the next run with the same bundle finishes the job;
 with ``abort=True`` it rolls the patch phase back. Other commands refuse to read
 the directory meanwhile (see checkpoint.scan).
 """
@@ -30,21 +36,23 @@ the directory meanwhile (see checkpoint.scan).
 from __future__ import annotations
 
 import os
+import stat
 
 import numpy as np
 
 from ...codec.dtypes import uint_type
 from ...errors import BaseMismatchError, BusyError, IntegrityError, UsageError, WdiffIOError
 from ...format.bundle import BundleReader
-from ...format.journal import JOURNAL_VERSION, Txn
+from ...format.journal import JOURNAL_VERSION, Journal, Plan, Txn  # noqa: F401 - JOURNAL_VERSION: re-exported
 from ...format.undo import UndoLog
-from ...fsutil import fsync_dir, io_error, locked, remove_tree, write_all
+from ...fsutil import fsync_dir, io_error, write_all
 from ...parallel import ordered_map
-from ...paths import STATE_DIR, printable
+from ...paths import printable
 from ...progress import SILENT, Reporter
+from ...statedir import StateDir
 from ...store import cache, manifest
 from ...store.blockio import FdCache
-from ...store.checkpoint import KIND_TENSORS, Checkpoint, read_into, scan
+from ...store.checkpoint import KIND_TENSORS, Checkpoint, entry_at, path_sort_key, read_into, scan
 from ...store.digests import Digests
 from ...store.hashing import hexd
 from ...store.ignore import DEFAULT_RULES, Rules
@@ -54,23 +62,43 @@ from .patch import patch_files, patch_items
 from .result import ApplyResult
 
 
-def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporter = SILENT, rules: Rules = DEFAULT_RULES) -> ApplyResult:
+def derive_plan(index) -> Plan:
+    """What an in-place apply of ``index`` patches, stages and removes: a pure
+    function of the bundle (its base listing, which the base must match)."""
+    base = {r.path: r for r in index.base_files}
+    patch, stage = [], []
+    for i, f in enumerate(index.files):
+        old = base.get(f.path)
+        if f.kind == KIND_TENSORS and f.source == "base":
+            patch.append(i)  # same path, same header: verified by verify_bundle
+        elif f.kind == "file" and f.source == "base" and old is not None and old.kind == "file":
+            continue  # unchanged companion file (the base fingerprint says so)
+        else:
+            stage.append((i, f.path))
+    target = {f.path for f in index.files}
+    remove = sorted((r.path for r in index.base_files if r.path not in target), key=path_sort_key)
+    return Plan(tuple(patch), tuple(stage), tuple(remove))
+
+
+def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporter = SILENT,
+                   rules: Rules = DEFAULT_RULES) -> ApplyResult:
     """See module doc. Holds ``BASE/.wdiff/lock`` throughout."""
     root = os.fspath(base)
     if not os.path.isdir(root):
         scan(root)  # raises the right error
-    state = os.path.join(root, STATE_DIR)
-    try:
-        os.makedirs(state, exist_ok=True)
-    except OSError as e:
-        raise io_error(state, e) from None
-    with locked(os.path.join(state, "lock"), what=root), BundleReader(bundle) as reader:
-        txn = Txn(os.path.join(state, "txn"))
+    with StateDir.open(root) as state, state.lock(what=root), BundleReader(bundle) as reader:
+        txn = Txn(state)
         journal = txn.read_journal()
-        if journal is not None and journal["bundle_id"] != hexd(reader.id):
+        if journal is not None and journal.bundle_id != hexd(reader.id):
             raise BusyError(
-                f"{root}: an in-place apply of another bundle ({printable(journal.get('bundle_path', '?'))}) was interrupted here",
+                f"{root}: an in-place apply of another bundle ({printable(journal.bundle_path)}) was interrupted here",
                 hint="finish or abort that one first, with that bundle",
+            )
+        plan = derive_plan(reader.index)
+        if journal is not None and journal.plan != plan:
+            raise IntegrityError(
+                f"{txn.journal}: the journal's plan is not the one bundle {hexd(reader.id)[:12]} gives for this directory",
+                hint="the journal was not written by this apply; if you trust the directory, remove its .wdiff/txn",
             )
         if abort:
             if journal is None:
@@ -80,20 +108,23 @@ def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporte
             return _result(reader, root, 0, resumed=True, target=reader.index.base_fingerprint)
         headers = known = None
         if journal is None:
-            journal, headers, known = _start(reader, root, txn, threads=threads, reporter=reporter, rules=rules)
-            if journal is None:  # already the target
-                return _result(reader, root, 0, resumed=False)
+            started = _start(reader, root, txn, plan, threads=threads, reporter=reporter, rules=rules)
+            if started is None:  # already the target
+                reporter.done()
+                return _result(reader, root, 0, resumed=False, already=True)
+            journal, headers, known = started
             resumed = False
         else:
             resumed = True
-        written = _run(reader, root, txn, journal, headers, threads=threads, reporter=reporter)
+        written = _run(reader, root, txn, journal, headers, resumed=resumed, threads=threads, reporter=reporter)
         if known is not None:
             cache.remember(scan(root), known)  # the next step's base is hashed already
     reporter.done()
     return _result(reader, root, written, resumed=resumed)
 
 
-def _result(reader: BundleReader, root: str, written: int, *, resumed: bool, target: bytes | None = None) -> ApplyResult:
+def _result(reader: BundleReader, root: str, written: int, *, resumed: bool, target: bytes | None = None,
+            already: bool = False) -> ApplyResult:
     ix = reader.index
     return ApplyResult(
         output=root,
@@ -104,12 +135,31 @@ def _result(reader: BundleReader, root: str, written: int, *, resumed: bool, tar
         bytes_written=written,
         in_place=True,
         resumed=resumed,
+        already=already,
     )
 
 
-def _start(reader: BundleReader, root: str, txn: Txn, *, threads: int, reporter: Reporter, rules: Rules = DEFAULT_RULES):
+def _is_target(index, A: Checkpoint, *, threads: int, reporter: Reporter) -> bool:
+    if [(f.path, f.kind, f.size) for f in A.files] != [(f.path, f.kind, f.size) for f in index.files]:
+        return False
+    reporter.phase("check target", A.total_bytes)
+    return manifest.compute(A, threads=threads, reporter=reporter).fingerprint == index.target_fingerprint
+
+
+def _start(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, threads: int, reporter: Reporter,
+           rules: Rules = DEFAULT_RULES):
     index = reader.index
-    A = check_base_listing(index, root, rules=rules, in_place=True)
+    if index.files and _is_target(index, scan(root, rules=rules), threads=threads, reporter=reporter):
+        return None
+    try:
+        A = check_base_listing(index, root, rules=rules, in_place=True)
+    except BaseMismatchError as e:
+        raise BaseMismatchError(
+            f"{e.message}; this bundle turns {hexd(index.base_fingerprint or b'')[:16] or 'nothing'} "
+            f"into {hexd(index.target_fingerprint)[:16]}",
+            hint=f"`wdiff verify {root} --bundle BUNDLE` names what differs from its target; "
+                 "`wdiff status DIR REMOTE` says which version DIR is",
+        ) from None
     A = A if A is not None else scan(root)
     _refuse_shared_files(A)
     headers = verify_bundle(reader, A, reporter=reporter)
@@ -119,52 +169,46 @@ def _start(reader: BundleReader, root: str, txn: Txn, *, threads: int, reporter:
         fp = manifest.complete(A, base_digests, threads=threads, reporter=reporter).fingerprint
         if fp != index.base_fingerprint:
             raise BaseMismatchError(
-                f"{root}: fingerprint {hexd(fp)[:16]} is not the bundle's base {hexd(index.base_fingerprint)[:16]}"
+                f"{root}: fingerprint {hexd(fp)[:16]} is neither the bundle's base {hexd(index.base_fingerprint)[:16]} "
+                f"nor its target {hexd(index.target_fingerprint)[:16]}",
+                hint=f"`wdiff verify {root} --bundle BUNDLE` names what differs from its target",
             )
-        if fp == index.target_fingerprint:
-            return None, headers, None
-    patch, stage = [], {}
-    for i, f in enumerate(index.files):
-        old = A.file(f.path)
-        if f.kind == KIND_TENSORS and f.source == "base":
-            patch.append(i)  # same path, same header: verified by verify_bundle
-        elif f.kind == "file" and f.source == "base" and old is not None and old.kind == "file":
-            continue  # unchanged companion file (the base fingerprint says so)
-        else:
-            stage[str(i)] = f.path
-    _dry_run(reader, A, headers, set(patch), base_digests, threads=threads, reporter=reporter)
-    target_paths = {f.path for f in index.files}
-    journal = {
-        "version": JOURNAL_VERSION,
-        "bundle_id": hexd(reader.id),
-        "bundle_path": os.path.abspath(reader.path),
-        "base_fingerprint": hexd(index.base_fingerprint) if index.base_fingerprint else None,
-        "target_fingerprint": hexd(index.target_fingerprint),
-        "phase": "patch",
-        "patch": patch,
-        "stage": stage,
-        "remove": [f.path for f in A.files if f.path not in target_paths],
-    }
+    _dry_run(reader, A, headers, set(plan.patch), base_digests, threads=threads, reporter=reporter)
+    journal = Journal(
+        bundle_id=hexd(reader.id),
+        bundle_path=os.path.abspath(reader.path),
+        base_fingerprint=hexd(index.base_fingerprint) if index.base_fingerprint else None,
+        target_fingerprint=hexd(index.target_fingerprint),
+        phase="patch",
+        plan=plan,
+    )
     # Stage before the journal exists: until it does, the transaction is
     # debris that the next run clears and that no reader sees, so a failure
     # or a crash while staging leaves the checkpoint fully usable.
-    remove_tree(txn.path)
     try:
-        os.makedirs(txn.stage)
-        outputs = {int(i): os.path.join(txn.stage, i) for i in stage}
-        _, staged = build(reader, A, headers, outputs, threads=threads, reporter=reporter, check_base=False)
-        base_digests.tensors.update(staged.tensors)
-        base_digests.files.update(staged.files)
-        fsync_dir(txn.stage)
+        txn.clear()
+        with txn.stage_dir(create=True) as stage:
+            outputs = {i: stage.where(str(i)) for i, _ in plan.stage}
+            _, staged = build(reader, A, headers, outputs, threads=threads, reporter=reporter, check_base=False)
+            base_digests.tensors.update(staged.tensors)
+            base_digests.files.update(staged.files)
+            stage.sync()
         txn.write_journal(journal)
-        fsync_dir(os.path.dirname(txn.path))
+        txn.state.sync()
     except OSError as e:
-        remove_tree(txn.path)
+        _discard(txn)
         raise io_error(txn.path, e) from None
     except BaseException:
-        remove_tree(txn.path)
+        _discard(txn)
         raise
     return journal, headers, base_digests
+
+
+def _discard(txn: Txn) -> None:
+    try:
+        txn.remove()
+    except Exception:  # noqa: BLE001 - debris the next run clears; the first error is the one to report
+        pass
 
 
 def _dry_run(reader, A: Checkpoint, headers, patch: set[int], digests: Digests, *, threads: int, reporter) -> None:
@@ -195,55 +239,150 @@ def _refuse_shared_files(A: Checkpoint) -> None:
             )
 
 
-def _run(reader: BundleReader, root: str, txn: Txn, journal: dict, headers, *, threads: int, reporter: Reporter) -> int:
+def _run(reader: BundleReader, root: str, txn: Txn, journal: Journal, headers, *, resumed: bool, threads: int,
+         reporter: Reporter) -> int:
     A = scan(root, allow_unfinished=True)
-    phase = journal["phase"]
-    stage = {int(k): v for k, v in journal["stage"].items()}
-    written = sum(os.path.getsize(os.path.join(txn.stage, str(i))) for i in stage if os.path.exists(os.path.join(txn.stage, str(i))))
+    plan = journal.plan
+    phase = journal.phase
+    staged = _staged(reader, root, txn, plan, require_all=phase == "patch") if resumed else None
+    written = sum(reader.index.files[i].size for i, _ in plan.stage)
     if phase == "patch" and headers is None:
         headers = verify_bundle(reader, A, reporter=reporter)
     if phase == "patch":
-        try:
-            written += patch_files(reader, A, headers, set(journal["patch"]), txn, threads=threads, reporter=reporter)
-        except WdiffIOError as e:
-            # a full disk or a refused write: put every patched chunk back (that
-            # needs no new space) so that the checkpoint is the base again
+        with txn.dir() as tdir:
             try:
-                _rollback(reader, root, txn, journal, threads=threads)
-            except Exception:  # noqa: BLE001 - the journal stays; --abort can retry
-                raise e from None
-            raise WdiffIOError(f"{e.message}; the in-place apply was rolled back", hint=e.hint) from None
-        journal = dict(journal, phase="commit")
+                written += patch_files(reader, A, headers, set(plan.patch), tdir, threads=threads, reporter=reporter)
+            except WdiffIOError as e:
+                # a full disk or a refused write: put every patched chunk back (that
+                # needs no new space) so that the checkpoint is the base again
+                try:
+                    _rollback(reader, root, txn, journal, threads=threads)
+                except Exception:  # noqa: BLE001 - the journal stays; --abort can retry
+                    raise e from None
+                raise WdiffIOError(f"{e.message}; the in-place apply was rolled back", hint=e.hint) from None
+        journal = journal.with_phase("commit")
         txn.write_journal(journal)
-        phase = "commit"
-    if phase != "commit":
-        raise IntegrityError(f"{txn.journal}: unknown phase {phase!r}")
-    _commit(root, txn, stage, journal["remove"])
+    if resumed:
+        _verify_result(reader, root, staged, threads=threads, reporter=reporter)
+    _commit(root, txn, plan)
     return written
 
 
-def _commit(root: str, txn: Txn, stage: dict[int, str], remove: list[str]) -> None:
+def _staged(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, require_all: bool) -> dict[int, str]:
+    """The staged files of a resumed apply that are still to be renamed into
+    place, each checked against the target's digest now; a file that is not
+    the bundle's is refused before anything is written."""
+    index = reader.index
+    out: dict[int, str] = {}
+    stage = txn.stage_dir()
+    if stage is None:
+        if require_all and plan.stage:
+            raise IntegrityError(f"{txn.stage}: the staged files of the interrupted apply are missing",
+                                 hint="run it again with --abort, then apply again")
+        return out
+    with stage:
+        for i, path in plan.stage:
+            k = stage.kind(str(i))
+            if k is None:
+                if require_all:
+                    raise IntegrityError(f"{stage.where(str(i))}: staged file for {printable(path)} is missing",
+                                         hint="run it again with --abort, then apply again")
+                continue
+            if k != "file":
+                raise IntegrityError(f"{stage.where(str(i))}: is not a plain file")
+            out[i] = stage.where(str(i))
+        entries = [entry_at(root, index.files[i].path, p) for i, p in out.items()]
+    bad = _differ(index, entries)
+    if bad:
+        raise IntegrityError(
+            f"{txn.stage}: staged {', '.join(printable(p) for p in bad[:20])} "
+            f"{'is' if len(bad) == 1 else 'are'} not the bundle's target; nothing was changed",
+            hint="the transaction was not written by this apply; run it again with --abort, then apply again",
+        )
+    return out
+
+
+def _differ(index, entries) -> list[str]:
+    """Paths (by target path) whose content is not the target's."""
+    if not entries:
+        return []
+    want = {f.path: f for f in index.files}
+    ckpt = Checkpoint(root="", files=tuple(sorted(entries, key=lambda e: path_sort_key(e.path))))
+    m = manifest.compute(ckpt, threads=1, use_cache=False)
+    return [d.path for d in m.files
+            if (d.kind, d.size, d.digest) != (want[d.path].kind, want[d.path].size, want[d.path].digest)]
+
+
+def _verify_result(reader: BundleReader, root: str, staged: dict[int, str], *, threads: int,
+                   reporter: Reporter) -> None:
+    """Before a resumed apply commits: what DIR will hold (its files, with the
+    staged ones in their places) is the target, file by file and digest by
+    digest; otherwise nothing is committed and the differing files are named."""
+    index = reader.index
+    entries, missing = [], []
+    for i, f in enumerate(index.files):
+        if i in staged:
+            continue  # checked by _staged
+        p = os.path.join(root, f.path)
+        try:
+            entries.append(entry_at(root, f.path, p))
+        except WdiffIOError:
+            missing.append(f.path)
+    reporter.phase("verify", sum(e.size for e in entries))
+    bad = missing + _differ(index, entries)
+    if bad:
+        raise IntegrityError(
+            f"{root}: {', '.join(printable(p) for p in bad[:20])} {'is' if len(bad) == 1 else 'are'} not what the "
+            f"bundle's target holds; the directory changed while the apply was unfinished",
+            hint="restore those files (or the whole checkpoint) from a good copy; nothing was committed",
+        )
+
+
+def _real_parents(root: str, path: str, *, create: bool) -> str:
+    """``root/path``, after checking that every directory on the way is a
+    real directory inside ``root`` (no link can take a write elsewhere)."""
+    d = root
+    for part in path.split("/")[:-1]:
+        d = os.path.join(d, part)
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            if not create:
+                return os.path.join(root, path)
+            os.mkdir(d)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise IntegrityError(f"{d}: is not a directory inside {root}; nothing is written through it")
+    return os.path.join(root, path)
+
+
+def _commit(root: str, txn: Txn, plan: Plan) -> None:
     """Remove what the target lacks, then rename staged files into place.
     Removals go first: a path can turn from a file into a directory or back.
-    Every step is idempotent, so a rerun after a crash finishes the job."""
+    Every step is idempotent, so a rerun after a crash finishes the job.
+    Every path comes from the bundle (derive_plan), checked like all bundle paths."""
     dirs = {root}
     try:
-        for path in remove:
-            p = os.path.join(root, path)
+        for path in plan.remove:
+            p = _real_parents(root, path, create=False)
             if os.path.lexists(p) and not os.path.isdir(p):
                 os.unlink(p)
             d = os.path.dirname(p)
-            while d != root and os.path.isdir(d) and not os.listdir(d):
+            while d != root and os.path.isdir(d) and not os.path.islink(d) and not os.listdir(d):
                 os.rmdir(d)
                 d = os.path.dirname(d)
             dirs.add(d)
-        for i, path in sorted(stage.items()):
-            src = os.path.join(txn.stage, str(i))
-            dst = os.path.join(root, path)
-            if os.path.exists(src):
-                os.makedirs(os.path.dirname(dst), exist_ok=True)
-                os.replace(src, dst)
-                dirs.add(os.path.dirname(dst))
+        stage = txn.stage_dir()
+        if stage is not None:
+            with stage:
+                for i, path in plan.stage:
+                    if stage.kind(str(i)) != "file":
+                        continue
+                    src = stage.where(str(i))
+                    dst = _real_parents(root, path, create=True)
+                    _keep_mode(src, dst)
+                    os.replace(src, dst)
+                    dirs.add(os.path.dirname(dst))
         for d in dirs:
             if os.path.isdir(d):
                 fsync_dir(d)
@@ -252,39 +391,57 @@ def _commit(root: str, txn: Txn, stage: dict[int, str], remove: list[str]) -> No
     txn.remove()
 
 
+def _keep_mode(src: str, dst: str) -> None:
+    """A file replaced by its new version keeps its permission bits."""
+    try:
+        st = os.lstat(dst)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode):
+        os.chmod(src, stat.S_IMODE(st.st_mode))
+
+
 # -- rollback --------------------------------------------------------------------
 
 
-def _rollback(reader: BundleReader, root: str, txn: Txn, journal: dict, *, threads: int) -> None:
-    if journal["phase"] == "commit":
+def _rollback(reader: BundleReader, root: str, txn: Txn, journal: Journal, *, threads: int) -> None:
+    if journal.phase == "commit":
         raise BusyError(
             f"{root}: the interrupted apply was already committing and cannot be rolled back",
             hint="run it again without --abort to finish it",
         )
-    if journal["phase"] == "patch":  # undo what was patched; staged files are simply dropped
-        A = scan(root, allow_unfinished=True)
-        entries = UndoLog(txn.undo).load()
-        by_path: dict[str, int] = {}
-        try:
-            for (i, lo), e in sorted(entries.items()):
-                f = A.file(reader.index.files[i].path)
-                if f is None or f.header is None:
-                    raise IntegrityError(f"{root}: a file patched in place is missing")
-                fd = by_path.get(f.abspath)
-                if fd is None:
-                    fd = by_path[f.abspath] = os.open(f.abspath, os.O_RDWR)
-                buf = np.empty(e.hi - lo, dtype=np.uint8)
-                read_into(fd, f.header.data_start + lo, memoryview(buf), where=f.abspath)
-                e.restore(buf.view(uint_type(e.word)))
-                write_all(fd, buf, f.header.data_start + lo)
-            for fd in by_path.values():
-                os.fsync(fd)
-        finally:
-            for fd in by_path.values():
-                os.close(fd)
-        # every chunk is now back to its base bytes: check what we can cheaply
-        if reader.index.base_fingerprint is not None:
-            fp = manifest.compute(scan(root, allow_unfinished=True), threads=threads).fingerprint
-            if fp != reader.index.base_fingerprint:
-                raise IntegrityError(f"{root}: rollback did not restore the base (fingerprint {hexd(fp)[:16]})")
+    # undo what was patched; staged files are simply dropped
+    A = scan(root, allow_unfinished=True)
+    patchable = set(journal.plan.patch)
+    with txn.dir() as tdir:
+        entries = UndoLog(tdir).load()
+    by_path: dict[str, int] = {}
+    try:
+        for (i, lo), e in sorted(entries.items()):
+            if i not in patchable:
+                raise IntegrityError(f"{txn.undo}: an entry names file {i}, which this apply does not patch")
+            f = A.file(reader.index.files[i].path)
+            if f is None or f.header is None:
+                raise IntegrityError(f"{root}: a file patched in place is missing")
+            if e.hi > f.header.data_len:
+                raise IntegrityError(f"{txn.undo}: an entry lies outside {printable(f.path)}")
+            fd = by_path.get(f.abspath)
+            if fd is None:
+                fd = by_path[f.abspath] = os.open(f.abspath, os.O_RDWR | os.O_NOFOLLOW)
+            buf = np.empty(e.hi - lo, dtype=np.uint8)
+            read_into(fd, f.header.data_start + lo, memoryview(buf), where=f.abspath)
+            e.restore(buf.view(uint_type(e.word)))
+            write_all(fd, buf, f.header.data_start + lo)
+        for fd in by_path.values():
+            os.fsync(fd)
+    except OSError as e:
+        raise io_error(f"{root}: rolling back", e) from None
+    finally:
+        for fd in by_path.values():
+            os.close(fd)
+    # every chunk is now back to its base bytes: check what we can cheaply
+    if reader.index.base_fingerprint is not None:
+        fp = manifest.compute(scan(root, allow_unfinished=True), threads=threads).fingerprint
+        if fp != reader.index.base_fingerprint:
+            raise IntegrityError(f"{root}: rollback did not restore the base (fingerprint {hexd(fp)[:16]})")
     txn.remove()

@@ -15,12 +15,12 @@ from ...codec.dtypes import uint_type
 from ...errors import IntegrityError
 from ...format import records as fmt
 from ...format.bundle import BundleReader, Record
-from ...format.journal import Txn
 from ...format.undo import UndoEntry, UndoLog
 from ...fsutil import io_error, write_all
 from ...parallel import ordered_map
 from ...paths import printable
 from ...progress import Reporter
+from ...statedir import StateDir
 from ...store.blockio import span_digests
 from ...store.checkpoint import Checkpoint, FileEntry, read_into
 from ...store.hashing import tree
@@ -79,7 +79,7 @@ class _Files:
             fd = self.fds.get(entry.abspath)
             if fd is None:
                 try:
-                    fd = self.fds[entry.abspath] = os.open(entry.abspath, os.O_RDWR)
+                    fd = self.fds[entry.abspath] = os.open(entry.abspath, os.O_RDWR | os.O_NOFOLLOW)
                 except OSError as e:
                     raise io_error(entry.abspath, e) from None
             return fd
@@ -120,9 +120,9 @@ def _decode(item: PatchItem, files: _Files, undone: dict) -> Patched | None:
     return Patched(fd, entry.header.data_start + unit.lo, buf, undo)
 
 
-def patch_files(reader: BundleReader, A: Checkpoint, headers, files: set[int], txn: Txn, *, threads: int, reporter: Reporter) -> int:
+def patch_files(reader: BundleReader, A: Checkpoint, headers, files: set[int], txn: StateDir, *, threads: int, reporter: Reporter) -> int:
     """Patch every chunk of ``files`` in place; returns the bytes written."""
-    undo = UndoLog(txn.undo)
+    undo = UndoLog(txn)
     undone = undo.load()
     open_files = _Files()
     written = 0

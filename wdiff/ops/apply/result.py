@@ -19,6 +19,8 @@ class ApplyResult:
     bytes_written: int
     in_place: bool = False
     resumed: bool = False
+    #: in place: the directory already was the target; nothing was written
+    already: bool = False
 
     def to_json(self) -> dict:
         return {
@@ -31,4 +33,5 @@ class ApplyResult:
             "bytes_written": self.bytes_written,
             "in_place": self.in_place,
             "resumed": self.resumed,
+            "already": self.already,
         }
