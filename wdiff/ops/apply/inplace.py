@@ -127,8 +127,9 @@ def _start(reader: BundleReader, root: str, txn: Txn, *, threads: int, reporter:
         old = A.file(f.path)
         if f.kind == KIND_TENSORS and f.source == "base":
             patch.append(i)  # same path, same header: verified by verify_bundle
-        elif f.kind == "file" and f.source == "base" and old is not None and old.kind == "file":
-            continue  # unchanged companion file (the base fingerprint says so)
+        elif (f.kind == "file" and f.source == "base" and old is not None and old.kind == "file"
+              and old.size == f.size):
+            continue  # unchanged companion file: the base fingerprint vouches for its digest, and the size matches
         else:
             stage[str(i)] = f.path
     _dry_run(reader, A, headers, set(patch), base_digests, threads=threads, reporter=reporter)
