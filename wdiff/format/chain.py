@@ -19,7 +19,8 @@ none, which means a chain written before 1.1)::
      "remote": "<32 hex digits, chosen at the first push, never changed>",
      "seq": 7,                     # 1 at the first push, +1 at every publish
      "prev": "blake2b-256:<hex of the previous chain.json's bytes>" | null,
-     "published": "2026-12-01T02:50:00Z"
+     "published": "2026-12-01T02:50:00Z",
+     "signer": "<minisign key id, 16 hex digits>" | null   # who signs this chain
 
 A chain signature covers these (ops/signatures.py), which is what lets a
 reader refuse a replayed, frozen or transplanted chain. The layout is
@@ -51,6 +52,7 @@ OBJECTS = "objects"
 #: a remote's identity, and the form of ``prev``
 _REMOTE_ID = re.compile(r"[0-9a-f]{32}")
 _PREV = re.compile(r"blake2b-256:[0-9a-f]{64}")
+_SIGNER = re.compile(r"[0-9A-F]{16}")
 _TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
 #: the part paths wdiff writes; anything else goes through the full path check
 _PART = re.compile(r"objects/([0-9a-f]{2})/\1[0-9a-f]{30}\.wdb(?:\.[0-9]{5})?")
@@ -122,9 +124,11 @@ class Lineage:
     seq: int  # >= 1
     prev: str | None  # chain_digest() of the chain this one replaced; None at seq 1
     published: str  # UTC, YYYY-MM-DDTHH:MM:SSZ
+    signer: str | None = None  # the minisign key id (16 hex digits) that signs this chain; None: unsigned
 
     def to_json(self) -> dict:
-        return {"remote": self.remote, "seq": self.seq, "prev": self.prev, "published": self.published}
+        return {"remote": self.remote, "seq": self.seq, "prev": self.prev, "published": self.published,
+                "signer": self.signer}
 
 
 @dataclass(frozen=True)
@@ -154,13 +158,13 @@ class Chain:
     def appended(self, e: Entry, *, head: bool = True) -> Chain:
         return replace(self, entries=self.entries + (e,), head=e.version if head else self.head)
 
-    def succeeding(self, raw: bytes | None, *, remote: str, published: str) -> Chain:
+    def succeeding(self, raw: bytes | None, *, remote: str, published: str, signer: str | None) -> Chain:
         """This chain as the publish after ``raw`` (the bytes it replaces,
-        None for a remote's first chain): same remote, the next sequence
+        None for a remote's first chain): ``remote``, the next sequence
         number, ``prev`` naming those bytes."""
         seq = self.lineage.seq + 1 if self.lineage is not None else 1
         prev = chain_digest(raw) if raw is not None else None
-        return replace(self, lineage=Lineage(remote, seq, prev, published))
+        return replace(self, lineage=Lineage(remote, seq, prev, published, signer))
 
     def encode(self) -> bytes:
         obj = {
@@ -262,13 +266,13 @@ class Chain:
 
 
 def _lineage(obj: dict, where: str) -> Lineage | None:
-    keys = ("remote", "seq", "prev", "published")
+    keys = ("remote", "seq", "prev", "published", "signer")
     present = [k for k in keys if k in obj]
     if not present:
         return None
     if len(present) != len(keys):
-        raise FormatError(f"{where}: chain lineage is incomplete (it needs remote, seq, prev and published)")
-    remote, seq, prev, published = (obj[k] for k in keys)
+        raise FormatError(f"{where}: chain lineage is incomplete (it needs {', '.join(keys)})")
+    remote, seq, prev, published, signer = (obj[k] for k in keys)
     if not isinstance(remote, str) or not _REMOTE_ID.fullmatch(remote):
         raise FormatError(f"{where}: malformed remote identity")
     if type(seq) is not int or not 1 <= seq <= MAX_SEQ:
@@ -280,7 +284,9 @@ def _lineage(obj: dict, where: str) -> Lineage | None:
         raise FormatError(f"{where}: malformed previous-chain digest")
     if not isinstance(published, str) or not _TIME.fullmatch(published):
         raise FormatError(f"{where}: malformed publication time")
-    return Lineage(remote, seq, prev, published)
+    if signer is not None and not (isinstance(signer, str) and _SIGNER.fullmatch(signer)):
+        raise FormatError(f"{where}: malformed signer key id")
+    return Lineage(remote, seq, prev, published, signer)
 
 
 def _digest(s: object, where: str) -> bytes:

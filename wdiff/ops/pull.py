@@ -21,8 +21,10 @@ from ..store.checkpoint import TXN_JOURNAL
 from ..store.hashing import hexd, short
 from .apply import apply
 from .apply.inplace import apply_in_place
-from .fetch import download, read_chain
+from . import trust
+from .fetch import accept, download, read_verified
 from .history import EMPTY_FINGERPRINT, fingerprint_of, plan
+from .places import refuse_remote_as_checkpoint
 from .signatures import verify_bundle_signature
 from .squash import squash
 
@@ -60,18 +62,24 @@ def pull(
     trusted_keys: list | None = None,
     require_signature: bool = False,
     threads: int | None = None,
+    max_age: float | None = None,
     reporter: Reporter = SILENT,
 ) -> PullResult:
     """Bring ``directory`` to version ``to`` (default: the head) of ``remote``.
     With trusted keys (given, or in WDIFF_TRUSTED_KEYS), the chain index and
-    every bundle must carry a valid signature by one of them."""
+    every bundle must carry a valid signature by one of them, and the chain
+    must not be older than one this directory or this user accepted before
+    (nor, with ``max_age`` in seconds, published longer ago than that)."""
     directory = os.path.abspath(os.fspath(directory))
     threads = threads or default_threads()
     keys = signing.required_keys(trusted_keys, require_signature)
+    refuse_remote_as_checkpoint(directory, "a pull would write a checkpoint over it")
     store = open_remote(remote)
     # read (and check) the chain before creating DIR: a missing or untrusted
     # remote must not leave an empty directory behind
-    chain = read_chain(store, keys=keys)
+    records = trust.places(directory)
+    read = read_verified(store, keys, max_age=max_age, records=records, reporter=reporter)
+    chain = read.chain
     os.makedirs(directory, exist_ok=True)
     # the lock sits beside the directory: a pull may swap the directory itself
     parent, name = os.path.split(directory)
@@ -84,6 +92,7 @@ def pull(
         before = current if current in chain.versions else None
         if not run:
             remove_tree(work)
+            accept(store, read, records)
             reporter.done()
             return PullResult(store.url, directory, before, goal, up_to_date=True)
         downloaded = 0
@@ -106,6 +115,7 @@ def pull(
                        base_fingerprint=None if from_anchor else current)
             apply_in_place(bundle, directory, abort=False, threads=threads, reporter=reporter)
         remove_tree(work)
+        accept(store, read, records)  # after the swap: DIR/.wdiff is the new directory's
     reporter.done()
     return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in run), downloaded,
                       from_anchor=from_anchor)

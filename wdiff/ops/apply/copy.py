@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from ...errors import UsageError
-from ...format.bundle import BundleReader
+from ...format.bundle import BundleReader, reading
 from ...fsutil import fsync_dir, io_error, remove_tree, temp_name
 from ...progress import SILENT, Reporter
 from ...store import cache
@@ -22,7 +22,7 @@ def apply_copy(bundle, base, out, *, threads: int, reporter: Reporter = SILENT) 
     """Rebuild the target of ``bundle`` from ``base`` into the new directory ``out``."""
     out = os.fspath(out)
     _check_out(out, base)
-    with BundleReader(bundle) as reader:
+    with reading(bundle) as reader:
         A = check_base_listing(reader.index, base)
         headers = verify_bundle(reader, A, reporter=reporter)
         tmp = temp_name(os.path.abspath(out).rstrip("/"), "tmp")

@@ -35,7 +35,7 @@ import numpy as np
 
 from ...codec.dtypes import uint_type
 from ...errors import BaseMismatchError, BusyError, IntegrityError, UsageError, WdiffIOError
-from ...format.bundle import BundleReader
+from ...format.bundle import BundleReader, reading
 from ...format.journal import JOURNAL_VERSION, Txn
 from ...format.undo import UndoLog
 from ...fsutil import fsync_dir, io_error, locked, remove_tree, write_all
@@ -63,7 +63,7 @@ def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporte
         os.makedirs(state, exist_ok=True)
     except OSError as e:
         raise io_error(state, e) from None
-    with locked(os.path.join(state, "lock"), what=root), BundleReader(bundle) as reader:
+    with locked(os.path.join(state, "lock"), what=root), reading(bundle) as reader:
         txn = Txn(os.path.join(state, "txn"))
         journal = txn.read_journal()
         if journal is not None and journal["bundle_id"] != hexd(reader.id):
