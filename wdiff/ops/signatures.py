@@ -151,7 +151,7 @@ def _check_age(url: str, published: str, max_age: float) -> None:
     if age > max_age:
         raise IntegrityError(f"{url}: the chain was published {published}, {age:.0f} s ago, longer ago than "
                              f"--max-age allows ({max_age:.0f} s): the remote may be frozen",
-                             hint="its owner refreshes it with wdiff push --refresh --sign KEY REMOTE")
+                             hint="its publisher must push (signed) more often than --max-age, or the remote is stale")
     if age < -CLOCK_SKEW_S:
         raise IntegrityError(f"{url}: the chain says it was published {published}, in the future",
                              hint="check this machine's clock")
