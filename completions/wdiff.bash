@@ -55,34 +55,37 @@ _wdiff() {
                 --label|--part-size|-l|--level|--sign|--commit-message|--token|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--base --anchor --label --part-size --fork -l --level --sign --public --commit-message --token --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--base --anchor --label --part-size --fork -l --level --sign --public --commit-message --token --adopt --allow-opaque --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi
             ;;
         pull)
             case "$prev" in
-                --to|--trusted-key|--token|-j|--threads) return ;;
+                --to|--trusted-key|--token|--max-age|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--to --trusted-key --require-signature --token --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--to --trusted-key --require-signature --token --max-age --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi
             ;;
         log)
+            case "$prev" in
+                --trusted-key|--max-age) return ;;
+            esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--json -q --quiet -v --verbose -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--trusted-key --require-signature --max-age --json -q --quiet -v --verbose -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi
             ;;
         status)
             case "$prev" in
-                --to|-j|--threads) return ;;
+                --to|--trusted-key|--max-age|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--to --exit-code --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--to --exit-code --trusted-key --require-signature --max-age --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

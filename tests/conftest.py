@@ -8,3 +8,6 @@ import tempfile
 
 # the manifest cache of the tests lives in a private temporary directory
 os.environ.setdefault("WDIFF_CACHE_DIR", tempfile.mkdtemp(prefix="wdiff-test-cache-"))
+# so does the record of the signed remotes each test's pulls and pushes
+# accepted (never the real ~/.local/state/wdiff)
+os.environ["WDIFF_STATE_DIR"] = tempfile.mkdtemp(prefix="wdiff-test-state-")

@@ -64,9 +64,17 @@ def test_unsigned_or_tampered_remote_is_refused(tmp_path, keys):
     A, B = simple_pair(tmp_path)
     remote = tmp_path / "remote"
     wdiff.push(A, remote, anchor=True, sign_key=key)
-    wdiff.push(B, remote, base=A)  # this push is not signed
+    before = (remote / "chain.json").read_bytes()
+    with pytest.raises(IntegrityError, match="signed"):
+        wdiff.push(B, remote, base=A)  # unsigned onto a signed chain: it would strip the signature
+    assert (remote / "chain.json").read_bytes() == before
+    # a remote whose chain nobody signed is refused by a pull that trusts a key
+    unsigned = tmp_path / "unsigned"
+    wdiff.push(A, unsigned, anchor=True)
+    wdiff.push(B, unsigned, base=A)
     with pytest.raises(IntegrityError):
-        wdiff.pull(remote, tmp_path / "d", trusted_keys=[pub])
+        wdiff.pull(unsigned, tmp_path / "d", trusted_keys=[pub])
+    assert not (tmp_path / "d").exists()
     # tamper with a signed bundle on the remote: the chain still names it
     r2 = tmp_path / "remote2"
     wdiff.push(A, r2, anchor=True, sign_key=key)

@@ -211,6 +211,8 @@ def push(
     token: str | None = None,
     private: bool = True,
     commit_message: str | None = None,
+    adopt: bool = False,
+    allow_opaque: bool = False,
     threads: int | None = None,
     reporter: Reporter = SILENT,
 ) -> PushResult:
@@ -220,7 +222,11 @@ def push(
     ``base`` (or whole, with ``anchor=True``). A bundle whose base is not the
     head is refused unless ``fork=True`` and the remote has its base. With
     ``sign_key`` (a minisign secret key file) the bundle and the new chain
-    index are signed. Of two concurrent pushes one wins; the other raises
+    index are signed, once the chain being extended has verified (an
+    unsigned chain is signed for the first time only with ``adopt=True``);
+    an unsigned push onto a signed chain is refused. A checkpoint directory
+    that a loader could not open is refused unless ``allow_opaque=True``.
+    Of two concurrent pushes one wins; the other raises
     :class:`~wdiff.errors.ConflictError`.
 
     On the Hub, a push creates what is missing: the repository (private
@@ -233,7 +239,7 @@ def push(
 
     return _push(source, remote, base=base, anchor=anchor, label=label, part_size=part_size, fork=fork,
                  level=level, sign_key=sign_key, token=token, private=private, commit_message=commit_message,
-                 threads=threads, reporter=reporter)
+                 adopt=adopt, allow_opaque=allow_opaque, threads=threads, reporter=reporter)
 
 
 def squash_remote(
@@ -245,6 +251,7 @@ def squash_remote(
     label: str | None = None,
     part_size: int = DEFAULT_PART_SIZE,
     sign_key: PathLike | None = None,
+    adopt: bool = False,
     threads: int | None = None,
     reporter: Reporter = SILENT,
 ) -> PushResult:
@@ -255,7 +262,7 @@ def squash_remote(
     from .ops.push import squash_remote as _squash_remote
 
     return _squash_remote(remote, start=start, to=to, base=base, label=label, part_size=part_size,
-                          sign_key=sign_key, threads=threads, reporter=reporter)
+                          sign_key=sign_key, adopt=adopt, threads=threads, reporter=reporter)
 
 
 def pull(
@@ -267,35 +274,46 @@ def pull(
     require_signature: bool = False,
     token: str | None = None,
     threads: int | None = None,
+    max_age: float | None = None,
     reporter: Reporter = SILENT,
 ) -> PullResult:
     """Bring ``directory`` to version ``to`` (default: the head) of ``remote``:
     the cheapest run of bundles from its version, or an anchor, downloaded,
     verified and applied in place. With ``trusted_keys`` (or
     ``WDIFF_TRUSTED_KEYS``) the chain index and every bundle must be signed
-    by one of them. ``token`` is for a Hub remote (default: ``HF_TOKEN`` or
-    the stored login). An interrupted download continues, on the next call,
-    from the bytes it had."""
+    by one of them, and the chain must not go back on what this directory
+    or this user accepted before (rollback, another remote's chain); with
+    ``max_age`` (seconds) it must have been published within that time.
+    ``token`` is for a Hub remote (default: ``HF_TOKEN`` or the stored
+    login). An interrupted download continues, on the next call, from the
+    bytes it had."""
     from .ops.pull import pull as _pull
 
     return _pull(remote, directory, to=to, trusted_keys=trusted_keys, require_signature=require_signature,
-                 token=token, threads=threads, reporter=reporter)
+                 token=token, threads=threads, max_age=max_age, reporter=reporter)
 
 
 def status(
-    directory: PathLike, remote: str, *, to: str | None = None, threads: int | None = None,
+    directory: PathLike, remote: str, *, to: str | None = None, trusted_keys: list | None = None,
+    require_signature: bool = False, max_age: float | None = None, threads: int | None = None,
     reporter: Reporter = SILENT,
 ) -> StatusResult:
     """Where ``directory`` stands against ``remote``: its version, whether the
     remote knows it, and how many bundles (and bytes) a pull to ``to``
-    (default: the head) would fetch."""
+    (default: the head) would fetch. With ``trusted_keys`` (or
+    ``WDIFF_TRUSTED_KEYS``) the chain is checked as :func:`pull` checks it."""
     from .ops.history import status as _status
 
-    return _status(directory, remote, to=to, threads=threads, reporter=reporter)
+    return _status(directory, remote, to=to, trusted_keys=trusted_keys, require_signature=require_signature,
+                   max_age=max_age, threads=threads, reporter=reporter)
 
 
-def log(remote: str) -> LogResult:
-    """The versions on ``remote``, newest first, with the head."""
+def log(remote: str, *, trusted_keys: list | None = None, require_signature: bool = False,
+        max_age: float | None = None, reporter: Reporter = SILENT) -> LogResult:
+    """The versions on ``remote``, newest first, with the head. With
+    ``trusted_keys`` (or ``WDIFF_TRUSTED_KEYS``) the chain is checked as
+    :func:`pull` checks it."""
     from .ops.history import log as _log
 
-    return _log(remote)
+    return _log(remote, trusted_keys=trusted_keys, require_signature=require_signature, max_age=max_age,
+                reporter=reporter)

@@ -212,3 +212,42 @@ def locked_beside(lock_path: str, *, what: str):
         with contextlib.suppress(OSError):
             os.unlink(lock_path)
         os.close(fd)
+
+
+def open_regular(path: str, *, max_size: int | None = None, what: str | None = None):
+    """Open ``path`` for reading, refusing (IntegrityError) anything that is
+    not a regular file once links are followed, and a file larger than
+    ``max_size``. The open never blocks: a FIFO opens at once with
+    O_NONBLOCK and is then refused, where a plain open() would wait for a
+    writer forever. Callers still read at most ``max_size + 1`` bytes, since
+    a file may grow after the check. FileNotFoundError and other OSErrors
+    reach the caller, who knows what a missing file means there."""
+    import stat
+
+    from .errors import IntegrityError
+
+    what = what or path
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IntegrityError(f"{what}: not a regular file")
+        if max_size is not None and st.st_size > max_size:
+            raise IntegrityError(f"{what}: {st.st_size} bytes, more than the {max_size} this object may have")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path: str, max_size: int, *, what: str | None = None) -> bytes:
+    """The whole content of regular file ``path``, which must be at most
+    ``max_size`` bytes (checked before and while reading)."""
+    from .errors import IntegrityError
+
+    with open_regular(path, max_size=max_size, what=what) as f:
+        data = f.read(max_size + 1)
+    if len(data) > max_size:
+        raise IntegrityError(f"{what or path}: more than the {max_size} bytes this object may have")
+    return data

@@ -13,6 +13,7 @@ from . import output as o
 from .common import (
     Json,
     Level,
+    MaxAge,
     Quiet,
     Remote,
     RequireSig,
@@ -20,6 +21,7 @@ from .common import (
     Threads,
     TrustedKeys,
     Verbose,
+    _age_arg,
     _setup,
     _size_arg,
     app,
@@ -45,6 +47,8 @@ def push(
     public: Annotated[bool, typer.Option("--public", help="A Hub repository or bucket this push creates is public [default: private].")] = False,
     commit_message: Annotated[Optional[str], typer.Option("--commit-message", metavar="TEXT", help="Message of the Hub commit [default: wdiff push VERSION (LABEL)].", show_default=False)] = None,
     token: HubToken = None,
+    adopt: Annotated[bool, typer.Option("--adopt", help="With --sign: sign a remote whose chain is not signed yet (after checking it).")] = False,
+    allow_opaque: Annotated[bool, typer.Option("--allow-opaque", help="Push DIR even if a loader could not open it (a safetensors file that does not parse, an index that does not match).")] = False,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -69,7 +73,8 @@ def push(
     out = _setup(json_mode, quiet, verbose)
     res = run_push(source, remote, base=base, anchor=anchor, label=label, part_size=_size_arg(part_size),
                    fork=fork, level=level, sign_key=sign, token=token, private=not public,
-                   commit_message=commit_message, threads=threads, reporter=o.TerminalReporter(out))
+                   commit_message=commit_message, adopt=adopt, allow_opaque=allow_opaque, threads=threads,
+                   reporter=o.TerminalReporter(out))
     if out.json:
         out.document(res.to_json())
         return
@@ -91,6 +96,7 @@ def pull(
     trusted_key: TrustedKeys = None,
     require_signature: RequireSig = False,
     token: HubToken = None,
+    max_age: MaxAge = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -110,7 +116,7 @@ def pull(
 
     out = _setup(json_mode, quiet, verbose)
     res = run_pull(remote, directory, to=to, trusted_keys=trusted_key, require_signature=require_signature,
-                   token=token, threads=threads, reporter=o.TerminalReporter(out))
+                   token=token, threads=threads, max_age=_age_arg(max_age), reporter=o.TerminalReporter(out))
     if out.json:
         out.document(res.to_json())
         return
@@ -128,6 +134,9 @@ def pull(
 @app.command(epilog=epilog("log"))
 def log(
     remote: Remote,
+    trusted_key: TrustedKeys = None,
+    require_signature: RequireSig = False,
+    max_age: MaxAge = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -141,7 +150,8 @@ def log(
     from ..ops.history import log as run_log
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_log(remote)
+    res = run_log(remote, trusted_keys=trusted_key, require_signature=require_signature, max_age=_age_arg(max_age),
+                  reporter=o.TerminalReporter(out))
     if out.json:
         out.document(res.to_json())
         return
@@ -168,6 +178,9 @@ def status(
     remote: Remote,
     to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="Compare with this version [default: the head].", show_default=False)] = None,
     exit_code: Annotated[bool, typer.Option("--exit-code", help="Exit 1 when DIR is not at the version.")] = False,
+    trusted_key: TrustedKeys = None,
+    require_signature: RequireSig = False,
+    max_age: MaxAge = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -181,7 +194,8 @@ def status(
     from ..ops.history import status as run_status
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_status(directory, remote, to=to, threads=threads, reporter=o.TerminalReporter(out))
+    res = run_status(directory, remote, to=to, trusted_keys=trusted_key, require_signature=require_signature,
+                     max_age=_age_arg(max_age), threads=threads, reporter=o.TerminalReporter(out))
     if out.json:
         out.document(res.to_json())
     elif res.up_to_date:

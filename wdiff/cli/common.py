@@ -58,6 +58,10 @@ Include = Annotated[
     typer.Option("--include", metavar="PATTERN", show_default=False,
                  help="Keep files matching PATTERN even if a default, .wdiffignore or --exclude leaves them out (repeatable)."),
 ]
+MaxAge = Annotated[
+    Optional[str],
+    typer.Option("--max-age", metavar="AGE", help="Refuse a signed chain published longer ago than this (90s, 10m, 2h, 7d): a frozen remote.", show_default=False),
+]
 Level = Annotated[
     int, typer.Option("--level", "-l", min=1, max=22, help="zstd level (1 is the fastest and, for weights, the smallest).")
 ]
@@ -94,3 +98,20 @@ def _size_arg(text: str) -> int:
         return o.parse_size(text)
     except ValueError:
         raise UsageError(f"{text!r} is not a size (examples: 20GB, 500MB)") from None
+
+
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _age_arg(text: str | None) -> float | None:
+    """Seconds from a duration such as 90s, 10m, 2h or 7d."""
+    if text is None:
+        return None
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) if t and t[-1] in _AGE_UNITS else None
+    except ValueError:
+        value = None
+    if value is None or not value > 0 or value != value:
+        raise UsageError(f"{text!r} is not an age (examples: 90s, 10m, 2h, 7d)")
+    return value * _AGE_UNITS[t[-1]]

@@ -20,7 +20,7 @@ import zstandard
 from ..codec.chunk import ZSTD, compressor, decompress_exact, decompressor
 from ..defaults import DEFAULT_LEVEL
 from ..errors import FormatError, IntegrityError, NotFoundError
-from ..fsutil import fsync_dir, io_error, temp_name, write_all
+from ..fsutil import fsync_dir, io_error, open_regular, temp_name, write_all
 from ..progress import SILENT, Reporter
 from ..store.hashing import DIGEST_SIZE
 from ..store.header import MAX_HEADER_BYTES
@@ -185,15 +185,15 @@ class BundleReader:
     """Open a bundle and check its frame: preamble, footer, index digest and
     index consistency. Records are checked as :meth:`records` streams them."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, file=None) -> None:
+        """Open the bundle at ``path``; or, with ``file`` (an open binary file
+        that :meth:`open_file` returned), read that file, ``path`` naming it
+        in messages: every check made on ``file`` then holds for what is
+        read through it, whatever happens to the name meanwhile. The reader
+        owns ``file`` and closes it."""
         self.path = os.fspath(path)
         where = self.path
-        try:
-            self._f = open(self.path, "rb")
-        except FileNotFoundError:
-            raise NotFoundError(f"{where}: no such bundle") from None
-        except OSError as e:
-            raise io_error(where, e) from None
+        self._f = file if file is not None else self.open_file(self.path)
         try:
             self.size = os.fstat(self._f.fileno()).st_size
             version = fmt.check_preamble(self._read_at(0, fmt.PREAMBLE.size), where=where)
@@ -217,6 +217,17 @@ class BundleReader:
             self._f.close()
             raise
         self.records_end = footer.index_offset
+
+    @staticmethod
+    def open_file(path: str):
+        """Open a bundle file for reading: a regular file (a FIFO or a device
+        is refused at once, never waited on)."""
+        try:
+            return open_regular(path, what=f"{path}: bundle")
+        except FileNotFoundError:
+            raise NotFoundError(f"{path}: no such bundle") from None
+        except OSError as e:
+            raise io_error(path, e) from None
 
     def _read_at(self, offset: int, n: int) -> bytes:
         try:
@@ -391,3 +402,10 @@ def check_records(reader: BundleReader, reporter: Reporter = SILENT) -> None:
         if rec.payload is None:
             reader.check_file_payload(rec)
         reporter.advance(rec.header.payload_len)
+
+
+def reading(bundle) -> BundleReader:
+    """A reader for ``bundle``: a path is opened; a :class:`BundleReader`
+    (one whose signature was checked on its open file, say) is used as it
+    is. Either way the reader is closed when the ``with`` block ends."""
+    return bundle if isinstance(bundle, BundleReader) else BundleReader(bundle)

@@ -11,16 +11,30 @@ one leads from and to, and the head. Pure: JSON in, objects out.
                              "digest": "<xxh3-128>"}]}, ...]}
 
 An entry is an edge from ``parent`` to ``version``; an entry without a parent
-is an *anchor*, a whole checkpoint. Entries are in push order. The layout is
+is an *anchor*, a whole checkpoint. Entries are in push order.
+
+Since format 1.1 a chain also carries its *lineage* (all four members or
+none, which means a chain written before 1.1)::
+
+     "remote": "<32 hex digits, chosen at the first push, never changed>",
+     "seq": 7,                     # 1 at the first push, +1 at every publish
+     "prev": "blake2b-256:<hex of the previous chain.json's bytes>" | null,
+     "published": "2026-12-01T02:50:00Z",
+     "signer": "<minisign key id, 16 hex digits>" | null   # who signs this chain
+
+A chain signature covers these (ops/signatures.py), which is what lets a
+reader refuse a replayed, frozen or transplanted chain. The layout is
 specified in man/wdiff-format.5 (section REMOTES).
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import re
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from ..errors import FormatError, NotFoundError
 from ..paths import printable, validate_relpath
@@ -37,6 +51,20 @@ MAX_LABEL = 256
 #: HEAD~N in resolve
 _BACK = re.compile(r"(?i:head)~([0-9]{1,6})")
 OBJECTS = "objects"
+#: a remote's identity, and the form of ``prev``
+_REMOTE_ID = re.compile(r"[0-9a-f]{32}")
+_PREV = re.compile(r"blake2b-256:[0-9a-f]{64}")
+_SIGNER = re.compile(r"[0-9A-F]{16}")
+_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
+#: the part paths wdiff writes; anything else goes through the full path check
+_PART = re.compile(r"objects/([0-9a-f]{2})/\1[0-9a-f]{30}\.wdb(?:\.[0-9]{5})?")
+MAX_SEQ = 2**53  # exact in every JSON reader
+
+
+def chain_digest(raw: bytes) -> str:
+    """What ``prev`` says of a chain: BLAKE2b-256 of its bytes, collision
+    resistant (XXH3, used for content addressing, is not)."""
+    return "blake2b-256:" + hashlib.blake2b(raw, digest_size=32).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -90,30 +118,66 @@ def part_paths(bundle_id: bytes, n_parts: int) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Lineage:
+    """Where a chain stands in its remote's history: which remote, how many
+    publishes, which chain it replaced, and when it was published."""
+
+    remote: str  # 32 hex digits
+    seq: int  # >= 1
+    prev: str | None  # chain_digest() of the chain this one replaced; None at seq 1
+    published: str  # UTC, YYYY-MM-DDTHH:MM:SSZ
+    signer: str | None = None  # the minisign key id (16 hex digits) that signs this chain; None: unsigned
+
+    def to_json(self) -> dict:
+        return {"remote": self.remote, "seq": self.seq, "prev": self.prev, "published": self.published,
+                "signer": self.signer}
+
+
+@dataclass(frozen=True)
 class Chain:
     head: bytes | None
     entries: tuple[Entry, ...] = ()
+    lineage: Lineage | None = None  # None: written before format 1.1
 
-    @property
-    def versions(self) -> set[bytes]:
-        return {e.version for e in self.entries}
+    @cached_property
+    def versions(self) -> frozenset[bytes]:
+        return frozenset(e.version for e in self.entries)
+
+    @cached_property
+    def _by_bundle(self) -> dict[bytes, Entry]:
+        return {e.bundle: e for e in self.entries}
+
+    @cached_property
+    def _edges(self) -> dict[bytes | None, list[Entry]]:
+        edges: dict[bytes | None, list[Entry]] = {}
+        for e in self.entries:
+            edges.setdefault(e.parent, []).append(e)
+        return edges
 
     def entry(self, bundle_id: bytes) -> Entry | None:
-        for e in self.entries:
-            if e.bundle == bundle_id:
-                return e
-        return None
+        return self._by_bundle.get(bundle_id)
 
     def appended(self, e: Entry, *, head: bool = True) -> Chain:
         return replace(self, entries=self.entries + (e,), head=e.version if head else self.head)
 
+    def succeeding(self, raw: bytes | None, *, remote: str, published: str, signer: str | None) -> Chain:
+        """This chain as the publish after ``raw`` (the bytes it replaces,
+        None for a remote's first chain): ``remote``, the next sequence
+        number, ``prev`` naming those bytes."""
+        seq = self.lineage.seq + 1 if self.lineage is not None else 1
+        prev = chain_digest(raw) if raw is not None else None
+        return replace(self, lineage=Lineage(remote, seq, prev, published, signer))
+
     def encode(self) -> bytes:
-        return canonical_json({
+        obj = {
             "format": FORMAT,
             "version": VERSION,
             "head": hexd(self.head) if self.head else None,
             "entries": [e.to_json() for e in self.entries],
-        }) + b"\n"
+        }
+        if self.lineage is not None:
+            obj.update(self.lineage.to_json())
+        return canonical_json(obj) + b"\n"
 
     @classmethod
     def decode(cls, raw: bytes | None, *, where: str) -> Chain:
@@ -143,7 +207,7 @@ class Chain:
             raise FormatError(f"{where}: chain head is not one of its versions")
         if len({e.bundle for e in out}) != len(out):
             raise FormatError(f"{where}: a bundle is listed twice")
-        return cls(head=head, entries=out)
+        return cls(head=head, entries=out, lineage=_lineage(obj, where))
 
     # -- queries ---------------------------------------------------------------------
 
@@ -186,28 +250,76 @@ class Chain:
 
     def path(self, start: bytes | None, goal: bytes) -> list[Entry] | None:
         """The cheapest run of entries (fewest bytes, then fewest entries) from
-        ``start`` to ``goal``; ``start=None`` means from nothing (an anchor)."""
-        edges: dict[bytes | None, list[Entry]] = {}
-        for e in self.entries:
-            edges.setdefault(e.parent, []).append(e)
+        ``start`` to ``goal``; ``start=None`` means from nothing (an anchor).
+
+        Dijkstra over versions with a predecessor pointer per version: time
+        O(E log V) and memory O(V + E), whatever the shape of the chain (a
+        hostile remote may serve any chain within the limits)."""
+        if start == goal:
+            return []
+        edges = self._edges
         best: dict[bytes | None, tuple[int, int]] = {start: (0, 0)}
-        heap: list = [(0, 0, 0, start, [])]
+        via: dict[bytes, Entry] = {}
+        heap: list = [(0, 0, 0, start)]
         tie = 1
         while heap:
-            size, hops, _, node, run = heapq.heappop(heap)
-            if node == goal and run:
-                return run
+            size, hops, _, node = heapq.heappop(heap)
+            if best[node] < (size, hops):
+                continue  # a stale item: a cheaper way here was found since
             if node == goal:
-                return []
-            if best.get(node, (size, hops)) < (size, hops):
-                continue
+                run = []
+                while node != start:
+                    e = via[node]
+                    run.append(e)
+                    node = e.parent
+                run.reverse()
+                return run
             for e in edges.get(node, ()):
                 cost = (size + e.size, hops + 1)
-                if cost < best.get(e.version, (1 << 62, 0)):
+                known = best.get(e.version)
+                if known is None or cost < known:
                     best[e.version] = cost
-                    heapq.heappush(heap, (cost[0], cost[1], tie, e.version, run + [e]))
+                    via[e.version] = e
+                    heapq.heappush(heap, (cost[0], cost[1], tie, e.version))
                     tie += 1
         return None
+
+
+def _lineage(obj: dict, where: str) -> Lineage | None:
+    keys = ("remote", "seq", "prev", "published", "signer")
+    present = [k for k in keys if k in obj]
+    if not present:
+        return None
+    if len(present) != len(keys):
+        raise FormatError(f"{where}: chain lineage is incomplete (it needs {', '.join(keys)})")
+    remote, seq, prev, published, signer = (obj[k] for k in keys)
+    if not isinstance(remote, str) or not _REMOTE_ID.fullmatch(remote):
+        raise FormatError(f"{where}: malformed remote identity")
+    if type(seq) is not int or not 1 <= seq <= MAX_SEQ:
+        raise FormatError(f"{where}: malformed chain sequence number")
+    if prev is None:
+        if seq != 1:
+            raise FormatError(f"{where}: a chain after the first one must name its predecessor")
+    elif not isinstance(prev, str) or not _PREV.fullmatch(prev):
+        raise FormatError(f"{where}: malformed previous-chain digest")
+    if not isinstance(published, str) or not _TIME.fullmatch(published):
+        raise FormatError(f"{where}: malformed publication time")
+    if signer is not None and not (isinstance(signer, str) and _SIGNER.fullmatch(signer)):
+        raise FormatError(f"{where}: malformed signer key id")
+    return Lineage(remote, seq, prev, published, signer)
+
+
+def _digest(s: object, where: str) -> bytes:
+    """unhex(), faster: the round trip through bytes.hex() admits exactly
+    the canonical form (32 lowercase hex digits)."""
+    if type(s) is str and len(s) == 32:
+        try:
+            b = bytes.fromhex(s)
+        except ValueError:
+            b = None
+        if b is not None and b.hex() == s:
+            return b
+    return unhex(s, where=where)  # raises the right error
 
 
 def _entry(d: object, where: str) -> Entry:
@@ -219,12 +331,17 @@ def _entry(d: object, where: str) -> Entry:
             raise FormatError(f"{where}: chain entry has no parts")
         ps = []
         for p in parts:
-            path = validate_relpath(p["path"], where=where)
-            if not path.startswith(OBJECTS + "/"):
-                raise FormatError(f"{where}: part {printable(path)} is outside {OBJECTS}/")
-            if type(p["size"]) is not int or p["size"] < 0:
+            path = p["path"]
+            # the names wdiff writes match _PART, which implies every rule of
+            # validate_relpath; anything else is checked in full
+            if not (isinstance(path, str) and _PART.fullmatch(path)):
+                path = validate_relpath(path, where=where)
+                if not path.startswith(OBJECTS + "/"):
+                    raise FormatError(f"{where}: part {printable(path)} is outside {OBJECTS}/")
+            size = p["size"]
+            if type(size) is not int or size < 0:
                 raise FormatError(f"{where}: part size is not a size")
-            ps.append(Part(path, p["size"], unhex(p["digest"], where=where)))
+            ps.append(Part(path, size, _digest(p["digest"], where)))
         label = d.get("label")
         if label is not None and (not isinstance(label, str) or len(label) > MAX_LABEL):
             raise FormatError(f"{where}: malformed label")
@@ -233,14 +350,14 @@ def _entry(d: object, where: str) -> Entry:
             raise FormatError(f"{where}: malformed creation time")
         parent = d["parent"]
         signature = d.get("signature")
-        if signature is not None:
+        if signature is not None and not (isinstance(signature, str) and _PART.fullmatch(signature.removesuffix(".minisig"))):
             validate_relpath(signature, where=where)
             if not (isinstance(signature, str) and signature.startswith(OBJECTS + "/") and signature.endswith(".minisig")):
                 raise FormatError(f"{where}: malformed signature path")
         return Entry(
-            bundle=unhex(d["bundle"], where=where),
-            version=unhex(d["version"], where=where),
-            parent=unhex(parent, where=where) if parent is not None else None,
+            bundle=_digest(d["bundle"], where),
+            version=_digest(d["version"], where),
+            parent=_digest(parent, where) if parent is not None else None,
             parts=tuple(ps),
             created=created,
             label=label,

@@ -321,6 +321,7 @@ def decode_index(raw: bytes, *, where: str) -> Index:
         raise FormatError(f"{where}: target fingerprint does not match its file list")
     if base is None and any(f.source == "base" for f in files):
         raise FormatError(f"{where}: a bundle without a base takes a file from the base")
+    _check_taken_from_base(files, base_files, where)
     rec = _keys(obj["records"], {"count", "bytes", "digest"}, where)
     return Index(
         version=obj["version"],
@@ -333,6 +334,28 @@ def decode_index(raw: bytes, *, where: str) -> Index:
         records_bytes=_get(rec, "bytes", int, where),
         records_digest=unhex(_get(rec, "digest", str, where), where=where),
     )
+
+
+def _check_taken_from_base(files, base_files, where: str) -> None:
+    """A target file the index takes unchanged from the base ("source":
+    "base") must be one the base lists, of the same kind; a companion file
+    must have the base's size and digest too. Otherwise the target
+    fingerprint commits to a file no apply can build (a size that no file
+    with that digest has), and a reader that trusted the base's copy would
+    report a target it did not write. (A tensor file's header comes from the
+    base and is checked against it by the reader; its size may differ.)"""
+    rows = {r.path: r for r in base_files}
+    for f in files:
+        if f.source != "base":
+            continue
+        r = rows.get(f.path)
+        if r is None or r.kind != f.kind:
+            raise FormatError(f"{where}: {printable(f.path)} is taken from the base, which does not list it")
+        if f.kind == "file" and (r.size != f.size or r.digest != f.digest):
+            raise FormatError(
+                f"{where}: {printable(f.path)} is taken unchanged from the base but its size or digest "
+                f"differs from the base's ({f.size} bytes against {r.size})"
+            )
 
 
 def _target_file(d: object, where: str) -> TargetFile:

@@ -21,11 +21,18 @@ import struct
 from dataclasses import dataclass
 
 from ..errors import IntegrityError, NotFoundError, UsageError
-from ..fsutil import atomic_write_bytes, io_error
+from ..fsutil import atomic_write_bytes, io_error, open_regular, read_bounded
 
 ENV_KEYS = "WDIFF_TRUSTED_KEYS"
 SUFFIX = ".minisig"
 PIECE = 8 * 1024 * 1024
+#: the most a signature file may hold: four lines, the trusted comment the
+#: longest (a minisign signature is about 300 bytes; a longer file is not one)
+MAX_SIGNATURE = 16 * 1024
+MAX_KEY_FILE = 64 * 1024
+#: minisign's legacy mode signs the file itself rather than its hash; wdiff
+#: never writes it, and checks it only on files small enough to hold
+MAX_LEGACY_SIGNED = 1024 * 1024
 
 
 def _ed25519():
@@ -107,8 +114,7 @@ def _b64_line(path: str, data: bytes, line: int) -> bytes:
 
 def _read(path: str) -> bytes:
     try:
-        with open(path, "rb") as f:
-            return f.read(64 * 1024)
+        return read_bounded(path, MAX_KEY_FILE, what=f"{path}: key file")
     except FileNotFoundError:
         raise NotFoundError(f"{path}: no such key file") from None
     except OSError as e:
@@ -156,13 +162,22 @@ def required_keys(paths: list | None, require: bool) -> list[PublicKey]:
 
 
 def _blake2b_file(path: str) -> bytes:
-    h = hashlib.blake2b(digest_size=64)
     try:
-        with open(path, "rb") as f:
-            while piece := f.read(PIECE):
-                h.update(piece)
+        with open_regular(path) as f:
+            return blake2b_stream(f)
     except OSError as e:
         raise io_error(path, e) from None
+
+
+def blake2b_stream(f) -> bytes:
+    """BLAKE2b-512 of an open binary file from offset 0 to its end, read
+    with pread so that the file's position (and anyone sharing it) is left
+    alone; what minisign's "ED" mode signs."""
+    h = hashlib.blake2b(digest_size=64)
+    fd, off = f.fileno(), 0
+    while piece := os.pread(fd, PIECE, off):
+        h.update(piece)
+        off += len(piece)
     return h.digest()
 
 
@@ -187,12 +202,30 @@ def verify_file(path: str, signature: str, keys: list[PublicKey], *, what: str |
     """Check ``signature`` (a .minisig file) over ``path`` with any of
     ``keys``; returns the trusted comment. Raises IntegrityError naming
     ``what`` (default: the path)."""
-    what = what or path
+    try:
+        with open_regular(path, what=what) as f:
+            return verify_open(f, signature, keys, what=what or path)
+    except FileNotFoundError:
+        raise NotFoundError(f"{path}: no such file") from None
+    except OSError as e:
+        raise io_error(path, e) from None
+
+
+def verify_open(f, signature: str, keys: list[PublicKey], *, what: str) -> str:
+    """Check ``signature`` (a .minisig file) over the content of the open
+    file ``f`` with any of ``keys``; returns the trusted comment, which the
+    caller MUST compare with what it expects the file to be. Whoever goes on
+    to use the content should read it through ``f``: that is what was
+    checked, whatever happens to the file's name meanwhile."""
+    return verify_open_with_key(f, signature, keys, what=what)[0]
+
+
+def verify_open_with_key(f, signature: str, keys: list[PublicKey], *, what: str) -> tuple[str, PublicKey]:
+    """:func:`verify_open`, also returning the key that verified."""
     if not keys:
         raise UsageError("no trusted key to check signatures with", hint=f"give --trusted-key or set {ENV_KEYS}")
     try:
-        with open(signature, "rb") as f:
-            lines = f.read(16 * 1024).splitlines()
+        lines = read_bounded(signature, MAX_SIGNATURE, what=f"{what}: signature").splitlines()
     except FileNotFoundError:
         raise IntegrityError(f"{what}: not signed (no {os.path.basename(signature)})") from None
     except OSError as e:
@@ -209,7 +242,14 @@ def verify_file(path: str, signature: str, keys: list[PublicKey], *, what: str |
     key = next((k for k in keys if k.key_id == raw[2:10]), None)
     if key is None:
         raise IntegrityError(f"{what}: signed by key {PublicKey(raw[2:10], b'').id_hex}, which is not trusted")
-    message = _blake2b_file(path) if raw[:2] == b"ED" else open(path, "rb").read()
+    if raw[:2] == b"ED":
+        message = blake2b_stream(f)
+    else:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_LEGACY_SIGNED:
+            raise IntegrityError(f"{what}: a legacy (non-prehashed) minisign signature over {size} bytes; "
+                                 "wdiff checks those only up to 1 MiB", hint="sign with minisign -S (prehashed)")
+        message = os.pread(f.fileno(), size + 1, 0)
     trusted = lines[2][len(b"trusted comment: "):]
     pub = _ed25519().Ed25519PublicKey.from_public_bytes(key.key)
     from cryptography.exceptions import InvalidSignature
@@ -219,4 +259,4 @@ def verify_file(path: str, signature: str, keys: list[PublicKey], *, what: str |
         pub.verify(global_sig, raw[10:74] + trusted)
     except InvalidSignature:
         raise IntegrityError(f"{what}: the signature does not match (altered file or signature)") from None
-    return trusted.decode("utf-8", "replace")
+    return trusted.decode("utf-8", "replace"), key

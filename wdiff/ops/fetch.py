@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 
-from ..errors import IntegrityError, NotFoundError
+from ..errors import IntegrityError, NotFoundError, UsageError
 from ..format.bundle import BundleReader
 from ..format.chain import Chain, Entry
 from ..fsutil import io_error
-from ..progress import Reporter
+from ..progress import SILENT, Reporter
 from ..statedir import StateDir
 from ..store.hashing import hexd, range_digest
-from .signatures import verify_chain
+from . import trust
+from .signatures import ChainTrust, verify_chain
 
 PIECE = 8 * 1024 * 1024
 
@@ -22,14 +24,44 @@ PIECE = 8 * 1024 * 1024
 def read_chain(store, *, keys: list | None = None) -> Chain:
     """The chain of a remote that must exist (log, status, pull); with
     ``keys``, its signature must verify with one of them."""
+    return read_verified(store, keys).chain
+
+
+@dataclass(frozen=True)
+class ReadChain:
+    chain: Chain
+    raw: bytes | None
+    trust: ChainTrust | None  # None: read without trusted keys
+
+
+def read_verified(store, keys: list | None, *, max_age: float | None = None, records: list | None = None,
+                  reporter: Reporter = SILENT) -> ReadChain:
+    """Read a remote's chain, which must exist. With ``keys`` its signature
+    must verify with one of them and name this chain (see
+    signatures.verify_chain, which also applies ``max_age``), and the chain
+    must not go back on any of ``records`` (trust.check). Nothing is
+    recorded here: the caller does, once what it read is in place
+    (:func:`accept`)."""
+    if max_age is not None and not keys:
+        raise UsageError("--max-age needs a trusted key: only a signed chain has a time to trust",
+                         hint="give --trusted-key or set WDIFF_TRUSTED_KEYS")
     raw, token = store.read_chain()
     if raw is None and token is None:
         raise NotFoundError(f"{store.url}: no such remote")
-    if keys:
-        if raw is None:
-            raise IntegrityError(f"{store.url}: has no signed chain")
-        verify_chain(store, raw, keys)
-    return Chain.decode(raw, where=store.url)
+    if not keys:
+        return ReadChain(Chain.decode(raw, where=store.url), raw, None)
+    if raw is None:
+        raise IntegrityError(f"{store.url}: has no signed chain")
+    chain = Chain.decode(raw, where=store.url)
+    verdict = verify_chain(store, raw, chain, keys, max_age=max_age, reporter=reporter)
+    trust.check(store.url, chain, raw, records or [])
+    return ReadChain(chain, raw, verdict)
+
+
+def accept(store, read: ReadChain, records: list) -> None:
+    """Remember a verified chain as the newest accepted from this remote."""
+    if read.trust is not None and read.raw is not None:
+        trust.remember(store.url, read.chain, read.raw, records)
 
 
 def download(store, e: Entry, work, reporter: Reporter) -> tuple[str, int]:

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import NotFoundError
+from ..format import signature as signing
 from ..format.chain import Chain, Entry
 from ..parallel import default_threads
 from ..progress import SILENT, Reporter
@@ -15,7 +16,9 @@ from ..remotes import open_remote
 from ..store import manifest
 from ..store.checkpoint import scan
 from ..store.hashing import fingerprint, hexd, short
-from .fetch import read_chain
+from . import trust
+from .fetch import read_verified
+from .places import refuse_checkpoint_as_remote
 
 EMPTY_FINGERPRINT = fingerprint([])
 
@@ -35,9 +38,15 @@ class LogResult:
         }
 
 
-def log(remote) -> LogResult:
+def log(remote, *, trusted_keys: list | None = None, require_signature: bool = False,
+        max_age: float | None = None, reporter: Reporter = SILENT) -> LogResult:
+    """The versions of ``remote``, newest first. With trusted keys (given, or
+    in WDIFF_TRUSTED_KEYS) the chain is checked as pull checks it, against
+    this user's records (which log only reads)."""
+    refuse_checkpoint_as_remote(remote)
     store = open_remote(remote)
-    chain = read_chain(store)
+    keys = signing.required_keys(trusted_keys, require_signature)
+    chain = read_verified(store, keys, max_age=max_age, records=trust.places(None), reporter=reporter).chain
     return LogResult(store.url, chain.head, tuple(reversed(chain.entries)))
 
 
@@ -97,11 +106,19 @@ def plan(chain: Chain, current: bytes, goal: bytes) -> tuple[list[Entry], bool]:
     return run, True
 
 
-def status(directory, remote, *, to: str | None = None, threads: int | None = None, reporter: Reporter = SILENT) -> StatusResult:
+def status(directory, remote, *, to: str | None = None, trusted_keys: list | None = None,
+           require_signature: bool = False, max_age: float | None = None, threads: int | None = None,
+           reporter: Reporter = SILENT) -> StatusResult:
+    """Where ``directory`` stands against ``remote``. With trusted keys
+    (given, or in WDIFF_TRUSTED_KEYS) the chain is checked as pull checks
+    it, against the records beside the directory and this user's (which
+    status only reads): a rolled-back chain is refused, not reported."""
     directory = os.fspath(directory)
     threads = threads or default_threads()
+    refuse_checkpoint_as_remote(remote)
     store = open_remote(remote)
-    chain = read_chain(store)
+    keys = signing.required_keys(trusted_keys, require_signature)
+    chain = read_verified(store, keys, max_age=max_age, records=trust.places(directory), reporter=reporter).chain
     goal = chain.resolve(to)
     current = fingerprint_of(directory, threads, reporter)
     try:

@@ -30,8 +30,10 @@ from ..statedir import StateDir
 from ..store.hashing import hexd, short
 from .apply import apply
 from .apply.inplace import apply_in_place
-from .fetch import download, read_chain
+from . import trust
+from .fetch import accept, download, read_verified
 from .history import EMPTY_FINGERPRINT, fingerprint_of, plan
+from .places import refuse_remote_as_checkpoint
 from .signatures import verify_bundle_signature
 from .squash import squash
 
@@ -70,23 +72,29 @@ def pull(
     require_signature: bool = False,
     token: str | None = None,
     threads: int | None = None,
+    max_age: float | None = None,
     reporter: Reporter = SILENT,
 ) -> PullResult:
     """Bring ``directory`` to version ``to`` (default: the head) of ``remote``.
     With trusted keys (given, or in WDIFF_TRUSTED_KEYS), the chain index and
     every bundle must carry a valid signature by one of them. A symbolic link
-    to a directory is followed: its target is updated, the link stays.
-    ``token``: for a Hub remote (default: huggingface_hub's own)."""
+    to a directory is followed: its target is updated, the link stays. The
+    chain must not be older than one this directory or this user accepted
+    before (nor, with ``max_age`` in seconds, published longer ago than
+    that). ``token``: for a Hub remote (default: huggingface_hub's own)."""
     given = os.path.abspath(os.fspath(directory))
     directory = os.path.realpath(given)
     if os.path.lexists(directory) and not os.path.isdir(directory):
         raise UsageError(f"{given}: exists and is not a directory", hint="pull into a directory (it is created if missing)")
     threads = threads or default_threads()
     keys = signing.required_keys(trusted_keys, require_signature)
+    refuse_remote_as_checkpoint(directory, "a pull would write a checkpoint over it")
     store = open_remote(remote, token=token)
     # read (and check) the chain before creating DIR: a missing or untrusted
     # remote must not leave an empty directory behind
-    chain = read_chain(store, keys=keys)
+    records = trust.places(directory)
+    read = read_verified(store, keys, max_age=max_age, records=records, reporter=reporter)
+    chain = read.chain
     created = not os.path.exists(directory)
     try:
         os.makedirs(directory, exist_ok=True)
@@ -98,6 +106,7 @@ def pull(
         with locked_beside(os.path.join(parent, f".{name}.wdiff-lock"), what=directory):
             _sweep(parent, name, old_too=False)
             res = _pull_locked(store, chain, keys, directory, to, threads, reporter)
+            accept(store, read, records)  # after any swap: DIR/.wdiff is the new directory's
             _sweep(parent, name, old_too=True)
     except (Interrupted, KeyboardInterrupt, RemoteError):
         raise  # DIR keeps the downloads: the next pull resumes them

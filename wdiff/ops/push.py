@@ -7,22 +7,26 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import tempfile
 import time
 from dataclasses import dataclass
 
 from ..defaults import DEFAULT_LEVEL, DEFAULT_PART_SIZE
-from ..errors import BaseMismatchError, NotFoundError, UsageError
+from ..errors import BaseMismatchError, IntegrityError, NotFoundError, UsageError
 from ..format import signature as signing
 from ..format.bundle import BundleReader, check_records
 from ..format.chain import Chain, Entry, Part, part_paths
 from ..parallel import default_threads
 from ..progress import SILENT, Reporter
-from ..remotes import Upload, open_remote
+from ..remotes import Upload, open_remote, parse_remote
+from ..store.checkpoint import scan
 from ..store.hashing import hexd, range_digest, short
+from . import loadable, trust
 from .fetch import download, read_chain
 from .pack import pack
-from .signatures import chain_signature, sign_bundle
+from .places import holds_checkpoint, holds_remote, refuse_remote_as_checkpoint
+from .signatures import chain_signature, has_chain_signature, sign_bundle, verify_chain
 from .squash import squash
 
 
@@ -66,28 +70,37 @@ def push(
     token: str | None = None,
     private: bool = True,
     commit_message: str | None = None,
+    adopt: bool = False,
+    allow_opaque: bool = False,
     threads: int | None = None,
     reporter: Reporter = SILENT,
 ) -> PushResult:
     """Push a bundle file, or a checkpoint directory packed against ``base``
     (or whole, with ``anchor=True``), to ``remote`` as its new head. With
     ``sign_key`` (a minisign secret key file), the bundle and the new chain
-    index are signed. On the Hub: ``token`` (default: huggingface_hub's own),
-    ``private`` for a repository the push creates, ``commit_message``
+    index are signed, after the chain being extended is verified (see
+    :func:`push_bundle`; ``adopt`` signs an unsigned chain for the first
+    time). A checkpoint directory must be one a loader can open, unless
+    ``allow_opaque``. On the Hub: ``token`` (default: huggingface_hub's
+    own), ``private`` for a repository the push creates, ``commit_message``
     instead of wdiff's own."""
     source = os.fspath(source)
     if part_size < 1024 * 1024:
         raise UsageError("the part size must be at least 1 MiB")
+    _refuse_confusion(source, remote)
     if os.path.isdir(source):
         if anchor == (base is not None):
             raise UsageError("pushing a checkpoint directory needs --base PREV or --anchor (one of them)")
+        if not allow_opaque:
+            _refuse_unloadable(source)
         parent_dir = os.path.dirname(os.path.abspath(source))
         fd, tmp = tempfile.mkstemp(prefix=".wdiff-push-", suffix=".wdb", dir=parent_dir)
         os.close(fd)
         try:
             pack(None if anchor else base, source, tmp, level=level, threads=threads, reporter=reporter, overwrite=True)
             return push_bundle(tmp, remote, label=label, part_size=part_size, fork=fork, sign_key=sign_key,
-                                reporter=reporter, token=token, private=private, commit_message=commit_message)
+                                adopt=adopt, reporter=reporter, token=token, private=private,
+                                commit_message=commit_message)
         finally:
             for p in (tmp, tmp + signing.SUFFIX):
                 if os.path.exists(p):
@@ -95,15 +108,52 @@ def push(
     if base is not None or anchor:
         raise UsageError("--base and --anchor apply to a checkpoint directory, not to a bundle file")
     return push_bundle(source, remote, label=label, part_size=part_size, fork=fork, sign_key=sign_key,
-                        reporter=reporter, token=token, private=private, commit_message=commit_message)
+                        adopt=adopt, reporter=reporter, token=token, private=private, commit_message=commit_message)
+
+
+def _refuse_confusion(source: str, remote) -> None:
+    """A remote that is a checkpoint directory, or a source directory that
+    is a remote, is a swapped or mistyped argument: refused before anything
+    is written."""
+    target = _local_path(remote)
+    if target is not None and os.path.isdir(target) and not holds_remote(target) and holds_checkpoint(target):
+        raise UsageError(f"{target} holds a checkpoint; a push would turn it into a remote (chain.json, objects/)",
+                         hint="give a remote (an empty or new directory, or one pushed to before) as the last argument")
+    if os.path.isdir(source):
+        refuse_remote_as_checkpoint(source, "a push publishes a checkpoint directory")
+
+
+def _local_path(remote) -> str | None:
+    try:
+        spec = parse_remote(os.fspath(remote))
+    except UsageError:
+        return None
+    return spec["path"] if spec["kind"] == "local" else None
+
+
+def _refuse_unloadable(source: str) -> None:
+    found = loadable.problems(scan(source))
+    if found:
+        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+        raise IntegrityError(f"{source}: not a checkpoint a loader can open, so it is not pushed: "
+                             + "; ".join(found[:3]) + more,
+                             hint="fix the checkpoint, or push it as it is with --allow-opaque")
 
 
 def push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_key, reporter: Reporter,
-                 shortcut: bool = False, token: str | None = None, private: bool = True,
+                 shortcut: bool = False, adopt: bool = False, token: str | None = None, private: bool = True,
                  commit_message: str | None = None) -> PushResult:
     """Publish a bundle file. A ``shortcut`` (a squash of versions the chain
     has) may start anywhere and must end at a version the chain has; it
-    leaves the head alone."""
+    leaves the head alone.
+
+    The chain being extended is checked first (:func:`_check_extended`): a
+    signed chain is verified (with the signing key, or a key in
+    WDIFF_TRUSTED_KEYS, for a rotation) and must not go back on this
+    user's records; an unsigned push onto a signed chain, and a signed push
+    onto an unsigned one without ``adopt``, are refused. The new chain
+    carries the remote's identity, the next sequence number and the digest
+    of the chain it replaces, and is recorded as this user's newest."""
     key = signing.load_secret(os.fspath(sign_key)) if sign_key is not None else None
     store = open_remote(remote, token=token, private=private, create=True)
     with BundleReader(path) as reader:
@@ -112,6 +162,8 @@ def push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_ke
         bundle_id, size = reader.id, reader.size
     raw, chain_token = store.read_chain()
     chain = Chain.decode(raw, where=store.url)
+    records = trust.places(None)
+    verified = _check_extended(store, chain, raw, key, adopt=adopt, records=records, reporter=reporter)
     parent, version = ix.base_fingerprint, ix.target_fingerprint
     done = chain.entry(bundle_id)
     if done is not None:
@@ -148,7 +200,13 @@ def push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_ke
         bundle=bundle_id, version=version, parent=parent, parts=tuple(parts),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), label=label, signature=signature,
     )
-    new = chain.appended(entry, head=not shortcut)
+    lineage = chain.lineage
+    new = chain.appended(entry, head=not shortcut).succeeding(
+        raw if chain.entries or lineage is not None else None,
+        remote=lineage.remote if lineage is not None else secrets.token_hex(16),
+        published=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        signer=key.public_key.id_hex if key is not None else None,
+    )
     encoded = new.encode()
     chain_sig = chain_signature(encoded, key, path) if key is not None else None
     if chain_sig is not None:
@@ -162,8 +220,39 @@ def push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_ke
         if chain_sig is not None:  # the chain's signature file is wdiff's own temp: it goes once uploaded
             with contextlib.suppress(OSError):
                 os.unlink(chain_sig.source)
+    if key is not None or verified:
+        trust.remember(store.url, new, encoded, records)
     reporter.done()
     return PushResult(store.url, bundle_id, version, parent, n_parts, size, True, label)
+
+
+def _check_extended(store, chain: Chain, raw: bytes | None, key, *, adopt: bool, records: list,
+                    reporter: Reporter) -> bool:
+    """Refuse to extend a chain that this push cannot vouch for; returns
+    whether the chain was verified. A chain is signed when it says so (its
+    signer) or, written before format 1.1, when a signature object for its
+    bytes exists."""
+    if raw is None or not chain.entries:
+        return False
+    lin = chain.lineage
+    signed = lin.signer is not None if lin is not None else has_chain_signature(store, raw)
+    if signed and key is None:
+        by = f" by key {lin.signer}" if lin is not None else ""
+        raise IntegrityError(f"{store.url}: the chain is signed{by}; an unsigned push would strip its signature "
+                             "and every puller with a trusted key would refuse the remote",
+                             hint="push with --sign KEY")
+    if key is None:
+        return False
+    if not signed:
+        if not adopt:
+            raise IntegrityError(f"{store.url}: the chain is not signed, so nobody can tell whether its storage "
+                                 "changed it; --sign would vouch for it unchecked",
+                                 hint="check the remote (wdiff log), then sign it for the first time with --adopt")
+        return False
+    keys = [key.public_key] + [k for k in signing.trusted_keys(None) if k.key_id != key.key_id]
+    verify_chain(store, raw, chain, keys, reporter=reporter)
+    trust.check(store.url, chain, raw, records)
+    return True
 
 
 def squash_remote(
@@ -175,6 +264,7 @@ def squash_remote(
     label: str | None = None,
     part_size: int = DEFAULT_PART_SIZE,
     sign_key=None,
+    adopt: bool = False,
     threads: int | None = None,
     reporter: Reporter = SILENT,
 ) -> PushResult:
@@ -203,4 +293,4 @@ def squash_remote(
         squash(bundles, base, out, threads=threads, reporter=reporter)
         label = label or next((e.label for e in reversed(run) if e.label), None)
         return push_bundle(out, remote, label=label, part_size=part_size, fork=False, sign_key=sign_key,
-                            reporter=reporter, shortcut=True)
+                            reporter=reporter, shortcut=True, adopt=adopt)

@@ -20,10 +20,12 @@ MAX_CHAIN_OBJECT = 32 * 1024 * 1024
 
 
 def read_chain_file(path: str, url: str) -> bytes:
-    """Read a downloaded chain index, refusing one over MAX_CHAIN_OBJECT."""
+    """Read a chain index (a downloaded copy, or a directory remote's own),
+    refusing anything but a regular file of at most MAX_CHAIN_OBJECT bytes."""
     from ..errors import FormatError
+    from ..fsutil import open_regular
 
-    with open(path, "rb") as f:
+    with open_regular(path, what=f"{url}: chain index") as f:
         raw = f.read(MAX_CHAIN_OBJECT + 1)
     if len(raw) > MAX_CHAIN_OBJECT:
         raise FormatError(f"{url}: chain index is larger than this wdiff accepts",
@@ -51,11 +53,21 @@ class Reader(ABC):
         token is None exactly when the remote itself does not exist."""
 
     @abstractmethod
-    def fetch(self, path: str, dest: str, *, size: int, reporter: Reporter = SILENT) -> None:
-        """Download object ``path`` (``size`` bytes; -1 for a small object of
-        unknown size, such as a signature) into the local file ``dest``; a
-        partial ``dest`` from an interrupted fetch may be resumed. The caller
-        verifies the content; stores check at most the size."""
+    def fetch(self, path: str, dest: str, *, size: int | None = None, max_size: int | None = None,
+              reporter: Reporter = SILENT) -> None:
+        """Download object ``path`` into the local file ``dest``. Give exactly
+        one of ``size`` (the object is exactly that long; a partial ``dest``
+        from an interrupted fetch may be resumed) and ``max_size`` (a small
+        object of unknown size, such as a signature: refused, with
+        IntegrityError and nothing left at ``dest``, when it is longer, before
+        more than that is transferred where the store allows). Stores check
+        the size and that the object is a plain file; the caller verifies the
+        content."""
+
+
+def check_fetch_args(size: int | None, max_size: int | None) -> None:
+    if (size is None) == (max_size is None) or (size is not None and size < 0) or (max_size is not None and max_size < 0):
+        raise ValueError("fetch takes exactly one of size and max_size, not negative")
 
 
 class Writer(Reader):

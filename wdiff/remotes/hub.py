@@ -50,9 +50,9 @@ import time
 
 import xxhash
 
-from ..errors import AuthError, ConflictError, NotFoundError, RemoteError, WdiffError
+from ..errors import AuthError, ConflictError, FormatError, IntegrityError, NotFoundError, RemoteError, WdiffError
 from ..progress import SILENT, Reporter
-from .base import CHAIN, Upload, Writer, read_chain_file
+from .base import CHAIN, MAX_CHAIN_OBJECT, Upload, Writer, check_fetch_args, read_chain_file
 
 REPO_ROOT = "wdiff"
 CARD = "README.md"
@@ -101,6 +101,24 @@ def _not_found() -> tuple:
 
     names = ("RepositoryNotFoundError", "RevisionNotFoundError", "EntryNotFoundError", "BucketNotFoundError")
     return tuple(getattr(he, n) for n in names if hasattr(he, n))
+
+
+def _refuse_large_chain(url: str, size: int) -> None:
+    if size > MAX_CHAIN_OBJECT:
+        raise FormatError(f"{url}: chain index is larger than this wdiff accepts",
+                          hint="start a new remote from a fresh anchor")
+
+
+def _check_downloaded(url: str, path: str, got: str, size: int | None, max_size: int | None) -> None:
+    """What arrived must be a plain file of the size the chain gives (or
+    within the bound): the metadata asked before the download is the
+    server's word, this is ours."""
+    from ..fsutil import open_regular
+
+    with open_regular(got, max_size=max_size, what=f"{url}: {path}") as f:
+        have = os.fstat(f.fileno()).st_size
+    if size is not None and have != size:
+        raise RemoteError(f"{url}: {path}: downloaded {have} bytes, expected {size}")
 
 
 def _short(e: BaseException) -> str:
@@ -204,6 +222,13 @@ class RepoStore(Writer):
         from huggingface_hub import errors as he
         from huggingface_hub import hf_hub_download
 
+        try:
+            size = self._size(CHAIN, sha)
+        except NotFoundError:
+            size = None
+        if size is None:
+            return None
+        _refuse_large_chain(self.url, size)
         with tempfile.TemporaryDirectory(prefix="wdiff-chain-") as tmp:
             try:
                 with hub_errors(self.url, CHAIN):
@@ -216,11 +241,31 @@ class RepoStore(Writer):
                 return None
             return read_chain_file(path, self.url)
 
-    def fetch(self, path: str, dest: str, *, size: int, reporter: Reporter = SILENT) -> None:
+    def _size(self, path: str, revision: str) -> int | None:
+        """The size of object ``path`` at ``revision``, from the tree
+        metadata (no download); None when it does not exist."""
+        with hub_errors(self.url, path):
+            infos = self.api.get_paths_info(self.repo_id, [self._remote(path)], repo_type=self.repo_type,
+                                            revision=revision)
+        for i in infos:
+            if i.path == self._remote(path):
+                return getattr(i, "size", None)
+        return None
+
+    def fetch(self, path: str, dest: str, *, size: int | None = None, max_size: int | None = None,
+              reporter: Reporter = SILENT) -> None:
+        check_fetch_args(size, max_size)
         if self._sha is None:
             self.read_chain()
-        if size < 0:
-            self._fetch_small(path, dest)
+        if max_size is not None:
+            # a small object of unknown size: ask its size first, so that a
+            # hostile repository cannot make us download without end
+            have = self._size(path, self._sha)
+            if have is None:
+                raise NotFoundError(f"{self.url}: object {path} is missing")
+            if have > max_size:
+                raise IntegrityError(f"{self.url}: {path}: {have} bytes, more than the {max_size} this object may have")
+            self._fetch_small(path, dest, size, max_size, reporter)
             return
         from huggingface_hub import hf_hub_url
         from huggingface_hub.utils import build_hf_headers
@@ -228,8 +273,9 @@ class RepoStore(Writer):
         url = hf_hub_url(self.repo_id, self._remote(path), repo_type=self.repo_type, revision=self._sha)
         _resume_get(self.url, path, url, build_hf_headers(token=self._token), dest, size, reporter)
 
-    def _fetch_small(self, path: str, dest: str) -> None:
-        """An object of unknown size (a signature): whole, through the client."""
+    def _fetch_small(self, path: str, dest: str, size: int | None, max_size: int | None, reporter: Reporter) -> None:
+        """An object of unknown size (a signature): whole, through the client,
+        and checked against its bound once it has arrived."""
         from huggingface_hub import hf_hub_download
 
         landing = os.path.join(os.path.dirname(os.path.abspath(dest)), ".hub-download")
@@ -239,7 +285,9 @@ class RepoStore(Writer):
                 got = hf_hub_download(self.repo_id, self._remote(path), repo_type=self.repo_type,
                                       revision=self._sha, local_dir=landing, token=self._token,
                                       tqdm_class=_bar_class(None))
+            _check_downloaded(self.url, path, got, size, max_size)
             os.replace(got, dest)
+            reporter.advance(os.path.getsize(dest))
         finally:
             shutil.rmtree(landing, ignore_errors=True)
 
@@ -438,6 +486,7 @@ class BucketStore(Writer):
             return None, None
         if CHAIN not in have:
             return None, b""
+        _refuse_large_chain(self.url, have[CHAIN])
         with tempfile.TemporaryDirectory(prefix="wdiff-chain-") as tmp:
             dest = os.path.join(tmp, CHAIN)
             with hub_errors(self.url, CHAIN):
@@ -445,14 +494,26 @@ class BucketStore(Writer):
             raw = read_chain_file(dest, self.url)
         return raw, xxhash.xxh3_128_digest(raw)
 
-    def fetch(self, path: str, dest: str, *, size: int, reporter: Reporter = SILENT) -> None:
+    def fetch(self, path: str, dest: str, *, size: int | None = None, max_size: int | None = None,
+              reporter: Reporter = SILENT) -> None:
+        check_fetch_args(size, max_size)
         if os.path.exists(dest):
             os.unlink(dest)  # no ranged resume through the bucket API: parts are the resume unit
-        with hub_errors(self.url, path):
-            self.api.download_bucket_files(self.bucket_id, [(self._remote(path), dest)], raise_on_missing_files=True)
-        if size >= 0 and os.path.getsize(dest) != size:
-            raise RemoteError(f"{self.url}: {path}: downloaded {os.path.getsize(dest)} bytes, expected {size}")
-        reporter.advance(max(size, 0))
+        if max_size is not None:
+            have = (self._exists([path]) or {}).get(path)
+            if have is None:
+                raise NotFoundError(f"{self.url}: object {path} is missing")
+            if have > max_size:
+                raise IntegrityError(f"{self.url}: {path}: {have} bytes, more than the {max_size} this object may have")
+        try:
+            with hub_errors(self.url, path):
+                self.api.download_bucket_files(self.bucket_id, [(self._remote(path), dest)], raise_on_missing_files=True)
+            _check_downloaded(self.url, path, dest, size, max_size)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(dest)
+            raise
+        reporter.advance(os.path.getsize(dest))
 
     def publish(self, uploads: list[Upload], chain: bytes, token: object, *, message: str,
                 reporter: Reporter = SILENT) -> None:

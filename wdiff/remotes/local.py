@@ -4,14 +4,13 @@ shared file systems, and for anyone without a Hub account."""
 from __future__ import annotations
 
 import os
-import shutil
 
 import xxhash
 
 from ..errors import ConflictError, IntegrityError, NotFoundError, WdiffIOError
-from ..fsutil import atomic_write_bytes, fsync_dir, io_error, temp_name, write_all
+from ..fsutil import atomic_write_bytes, fsync_dir, io_error, open_regular, read_bounded, temp_name, write_all
 from ..progress import SILENT, Reporter
-from .base import CHAIN, Upload, Writer, read_chain_file
+from .base import CHAIN, Upload, Writer, check_fetch_args, read_chain_file
 
 PIECE = 8 * 1024 * 1024
 
@@ -33,32 +32,33 @@ class LocalStore(Writer):
             raise io_error(self._path(CHAIN), e) from None
         return raw, xxhash.xxh3_128_digest(raw)
 
-    def fetch(self, path: str, dest: str, *, size: int, reporter: Reporter = SILENT) -> None:
+    def fetch(self, path: str, dest: str, *, size: int | None = None, max_size: int | None = None,
+              reporter: Reporter = SILENT) -> None:
+        check_fetch_args(size, max_size)
         src = self._path(path)
-        if size < 0:
-            try:
-                shutil.copyfile(src, dest)
-            except FileNotFoundError:
-                raise NotFoundError(f"{self.url}: object {path} is missing") from None
-            except OSError as e:
-                raise io_error(dest, e) from None
-            return
+        what = f"{self.url}: {path}"
         try:
+            if size is None:
+                data = read_bounded(src, max_size, what=what)
+                atomic_write_bytes(dest, data)
+                reporter.advance(len(data))
+                return
             have = os.path.getsize(dest) if os.path.exists(dest) else 0
             if have > size:
                 os.unlink(dest)
                 have = 0
-            with open(src, "rb") as f, open(dest, "ab") as out:
+            with open_regular(src, what=what) as f:
                 if os.fstat(f.fileno()).st_size != size:
                     raise IntegrityError(f"{self.url}: {path} is not {size} bytes long (damaged remote)")
-                f.seek(have)
-                while have < size:
-                    piece = f.read(min(PIECE, size - have))
-                    if not piece:
-                        break
-                    out.write(piece)
-                    have += len(piece)
-                    reporter.advance(len(piece))
+                with open(dest, "ab") as out:
+                    f.seek(have)
+                    while have < size:
+                        piece = f.read(min(PIECE, size - have))
+                        if not piece:
+                            break
+                        out.write(piece)
+                        have += len(piece)
+                        reporter.advance(len(piece))
         except FileNotFoundError:
             raise NotFoundError(f"{self.url}: object {path} is missing") from None
         except OSError as e:

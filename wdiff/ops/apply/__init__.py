@@ -8,9 +8,11 @@ import os
 
 from ...errors import UsageError
 from ...format import signature as signing
+from ...format.bundle import BundleReader
 from ...parallel import default_threads
 from ...progress import SILENT, Reporter
 from ...store import ignore
+from ..signatures import open_signed_bundle
 from .copy import apply_copy
 from .inplace import apply_in_place
 from .result import ApplyResult
@@ -35,14 +37,27 @@ def apply(
     """Apply ``bundle`` to the checkpoint ``base``: into a new directory
     ``out``, or with ``in_place=True`` inside ``base`` itself. With trusted
     keys (given, or in WDIFF_TRUSTED_KEYS), ``bundle.minisig`` must be a valid
-    signature of the bundle by one of them. Files of ``base`` that the
-    ignore rules leave out (trainer state, .wdiffignore, ``exclude`` unless
-    ``include``) are neither read, nor copied, nor removed."""
+    signature of the bundle by one of them whose trusted comment names this
+    bundle, its base and its target. Files of ``base`` that the ignore rules
+    leave out (trainer state, .wdiffignore, ``exclude`` unless ``include``)
+    are neither read, nor copied, nor removed."""
     threads = threads or default_threads()
     rules = ignore.rules(exclude, include)
     keys = signing.required_keys(trusted_keys, require_signature)
     if keys and not abort:
-        signing.verify_file(os.fspath(bundle), os.fspath(bundle) + signing.SUFFIX, keys)
+        # the signature is checked on an open file, which is then what is
+        # applied: another file renamed over the path meanwhile is not
+        bundle = open_signed_bundle(os.fspath(bundle), keys)
+    try:
+        return _apply(bundle, base, out, in_place=in_place, abort=abort, threads=threads, reporter=reporter,
+                      rules=rules)
+    finally:
+        if isinstance(bundle, BundleReader):
+            bundle.close()
+
+
+def _apply(bundle, base, out, *, in_place: bool, abort: bool, threads: int, reporter: Reporter,
+           rules: ignore.Rules) -> ApplyResult:
     if in_place:
         if out is not None:
             raise UsageError("give either an output directory or --in-place, not both")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from ...errors import UsageError
-from ...format.bundle import BundleReader
+from ...format.bundle import reading
 from ...fsutil import check_output, fsync_dir, io_error, remove_tree, temp_name
 from ...progress import SILENT, Reporter
 from ...store import cache
@@ -22,10 +22,10 @@ from .result import ApplyResult
 def apply_copy(bundle, base, out, *, threads: int, reporter: Reporter = SILENT, rules: Rules = DEFAULT_RULES) -> ApplyResult:
     """Rebuild the target of ``bundle`` from ``base`` into the new directory ``out``."""
     out = os.fspath(out)
-    check_output(out, [("the base checkpoint", base), ("the bundle", bundle)])
+    check_output(out, [("the base checkpoint", base), ("the bundle", getattr(bundle, "path", bundle))])
     single = is_file_arg(base)  # a file in, a file out
     _check_out(out, base, single=single)
-    with BundleReader(bundle) as reader:
+    with reading(bundle) as reader:
         if single and len(reader.index.files) != 1:
             raise UsageError(
                 f"{base} is a single file, but the bundle's target has {len(reader.index.files)} files",

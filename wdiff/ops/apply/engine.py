@@ -208,6 +208,9 @@ class _Builder:
                 old = self.A.file(f.path) if self.A else None
                 if old is None or old.kind == KIND_TENSORS:
                     raise BaseMismatchError(f"{printable(f.path)}: the base lacks this file")
+                if old.size != f.size:  # decode_index refuses this; the written size is the target's
+                    raise IntegrityError(f"{printable(f.path)}: the base's copy is {old.size} bytes, "
+                                         f"the target's {f.size}")
                 blocks = hash_file(old.abspath, old.size, reporter=self.reporter, copy_to=fd)
                 self.da.files[f.path] = blocks
             else:
@@ -215,6 +218,9 @@ class _Builder:
             self.dt.files[f.path] = blocks
             if tree(blocks) != f.digest:
                 raise IntegrityError(f"{printable(f.path)}: content does not match the target digest")
+            if os.fstat(fd).st_size != f.size:
+                raise IntegrityError(f"{printable(f.path)}: {os.fstat(fd).st_size} bytes written, "
+                                     f"the target has {f.size}")
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -42,7 +42,7 @@ import numpy as np
 
 from ...codec.dtypes import uint_type
 from ...errors import BaseMismatchError, BusyError, IntegrityError, UsageError, WdiffIOError
-from ...format.bundle import BundleReader
+from ...format.bundle import BundleReader, reading
 from ...format.journal import JOURNAL_VERSION, Journal, Plan, Txn  # noqa: F401 - JOURNAL_VERSION: re-exported
 from ...format.undo import UndoLog
 from ...fsutil import fsync_dir, io_error, write_all
@@ -71,8 +71,8 @@ def derive_plan(index) -> Plan:
         old = base.get(f.path)
         if f.kind == KIND_TENSORS and f.source == "base":
             patch.append(i)  # same path, same header: verified by verify_bundle
-        elif f.kind == "file" and f.source == "base" and old is not None and old.kind == "file":
-            continue  # unchanged companion file (the base fingerprint says so)
+        elif f.kind == "file" and f.source == "base" and old is not None and old.kind == "file" and old.size == f.size:
+            continue  # unchanged companion file: the base fingerprint vouches for its digest, and the size matches
         else:
             stage.append((i, f.path))
     target = {f.path for f in index.files}
@@ -86,7 +86,7 @@ def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporte
     root = os.fspath(base)
     if not os.path.isdir(root):
         scan(root)  # raises the right error
-    with StateDir.open(root) as state, state.lock(what=root), BundleReader(bundle) as reader:
+    with StateDir.open(root) as state, state.lock(what=root), reading(bundle) as reader:
         txn = Txn(state)
         journal = txn.read_journal()
         if journal is not None and journal.bundle_id != hexd(reader.id):
