@@ -45,20 +45,22 @@ def verify(
 
     out = _setup(json_mode, quiet, verbose)
     res = run_verify(directory, bundle=bundle, remote=remote, version=to, threads=threads,
-                     reporter=o.TerminalReporter(out))
-    if out.json:
-        out.document(res.to_json())
-        if not res.ok:
-            raise typer.Exit(int(ExitCode.INTEGRITY))
-        return
+                     reporter=out.reporter())
     if res.ok:
-        out.result(f"{o.name(str(directory))} is intact: {res.actual.hex()[:16]}, as {o.name(res.source)} records")
+        if out.json:
+            out.document(res.to_json())
+        else:
+            out.result(f"{o.name(str(directory))} is intact: {res.actual.hex()[:16]}, as {o.name(res.source)} records")
         return
-    for p in res.problems[:50]:
-        what = f"tensor {o.name(p.tensor, 80)} differs" if p.tensor else p.what
-        out.warn(f"{o.name(p.path)}: {what}")
+    if not out.json:
+        for p in res.problems[:50]:
+            what = f"tensor {o.name(p.tensor, 80)} differs" if p.tensor else p.what
+            out.warn(f"{o.name(p.path)}: {what}")
+    # a failure like any other: a message on stderr and, under --json, one
+    # wdiff.error/1 document, with verify's own document as its details
     raise IntegrityError(
-        f"{directory}: {len(res.problems)} problem(s); fingerprint {res.actual.hex()[:16]}, expected {res.expected.hex()[:16]}"
+        f"{directory}: {len(res.problems)} problem(s); fingerprint {res.actual.hex()[:16]}, expected {res.expected.hex()[:16]}",
+        details=res.to_json(),
     )
 
 
@@ -109,7 +111,7 @@ def sign(
 
     out = _setup(json_mode, quiet, verbose)
     secret = load_secret(str(key))
-    sig = sign_bundle(bundle, secret, reporter=o.TerminalReporter(out))
+    sig = sign_bundle(bundle, secret, reporter=out.reporter())
     if out.json:
         out.document({"schema": "wdiff.sign/1", "bundle": str(bundle), "signature": sig, "key_id": secret.public_key.id_hex})
         return
