@@ -19,7 +19,7 @@ import zstandard
 
 from ..codec.chunk import ZSTD, compressor, decompress_exact, decompressor
 from ..defaults import DEFAULT_LEVEL
-from ..errors import FormatError, IntegrityError, NotFoundError
+from ..errors import FormatError, IntegrityError, NotFoundError, UsageError
 from ..fsutil import fsync_dir, io_error, temp_name, write_all
 from ..progress import SILENT, Reporter
 from ..store.hashing import DIGEST_SIZE
@@ -191,6 +191,11 @@ class BundleReader:
             self._f = open(self.path, "rb")
         except FileNotFoundError:
             raise NotFoundError(f"{where}: no such bundle") from None
+        except IsADirectoryError:
+            # a mistake of the caller's, not of the disk: the commands' usage
+            # says which argument is the bundle file
+            raise UsageError(f"{where}: is a directory, not a bundle file",
+                             hint="a bundle is the file `wdiff pack -o FILE` writes") from None
         except OSError as e:
             raise io_error(where, e) from None
         try:

@@ -15,7 +15,7 @@ import stat as stat_mod
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from ..errors import BusyError, FormatError, NotFoundError, UsageError, WdiffIOError
+from ..errors import BusyError, FormatError, LayoutError, NotFoundError, UsageError, WdiffIOError
 from ..paths import RESERVED, printable, validate_relpath
 from .header import Header, HeaderError, TensorInfo, header_length, parse_header
 
@@ -116,7 +116,8 @@ def scan(root: str | os.PathLike, *, allow_unfinished: bool = False, reuse: Chec
 
 def _walk(root: str, rel: str, depth: int, out: list[FileEntry], reuse: Checkpoint | None) -> None:
     if depth > MAX_DEPTH:
-        raise FormatError(f"{root}: directory tree is deeper than {MAX_DEPTH} levels")
+        raise LayoutError(f"{root}: directory tree is deeper than {MAX_DEPTH} levels",
+                          hint="a checkpoint is a shallow tree; move the deep part out of it")
     here = os.path.join(root, rel) if rel else root
     try:
         entries = list(os.scandir(here))
@@ -130,7 +131,9 @@ def _walk(root: str, rel: str, depth: int, out: list[FileEntry], reuse: Checkpoi
         try:
             validate_relpath(relpath, where=root)
         except FormatError as e:
-            raise FormatError(str(e), hint="rename the file; wdiff refuses names it cannot ship") from None
+            # the user's own directory, not hostile input: theirs to fix (exit 2)
+            raise LayoutError(str(e), hint="rename it, or move it out of the checkpoint; "
+                                           "wdiff refuses names it cannot ship") from None
         try:
             if entry.is_dir(follow_symlinks=False):
                 _walk(root, relpath, depth + 1, out, reuse)
@@ -139,14 +142,17 @@ def _walk(root: str, rel: str, depth: int, out: list[FileEntry], reuse: Checkpoi
         except OSError as e:
             raise WdiffIOError(f"{os.path.join(root, relpath)}: {e.strerror}") from None
         if stat_mod.S_ISDIR(st.st_mode):
-            raise FormatError(
+            raise LayoutError(
                 f"{root}: {printable(relpath)} is a symbolic link to a directory; "
-                "wdiff does not follow those"
+                "wdiff does not follow those",
+                hint="replace the link by a copy of the directory it points to, or move it out of the checkpoint",
             )
         if not stat_mod.S_ISREG(st.st_mode):
-            raise FormatError(f"{root}: {printable(relpath)} is not a regular file")
+            raise LayoutError(f"{root}: {printable(relpath)} is not a regular file",
+                              hint="a checkpoint holds regular files and directories only; move it out")
         if len(out) >= MAX_FILES:
-            raise FormatError(f"{root}: more than {MAX_FILES} files")
+            raise LayoutError(f"{root}: more than {MAX_FILES} files",
+                              hint="is this the checkpoint directory, or a directory above it?")
         seen = reuse.file(relpath) if reuse is not None else None
         out.append(_entry(root, relpath, entry.path, st, seen.header if seen is not None else None))
 
