@@ -11,6 +11,7 @@ from ..errors import IntegrityError, NotFoundError
 from ..format.bundle import BundleReader
 from ..format.chain import Chain, Entry
 from ..progress import Reporter
+from ..remotes import suggest
 from ..store.hashing import hexd, range_digest
 from .signatures import verify_chain
 
@@ -22,7 +23,7 @@ def read_chain(store, *, keys: list | None = None) -> Chain:
     ``keys``, its signature must verify with one of them."""
     raw, token = store.read_chain()
     if raw is None and token is None:
-        raise NotFoundError(f"{store.url}: no such remote")
+        raise NotFoundError(f"{store.url}: no such remote", hint=suggest(store.url))
     if keys:
         if raw is None:
             raise IntegrityError(f"{store.url}: has no signed chain")
