@@ -77,6 +77,18 @@ EXAMPLES: dict[str, list[str]] = {
         "wdiff demo /tmp/wdiff-demo    # keep the files",
         "wdiff demo --size-mb 256 --json",
     ],
+    "man": [
+        "wdiff man",
+        "wdiff man pull",
+        "wdiff man format          # the bundle format's specification",
+        "wdiff man diff > ~/.local/share/man/man1/wdiff-diff.1",
+    ],
+    "completion": [
+        'source <(wdiff completion bash)',
+        "wdiff completion bash > ~/.local/share/bash-completion/completions/wdiff",
+        "wdiff completion zsh > ~/.zfunc/_wdiff",
+        "wdiff completion fish > ~/.config/fish/completions/wdiff.fish",
+    ],
 }
 
 EXIT_NOTES: dict[str, str] = {
@@ -103,6 +115,8 @@ EXIT_NOTES: dict[str, str] = {
     "sign": "0 the signature was written; 4 the bundle is corrupt.",
     "info": "0 the bundle is intact; 4 it is corrupt.",
     "demo": "0 the demo rebuilt the new checkpoint bit for bit.",
+    "man": "0 the page was shown; 2 there is no such page.",
+    "completion": "0 the script was printed; 2 an unknown shell.",
 }
 
 
