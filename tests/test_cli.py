@@ -192,7 +192,13 @@ def test_status_ahead_missing_and_hub_hint(pair):
     assert doc["ahead"] == 1 and not doc["up_to_date"]
     assert json.loads(run("status", "--json", A, R).stdout)["ahead"] == 0
     r = run("status", "--json", tmp / "nowhere", R)
-    assert r.returncode == 3 and json.loads(r.stdout)["error"]["hint"].startswith("`wdiff pull REMOTE")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["exists"] is False and doc["from_anchor"] and doc["behind"] == 2
+    assert json.loads(run("status", "--json", A, R).stdout)["exists"] is True
+    r = run("status", "--exit-code", tmp / "nowhere", R)
+    assert r.returncode == 1 and b"does not exist" in r.stdout and b"behind" not in r.stdout
+    r = run("status", Path(A) / "config.json", R)
+    assert r.returncode == 2 and b"not a directory" in r.stderr
     for args in (("status", A, "acme/policy"), ("pull", "acme/policy", tmp / "P"), ("log", "acme/policy@main")):
         r = run(*args, cwd=tmp)
         assert r.returncode == 3 and b"did you mean hf://acme/policy" in r.stderr, (args, r.stderr)

@@ -164,8 +164,8 @@ def status(
 
     Reports the directory's fingerprint, whether the remote knows it, and how
     many bundles (and bytes) a pull would fetch to reach the head or --to; a
-    directory at a later version than --to is reported as ahead of it. A
-    directory that does not exist is an error (status 3).
+    directory at a later version than --to is reported as ahead of it, and
+    one that does not exist as such (with what a pull would fetch to create it).
     """
     from ..ops.history import status as run_status
 
@@ -175,6 +175,9 @@ def status(
         out.document(res.to_json())
     elif res.up_to_date:
         out.result(f"{o.name(res.directory)} is up to date at {res.target.hex()[:12]}")
+    elif not res.exists:
+        out.result(f"{o.name(res.directory)} does not exist; `wdiff pull` would create it at {res.target.hex()[:12]} "
+                   f"from an anchor ({res.behind} bundle{'s' if res.behind != 1 else ''}, {o.size(res.download)} to download)")
     elif res.ahead:
         back = f"a pull back there fetches {o.size(res.download)}" + (" (from an anchor)" if res.from_anchor else "")
         out.result(f"{o.name(res.directory)} is {res.ahead} version{'s' if res.ahead != 1 else ''} ahead of "

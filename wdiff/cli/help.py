@@ -105,7 +105,8 @@ EXIT_NOTES: dict[str, str] = {
     "directory; 4 a download was damaged (run again); 3 no such remote or version.",
     "log": "0 listed; 3 the remote does not exist.",
     "status": "0 done (and, with --exit-code, up to date); 1 only with --exit-code when DIR is "
-    "not at the version (behind it or ahead of it); 3 DIR, the remote or the version does not exist.",
+    "not at the version (behind it, ahead of it, or not there at all); 3 the remote or the version does not "
+    "exist.",
     "squash": "0 written; 5 a bundle does not follow the previous one, or BASE is not the "
     "first one's base; 4 a bundle is corrupt.",
     "verify": "0 the directory is exactly what was recorded; 4 something differs (each "

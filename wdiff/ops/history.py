@@ -53,6 +53,7 @@ class StatusResult:
     from_anchor: bool = False
     labels: dict = field(default_factory=dict)
     ahead: int = 0  # versions the directory is past ``target`` along the chain
+    exists: bool = True  # False: no such directory yet (a pull creates it)
 
     @property
     def up_to_date(self) -> bool:
@@ -67,6 +68,7 @@ class StatusResult:
             "known": self.known,
             "target": hexd(self.target),
             "up_to_date": self.up_to_date,
+            "exists": self.exists,
             "ahead": self.ahead,
             "behind": self.behind,
             "download_bytes": self.download,
@@ -102,8 +104,8 @@ def status(directory, remote, *, to: str | None = None, threads: int | None = No
     store = open_remote(remote)
     chain = read_chain(store)
     goal = chain.resolve(to)
-    if not os.path.lexists(directory) or not os.path.isdir(directory):
-        _no_directory(directory, chain, goal)
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        raise UsageError(f"{directory}: not a directory (a checkpoint is a directory)")
     current = fingerprint_of(directory, threads, reporter)
     try:
         run, from_anchor = plan(chain, current, goal)
@@ -115,13 +117,6 @@ def status(directory, remote, *, to: str | None = None, threads: int | None = No
     back = chain.path(goal, current) if current != goal and current in chain.versions else None
     reporter.done()
     return StatusResult(store.url, directory, current, current in chain.versions or current == EMPTY_FINGERPRINT,
-                        goal, behind, download, from_anchor, ahead=len(back) if back else 0)
+                        goal, behind, download, from_anchor, ahead=len(back) if back else 0,
+                        exists=os.path.isdir(directory))
 
-
-def _no_directory(directory: str, chain: Chain, goal: bytes) -> None:
-    if os.path.lexists(directory) and not os.path.isdir(directory):
-        raise UsageError(f"{directory}: not a directory (a checkpoint is a directory)")
-    run = chain.path(None, goal)
-    cost = f" ({sum(e.size for e in run)} bytes from an anchor)" if run else ""
-    raise NotFoundError(f"{directory}: no such directory",
-                        hint=f"`wdiff pull REMOTE {directory}` creates it{cost}")
