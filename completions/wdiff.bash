@@ -13,7 +13,7 @@ _wdiff() {
         esac
     done
     if [[ -z "$cmd" ]]; then
-        COMPREPLY=($(compgen -W "diff pack apply push pull log status squash verify keygen sign info demo --version --help -h" -- "$cur"))
+        COMPREPLY=($(compgen -W "diff pack apply push pull log status squash verify keygen sign info demo man completion --version --help -h" -- "$cur"))
         return
     fi
     case "$cmd" in
@@ -141,6 +141,20 @@ _wdiff() {
             esac
             if [[ "$cur" == -* ]]; then
                 COMPREPLY=($(compgen -W "--size-mb --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+            else
+                COMPREPLY=($(compgen -f -- "$cur"))
+            fi
+            ;;
+        man)
+            if [[ "$cur" == -* ]]; then
+                COMPREPLY=($(compgen -W "-h --help" -- "$cur"))
+            else
+                COMPREPLY=($(compgen -f -- "$cur"))
+            fi
+            ;;
+        completion)
+            if [[ "$cur" == -* ]]; then
+                COMPREPLY=($(compgen -W "-h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

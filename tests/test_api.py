@@ -75,4 +75,5 @@ def test_the_api_round_trips(tmp_path):
     wdiff.push(B, remote, base=A, label="b")
     assert [e.label for e in wdiff.log(remote).entries] == ["b", "a"]
     r = wdiff.pull(remote, tmp_path / "pulled")
+    assert r.from_anchor and r.bundles and not r.up_to_date
     assert tree(tmp_path / "pulled") == tree(B) and wdiff.status(tmp_path / "pulled", remote).up_to_date

@@ -147,3 +147,66 @@ def test_unexpected_errors_never_exit_1(pair, tmp_path):
     r = run("info", tmp)
     assert r.returncode not in (0, 1)
     assert b"Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("text,want", [
+    ("20GB", 20 * 10**9), ("20gb", 20 * 10**9), ("20 GB", 20 * 10**9), ("500MB", 500 * 10**6), ("1.5T", 1.5e12),
+    ("20GiB", 20 * 2**30), ("1MiB", 2**20), ("1.5TiB", int(1.5 * 2**40)), ("4 kib", 4096), ("4k", 4000),
+    ("1048576", 2**20), (" 2 Mi ", 2 * 2**20), ("0.5GB", 5 * 10**8),
+])
+def test_sizes_read_decimal_and_binary_units(text, want):
+    from wdiff.cli.output import parse_size
+
+    assert parse_size(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "GB", "20XB", "20 G B", "1.5", "-1GB", "20GiBs", "nanGB", "1e3MB"])
+def test_sizes_refuse_what_is_not_one(text):
+    from wdiff.cli.output import parse_size
+
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_usage_mistakes_and_layouts_are_usage_errors(pair):
+    tmp, A, B = pair
+    assert run("pack", "-q", A, B, "-o", tmp / "d.wdb").returncode == 0
+    r = run("info", "--json", tmp)  # a directory where a bundle belongs
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["kind"] == "usage"
+    r = run("apply", A, "-o", tmp / "out")  # BUNDLE position holds a directory, no BASE
+    assert r.returncode == 2 and b"hint:" in r.stderr and not (tmp / "out").exists()
+    odd = tmp / "odd"
+    shutil.copytree(B, odd)
+    os.mkfifo(odd / "pipe")
+    r = run("diff", "--json", A, odd)
+    assert r.returncode == 2 and b"hint:" in r.stderr
+    assert json.loads(r.stdout)["error"]["kind"] == "layout"
+
+
+def test_status_ahead_missing_and_hub_hint(pair):
+    tmp, A, B = pair
+    R = tmp / "R"
+    assert run("push", "-q", "--anchor", A, R, "--label", "v1").returncode == 0
+    assert run("push", "-q", B, R, "--base", A).returncode == 0
+    doc = json.loads(run("status", "--json", B, R, "--to", "v1").stdout)
+    assert doc["ahead"] == 1 and not doc["up_to_date"]
+    assert json.loads(run("status", "--json", A, R).stdout)["ahead"] == 0
+    r = run("status", "--json", tmp / "nowhere", R)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["exists"] is False and doc["from_anchor"] and doc["behind"] == 2
+    assert json.loads(run("status", "--json", A, R).stdout)["exists"] is True
+    r = run("status", "--exit-code", tmp / "nowhere", R)
+    assert r.returncode == 1 and b"does not exist" in r.stdout and b"behind" not in r.stdout
+    r = run("status", Path(A) / "config.json", R)
+    assert r.returncode == 2 and b"not a directory" in r.stderr
+    for args in (("status", A, "acme/policy"), ("pull", "acme/policy", tmp / "P"), ("log", "acme/policy@main")):
+        r = run(*args, cwd=tmp)
+        assert r.returncode == 3 and b"did you mean hf://acme/policy" in r.stderr, (args, r.stderr)
+    r = run("log", "./acme/policy", cwd=tmp)  # plainly a path: no such guess
+    assert r.returncode == 3 and b"hf://" not in r.stderr
+
+
+def test_generate_check_reports_drift(tmp_path):
+    assert run("generate", "--check", Path(__file__).resolve().parent.parent).returncode == 0
+    r = run("generate", "--check", tmp_path)  # nothing generated there yet
+    assert r.returncode == 1 and b"out of date: man/wdiff.1" in r.stdout

@@ -39,3 +39,16 @@ def test_import_wdiff_stays_light():
             "'cryptography', 'xxhash') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_nothing_imports_click():
+    """typer keeps its click private (typer._click) and does not depend on
+    click: an import of click works in a test venv (other tools bring it) and
+    fails on a user's plain install."""
+    import ast
+
+    for path in (ROOT / "wdiff").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            assert not any(n == "click" or n.startswith("click.") for n in names), path

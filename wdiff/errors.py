@@ -16,7 +16,7 @@ class ExitCode(IntEnum):
     the README, and stable for scripts."""
 
     OK = 0
-    DIFFERENCES = 1  # only `diff --exit-code`, never an error
+    DIFFERENCES = 1  # only when asked (diff or status --exit-code, generate --check), never an error
     USAGE = 2  # bad arguments, or an unexpected (unclassified) error
     NOT_FOUND = 3  # a path, file, tensor or version that does not exist
     INTEGRITY = 4  # corrupt or malformed bundle or checkpoint, digest mismatch
@@ -31,7 +31,7 @@ class ExitCode(IntEnum):
 #: (code, meaning) rows, in the order the docs print them.
 EXIT_CODE_TABLE: tuple[tuple[int, str], ...] = (
     (ExitCode.OK, "success"),
-    (ExitCode.DIFFERENCES, "differences found (only with diff --exit-code)"),
+    (ExitCode.DIFFERENCES, "differences found (only when asked, with --exit-code or --check)"),
     (ExitCode.USAGE, "usage error, or an unexpected error"),
     (ExitCode.NOT_FOUND, "not found: path, file or version"),
     (ExitCode.INTEGRITY, "integrity failure: corrupt bundle or checkpoint, digest mismatch"),
@@ -51,10 +51,13 @@ class WdiffError(Exception):
     #: short machine-readable kind, used in --json error documents
     kind: str = "error"
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, details: dict | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        #: the result that came with the failure (verify's problems), for the
+        #: ``error.details`` member of a --json error document
+        self.details = details
 
     def __str__(self) -> str:
         return self.message
@@ -63,6 +66,14 @@ class WdiffError(Exception):
 class UsageError(WdiffError):
     exit_code = ExitCode.USAGE
     kind = "usage"
+
+
+class LayoutError(UsageError):
+    """A checkpoint directory laid out in a way wdiff does not handle (a
+    symlinked subdirectory, an unprintable file name): the user's to fix, not
+    corrupt data. Hostile names read from a bundle are FormatErrors."""
+
+    kind = "layout"
 
 
 class NotFoundError(WdiffError):

@@ -4,17 +4,153 @@ not part of the checkpoint are kept, remotes and checkpoints are never
 mistaken for each other, an existing file is not replaced silently, a
 symbolic link stays a link, file modes survive, and no debris is left.
 
-One test per item of the issue; each drives the real command line. (Copied
-from the cli-ux branch: the items of the state-directory work that are done
-here, file modes and debris. Local changes, --force and --atomic, remotes
-mistaken for checkpoints and pack -o replacing a file stay in that branch.)"""
+One test per item of the issue; each drives the real command line."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
-from factory import tree
-from uxkit import Promises, copy_ckpt, json_docs, listing, mode, ok, wdiff
+from factory import simple_pair, tree
+from uxkit import Promises, copy_ckpt, json_docs, listing, mode, ok, one_json_doc, weights_tree, wdiff
+
+
+def _untracked(d: Path) -> dict[str, bytes]:
+    """Files a user keeps beside the weights, none of them wdiff's."""
+    files = {
+        "NOTES.md": b"# eval notes\nlooks good at step 2\n",
+        "eval/results.json": b'{"mmlu": 0.61}',
+        ".git/HEAD": b"ref: refs/heads/main\n",
+        ".git/config": b"[core]\n\tbare = false\n",
+        ".cache/huggingface/download/model.safetensors.metadata": b"etag\n",
+    }
+    for rel, data in files.items():
+        p = d / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return files
+
+
+def test_pull_keeps_local_changes_and_files_it_does_not_manage(chain):
+    B = tree(chain.B)
+    with Promises() as p:
+        # 1. only files the checkpoint does not have: a pull updates the
+        #    weights with the delta and leaves the user's files alone
+        d = chain.pull("plain", to="v1")
+        extra = _untracked(d)
+        r = wdiff("pull", "--json", chain.R, d)
+        p.check(r.rc == 0, "a pull into a checkpoint with untracked files beside it succeeds", r)
+        for rel, data in extra.items():
+            p.check((d / rel).is_file() and (d / rel).read_bytes() == data, f"{rel} is kept as it was", r)
+        got = {k: v for k, v in weights_tree(d).items() if k not in extra}
+        p.check(got == B, "the checkpoint's own files are the new version", r)
+        doc = one_json_doc(r.out) or {}
+        p.check(doc.get("downloaded_bytes", chain.anchor_bytes) < chain.anchor_bytes,
+                f"only the delta is downloaded, not the whole anchor ({chain.anchor_bytes} bytes)", r)
+
+        # 2. a hand-edited file of the checkpoint: refused, named, nothing touched
+        e = chain.pull("edited", to="v1")
+        (e / "config.json").write_bytes(b'{"step": 1, "rope_scaling": "hand-tuned"}')
+        extra = _untracked(e)
+        before = tree(e)
+        r = wdiff("pull", chain.R, e)
+        p.check(r.rc != 0, "a pull over a locally modified file is refused by default", r)
+        p.check("config.json" in r.err, "the refusal names the file that differs (config.json)", r)
+        p.check("--force" in r.err, "the refusal says how to proceed (--force)", r)
+        p.check(tree(e) == before, "a refused pull changes nothing, .git/ and .cache/ included", r)
+
+        # 3. --force discards the local edit, keeps untracked files, and
+        #    still downloads only the delta
+        shutil.rmtree(e)
+        e = chain.pull("edited", to="v1")
+        (e / "config.json").write_bytes(b'{"step": 1, "rope_scaling": "hand-tuned"}')
+        extra = _untracked(e)
+        r = wdiff("pull", "--force", "--json", chain.R, e)
+        p.check(r.rc == 0, "pull --force over a local edit succeeds", r)
+        p.check((e / "config.json").exists() and (e / "config.json").read_bytes() == B["config.json"],
+                "--force replaces the edited config.json with the version's", r)
+        for rel, data in extra.items():
+            p.check((e / rel).is_file() and (e / rel).read_bytes() == data,
+                    f"--force still keeps {rel} (untracked files are kept, as rsync without --delete)", r)
+        doc = one_json_doc(r.out) or {}
+        p.check(doc.get("downloaded_bytes", chain.anchor_bytes) < chain.anchor_bytes,
+                "--force over one edited companion file downloads the delta, not a whole anchor", r)
+
+
+def test_remotes_and_checkpoints_are_not_mistaken_for_each_other(chain):
+    with Promises() as p:
+        # push --anchor A B, with B a checkpoint: B must not become a remote
+        ckpt = copy_ckpt(chain.B, chain.tmp / "ckpt-B")
+        before = tree(ckpt)
+        r = wdiff("push", "--anchor", chain.A, ckpt)
+        p.check(r.rc != 0, "pushing to a directory that holds a checkpoint is refused", r)
+        p.check(not (ckpt / "chain.json").exists() and not (ckpt / "objects").exists(),
+                "the checkpoint gets no chain.json and no objects/", r)
+        p.check(tree(ckpt) == before, "the checkpoint is unchanged", r)
+
+        # push --anchor REMOTE NEW: a remote is not a checkpoint to publish
+        new = chain.tmp / "new-remote"
+        r = wdiff("push", "--anchor", chain.R, new)
+        p.check(r.rc != 0, "pushing a directory that holds a remote (chain.json, objects/) is refused", r)
+        p.check(not (new / "chain.json").exists(), "nothing is published from it", r)
+
+        # pull into a directory that holds a remote: the remote survives
+        other = copy_ckpt(chain.R, chain.tmp / "other-remote")
+        before = tree(other)
+        r = wdiff("pull", chain.R, other)
+        p.check(r.rc != 0, "pulling into a directory that holds a remote is refused", r)
+        p.check(tree(other) == before, "that remote's chain.json and objects/ are untouched", r)
+
+
+def test_pack_does_not_replace_an_existing_file(chain):
+    out = chain.tmp / "step-2.wdb"
+    out.write_bytes(b"last week's bundle, the only copy")
+    with Promises() as p:
+        r = wdiff("pack", chain.A, chain.B, "-o", out)
+        p.check(r.rc != 0, "pack -o onto an existing file is refused", r)
+        p.check(out.read_bytes() == b"last week's bundle, the only copy", "the existing file is untouched", r)
+        p.check("--force" in r.err, "the refusal says how to replace it (--force)", r)
+        r = wdiff("pack", "--force", chain.A, chain.B, "-o", out)
+        p.check(r.rc == 0, "pack --force replaces it", r)
+        p.check(r.rc == 0 and wdiff("info", "-q", out).rc == 0, "and what replaced it is a valid bundle", r)
+
+
+def test_pull_into_a_symlinked_directory_updates_its_target(chain):
+    B = tree(chain.B)
+    other_a, _ = simple_pair(chain.tmp / "unrelated", seed=7)  # a checkpoint the remote never saw
+    site = chain.tmp / "site"
+    site.mkdir()
+    with Promises() as p:
+        # the link's target holds something the remote cannot reach by deltas
+        copy_ckpt(other_a, site / "v17")
+        (site / "current").symlink_to("v17")
+        before_listing, before_tree = listing(site), tree(site / "v17")
+        r = wdiff("pull", chain.R, site / "current")
+        p.check("unexpected error" not in r.err, "a pull through a symlink does not crash", r)
+        p.check((site / "current").is_symlink() and os.readlink(site / "current") == "v17",
+                "the link survives a refused pull", r)
+        p.check(r.rc == 0 or tree(site / "v17") == before_tree, "a refused pull leaves v17 as it was", r)
+        p.check(listing(site) == before_listing, f"no debris beside the link: {sorted(listing(site) - before_listing)}", r)
+
+        r = wdiff("pull", "--force", chain.R, site / "current")
+        p.check(r.rc == 0, "pull --force through a symlinked directory succeeds", r)
+        p.check((site / "current").is_symlink() and os.readlink(site / "current") == "v17",
+                "the link survives and still points at v17", r)
+        p.check(weights_tree(site / "v17") == B, "v17, the link's target, was updated in place to the new version", r)
+        p.check(listing(site) == before_listing, f"no debris beside the link: {sorted(listing(site) - before_listing)}", r)
+
+        # --atomic: the new version is built beside the old one and the link flipped
+        w = chain.pull("w1", to="v1")
+        (site / "live").symlink_to(w)
+        before = listing(site)
+        r = wdiff("pull", "--atomic", chain.R, site / "live")
+        p.check(r.rc == 0, "pull --atomic through a symlink succeeds", r)
+        p.check((site / "live").is_symlink(), "with --atomic the link survives (it is flipped, not replaced)", r)
+        p.check((site / "live").is_dir() and weights_tree(site / "live") == B, "it points at the new version", r)
+        new = listing(site) - before
+        target = os.path.basename(os.path.realpath(site / "live"))
+        p.check(new <= {target}, f"the flipped-to directory is the only new entry: {sorted(new)}", r)
 
 
 def test_apply_and_pull_keep_file_modes(chain):

@@ -59,7 +59,7 @@ def diff(
     from ..ops.diff import diff as run_diff
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_diff(a, b, threads=threads, reporter=o.TerminalReporter(out), exclude=exclude or (), include=include or ())
+    res = run_diff(a, b, threads=threads, reporter=out.reporter(), exclude=exclude or (), include=include or ())
     if out.json:
         out.document(res.to_json())
     elif stat:
@@ -173,7 +173,7 @@ def pack(
         if len(paths) != 2:
             raise UsageError("pack takes two checkpoint directories, A and B (or --anchor B)")
         a, b = paths
-    res = run_pack(a, b, output, level=level, threads=threads, reporter=o.TerminalReporter(out), overwrite=force,
+    res = run_pack(a, b, output, level=level, threads=threads, reporter=out.reporter(), overwrite=force,
                    exclude=exclude or (), include=include or ())
     if sign is not None:
         from ..ops.signatures import sign_bundle
@@ -232,8 +232,9 @@ def apply(
     from ..ops.apply import apply as run_apply
 
     out = _setup(json_mode, quiet, verbose)
+    _check_apply_order(bundle, base)
     res = run_apply(bundle, base, output, in_place=in_place, abort=abort, trusted_keys=trusted_key,
-                    require_signature=require_signature, threads=threads, reporter=o.TerminalReporter(out),
+                    require_signature=require_signature, threads=threads, reporter=out.reporter(),
                     exclude=exclude or (), include=include or ())
     if out.json:
         out.document(res.to_json())
@@ -247,3 +248,15 @@ def apply(
     how = "updated in place" if res.in_place else "wrote"
     again = " (finished an interrupted apply)" if res.resumed else ""
     out.result(f"{how} {o.name(res.output)}{again}: {res.files} files verified, target {res.target_fingerprint.hex()[:16]}")
+
+
+def _check_apply_order(bundle: Path, base: Optional[Path]) -> None:
+    """`apply DIR BUNDLE` (git apply's and patch's order is not wdiff's) is a
+    usage mistake, refused before anything is read or written."""
+    if not bundle.is_dir():
+        return
+    if base is not None and base.is_file():
+        raise UsageError("the arguments are in the wrong order: BUNDLE comes first, then BASE",
+                         hint=f"wdiff apply {o.name(str(base))} {o.name(str(bundle))} ...")
+    raise UsageError(f"{o.name(str(bundle))}: is a directory, not a bundle file",
+                     hint="wdiff apply BUNDLE [BASE] (-o OUT | --in-place): the bundle file comes first")

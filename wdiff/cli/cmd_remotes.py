@@ -74,7 +74,7 @@ def push(
     res = run_push(source, remote, base=base, anchor=anchor, label=label, part_size=_size_arg(part_size),
                    fork=fork, level=level, sign_key=sign, token=token, private=not public,
                    commit_message=commit_message, adopt=adopt, allow_opaque=allow_opaque, threads=threads,
-                   reporter=o.TerminalReporter(out))
+                   reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return
@@ -116,7 +116,7 @@ def pull(
 
     out = _setup(json_mode, quiet, verbose)
     res = run_pull(remote, directory, to=to, trusted_keys=trusted_key, require_signature=require_signature,
-                   token=token, threads=threads, max_age=_age_arg(max_age), reporter=o.TerminalReporter(out))
+                   token=token, threads=threads, max_age=_age_arg(max_age), reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return
@@ -151,7 +151,7 @@ def log(
 
     out = _setup(json_mode, quiet, verbose)
     res = run_log(remote, trusted_keys=trusted_key, require_signature=require_signature, max_age=_age_arg(max_age),
-                  reporter=o.TerminalReporter(out))
+                  reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return
@@ -189,17 +189,26 @@ def status(
     """Say whether a checkpoint directory is at the head of a remote.
 
     Reports the directory's fingerprint, whether the remote knows it, and how
-    many bundles (and bytes) a pull would fetch to reach the head or --to.
+    many bundles (and bytes) a pull would fetch to reach the head or --to; a
+    directory at a later version than --to is reported as ahead of it, and
+    one that does not exist as such (with what a pull would fetch to create it).
     """
     from ..ops.history import status as run_status
 
     out = _setup(json_mode, quiet, verbose)
     res = run_status(directory, remote, to=to, trusted_keys=trusted_key, require_signature=require_signature,
-                     max_age=_age_arg(max_age), threads=threads, reporter=o.TerminalReporter(out))
+                     max_age=_age_arg(max_age), threads=threads, reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
     elif res.up_to_date:
         out.result(f"{o.name(res.directory)} is up to date at {res.target.hex()[:12]}")
+    elif not res.exists:
+        out.result(f"{o.name(res.directory)} does not exist; `wdiff pull` would create it at {res.target.hex()[:12]} "
+                   f"from an anchor ({res.behind} bundle{'s' if res.behind != 1 else ''}, {o.size(res.download)} to download)")
+    elif res.ahead:
+        back = f"a pull back there fetches {o.size(res.download)}" + (" (from an anchor)" if res.from_anchor else "")
+        out.result(f"{o.name(res.directory)} is {res.ahead} version{'s' if res.ahead != 1 else ''} ahead of "
+                   f"{res.target.hex()[:12]}, at {res.current.hex()[:12]} ({back})")
     elif res.behind < 0:
         out.result(f"{o.name(res.directory)} is at {res.current.hex()[:12]}; the remote cannot rebuild {res.target.hex()[:12]}")
     else:
@@ -241,7 +250,7 @@ def squash(
     checkpoint.
     """
     out = _setup(json_mode, quiet, verbose)
-    reporter = o.TerminalReporter(out)
+    reporter = out.reporter()
     if remote is not None:
         if bundles or output is not None:
             raise UsageError("give either BUNDLE... -o FILE or --remote, not both")

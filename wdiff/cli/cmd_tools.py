@@ -1,7 +1,12 @@
-"""verify, keygen, sign, info, demo, and the maintainers' generate."""
+"""verify, keygen, sign, info, demo, man, completion, and the maintainers' generate."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -45,20 +50,22 @@ def verify(
 
     out = _setup(json_mode, quiet, verbose)
     res = run_verify(directory, bundle=bundle, remote=remote, version=to, threads=threads,
-                     reporter=o.TerminalReporter(out))
-    if out.json:
-        out.document(res.to_json())
-        if not res.ok:
-            raise typer.Exit(int(ExitCode.INTEGRITY))
-        return
+                     reporter=out.reporter())
     if res.ok:
-        out.result(f"{o.name(str(directory))} is intact: {res.actual.hex()[:16]}, as {o.name(res.source)} records")
+        if out.json:
+            out.document(res.to_json())
+        else:
+            out.result(f"{o.name(str(directory))} is intact: {res.actual.hex()[:16]}, as {o.name(res.source)} records")
         return
-    for p in res.problems[:50]:
-        what = f"tensor {o.name(p.tensor, 80)} differs" if p.tensor else p.what
-        out.warn(f"{o.name(p.path)}: {what}")
+    if not out.json:
+        for p in res.problems[:50]:
+            what = f"tensor {o.name(p.tensor, 80)} differs" if p.tensor else p.what
+            out.warn(f"{o.name(p.path)}: {what}")
+    # a failure like any other: a message on stderr and, under --json, one
+    # wdiff.error/1 document, with verify's own document as its details
     raise IntegrityError(
-        f"{directory}: {len(res.problems)} problem(s); fingerprint {res.actual.hex()[:16]}, expected {res.expected.hex()[:16]}"
+        f"{directory}: {len(res.problems)} problem(s); fingerprint {res.actual.hex()[:16]}, expected {res.expected.hex()[:16]}",
+        details=res.to_json(),
     )
 
 
@@ -109,7 +116,7 @@ def sign(
 
     out = _setup(json_mode, quiet, verbose)
     secret = load_secret(str(key))
-    sig = sign_bundle(bundle, secret, reporter=o.TerminalReporter(out), key_path=key)
+    sig = sign_bundle(bundle, secret, reporter=out.reporter(), key_path=key)
     if out.json:
         out.document({"schema": "wdiff.sign/1", "bundle": str(bundle), "signature": sig, "key_id": secret.public_key.id_hex})
         return
@@ -184,6 +191,53 @@ def demo(
     res = run_demo(directory, size_mb=size_mb, threads=threads, log=None if out.json else out.result)
     if out.json:
         out.document(res)
+
+
+# -- man and completion ---------------------------------------------------------------------
+
+
+@app.command(epilog=epilog("man"))
+def man(
+    ctx: typer.Context,
+    command: Annotated[
+        Optional[str], typer.Argument(metavar="[COMMAND]", help="A command, or format for the bundle format [default: wdiff itself].", show_default=False)
+    ] = None,
+) -> None:
+    """Show a man page: wdiff's own, a command's, or the bundle format's.
+
+    Prints the page's roff source, the same text as the files under man/ in
+    the source tree, so it can be redirected into a man directory. When
+    standard output is a terminal and man(1) is installed, the page is shown
+    with `man -l` instead.
+    """
+    from .generate import page
+
+    text = page(ctx.find_root().command, command)
+    if sys.stdout.isatty() and shutil.which("man"):
+        name = f"wdiff-{command}" if command else "wdiff"
+        with tempfile.TemporaryDirectory(prefix="wdiff-man-") as tmp:
+            path = os.path.join(tmp, name + (".5" if command == "format" else ".1"))
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            sys.stdout.flush()
+            if subprocess.run(["man", "-l", path]).returncode == 0:
+                return
+    sys.stdout.write(text)
+
+
+@app.command(epilog=epilog("completion"))
+def completion(
+    ctx: typer.Context,
+    shell: Annotated[str, typer.Argument(metavar="SHELL", help="bash, zsh or fish.", show_default=False)],
+) -> None:
+    """Print the shell completion script for bash, zsh or fish.
+
+    The scripts are static: pressing TAB runs no Python. Load one for the
+    running shell, or install it where the shell looks for completions.
+    """
+    from .generate import completion as script
+
+    sys.stdout.write(script(ctx.find_root().command, shell))
 
 
 # -- generate (for maintainers; hidden) ------------------------------------------------------

@@ -4,7 +4,12 @@
 and ``completions/{wdiff.bash,_wdiff,wdiff.fish}`` under ROOT; ``--check``
 only compares. The output depends on nothing but the app (a fixed date, no
 environment), so the committed files can be checked for drift in CI.
-``man/wdiff-format.5`` is written by hand: it is the format's specification.
+``man/wdiff-format.5`` is written by hand: it is the format's specification;
+the wheel carries a copy (setup.py), which :func:`format_page` finds.
+
+``wdiff man [COMMAND]`` and ``wdiff completion SHELL`` print the same text
+at run time (:func:`page`, :func:`completion`), so an installed wdiff has its
+pages and completions without a source tree, and they cannot drift.
 
 The completion scripts are static: a TAB costs no Python start-up.
 """
@@ -301,6 +306,53 @@ def render(group: TyperGroup) -> dict[str, str]:
     files["completions/_wdiff"] = zsh(cmds)
     files["completions/wdiff.fish"] = fish(cmds)
     return files
+
+
+#: the shells ``wdiff completion`` knows, and the file each script is kept in
+SHELLS = {"bash": "completions/wdiff.bash", "zsh": "completions/_wdiff", "fish": "completions/wdiff.fish"}
+FORMAT_PAGE = "wdiff-format.5"
+
+
+def page(group: TyperGroup, name: str | None = None) -> str:
+    """The man page of ``name`` (a command, or "format" for the bundle
+    format's specification); of wdiff itself when ``name`` is None."""
+    if name == "format":
+        return format_page()
+    rel = "man/wdiff.1" if name is None else f"man/wdiff-{name}.1"
+    pages = render(group)
+    if rel not in pages:
+        from ..errors import UsageError
+
+        names = ", ".join([c.name for c in commands(group)] + ["format"])
+        raise UsageError(f"no man page for {name!r}", hint=f"one of: {names}")
+    return pages[rel]
+
+
+def completion(group: TyperGroup, shell: str) -> str:
+    """The completion script for ``shell`` (bash, zsh or fish)."""
+    if shell not in SHELLS:
+        from ..errors import UsageError
+
+        raise UsageError(f"no completion script for {shell!r}", hint=f"one of: {', '.join(SHELLS)}")
+    return render(group)[SHELLS[shell]]
+
+
+def format_page() -> str:
+    """man/wdiff-format.5: the copy in the installed package, or the source
+    tree's own when running from a checkout."""
+    from importlib import resources
+
+    shipped = resources.files(__package__).joinpath(FORMAT_PAGE)
+    if shipped.is_file():
+        return shipped.read_text(encoding="utf-8")
+    source = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "man", FORMAT_PAGE)
+    try:
+        with open(source, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        from ..errors import NotFoundError
+
+        raise NotFoundError(f"{FORMAT_PAGE} is not installed with this wdiff") from None
 
 
 def write(root: str, group: TyperGroup) -> list[str]:

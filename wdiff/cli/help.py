@@ -77,29 +77,47 @@ EXAMPLES: dict[str, list[str]] = {
         "wdiff demo /tmp/wdiff-demo    # keep the files",
         "wdiff demo --size-mb 256 --json",
     ],
+    "man": [
+        "wdiff man",
+        "wdiff man pull",
+        "wdiff man format          # the bundle format's specification",
+        "wdiff man diff > ~/.local/share/man/man1/wdiff-diff.1",
+    ],
+    "completion": [
+        'source <(wdiff completion bash)',
+        "wdiff completion bash > ~/.local/share/bash-completion/completions/wdiff",
+        "wdiff completion zsh > ~/.zfunc/_wdiff",
+        "wdiff completion fish > ~/.config/fish/completions/wdiff.fish",
+    ],
 }
 
 EXIT_NOTES: dict[str, str] = {
     "diff": "0 done (and, with --exit-code, no differences); 1 only with --exit-code when the "
-    "checkpoints differ; 2 and above are errors.",
+    "checkpoints differ; 2 a usage mistake, or a directory laid out in a way wdiff does not handle "
+    "(a symlinked subdirectory, an unprintable file name: the hint says how to fix it); 3 A or B "
+    "does not exist.",
     "pack": "0 the bundle was written; 2 and above are errors.",
-    "apply": "0 the target was rebuilt and verified; 5 the base is not the bundle's; 4 the "
-    "bundle is corrupt; 8 an interrupted in-place apply must be finished first.",
+    "apply": "0 the target was rebuilt and verified; 2 a usage mistake, such as BASE before "
+    "BUNDLE; 5 the base is not the bundle's; 4 the bundle is corrupt; 8 an interrupted in-place apply must be finished first.",
     "push": "0 pushed (or already there); 5 the bundle's base is not the head; 8 another push "
     "won the race (run it again); 6 and 7 remote errors.",
     "pull": "0 the directory is at the version (nothing to do counts); 8 another pull holds the "
     "directory; 4 a download was damaged (run again); 3 no such remote or version.",
     "log": "0 listed; 3 the remote does not exist.",
     "status": "0 done (and, with --exit-code, up to date); 1 only with --exit-code when DIR is "
-    "not at the version.",
+    "not at the version (behind it, ahead of it, or not there at all); 3 the remote or the version does not "
+    "exist.",
     "squash": "0 written; 5 a bundle does not follow the previous one, or BASE is not the "
     "first one's base; 4 a bundle is corrupt.",
     "verify": "0 the directory is exactly what was recorded; 4 something differs (each "
-    "difference is named on stderr).",
+    "difference is named on stderr; under --json, the wdiff.error/1 document holds verify's "
+    "own as error.details).",
     "keygen": "0 the key pair was written; 2 a key is already there (never overwritten).",
     "sign": "0 the signature was written; 4 the bundle is corrupt.",
     "info": "0 the bundle is intact; 4 it is corrupt.",
     "demo": "0 the demo rebuilt the new checkpoint bit for bit.",
+    "man": "0 the page was shown; 2 there is no such page.",
+    "completion": "0 the script was printed; 2 an unknown shell.",
 }
 
 

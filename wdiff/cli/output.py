@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 
 from ..paths import printable
@@ -20,10 +21,25 @@ class Out:
         self.quiet = quiet
         self.verbose = verbose
         self.json = json_mode
+        self._live: list[TerminalReporter] = []
+
+    def reporter(self) -> TerminalReporter:
+        """A progress reporter whose display this invocation owns: it is
+        taken down before the first line of the result, whether or not the
+        operation said it was done (an early return, an error)."""
+        r = TerminalReporter(self)
+        self._live.append(r)
+        return r
+
+    def close(self) -> None:
+        """Take down every live display (before results, errors, exit)."""
+        for r in self._live:
+            r.done()
 
     def result(self, text: str) -> None:
         """A line of the human result on stdout (suppressed by -q)."""
         if not self.quiet and not self.json:
+            self.close()
             sys.stdout.write(text + "\n")
 
     def document(self, doc: dict) -> None:
@@ -31,15 +47,18 @@ class Out:
         person at a terminal, one line for a program (Python's C encoder
         only writes unindented JSON, ten times faster on a diff of 20,000
         tensors)."""
+        self.close()
         indent = 2 if sys.stdout.isatty() else None
         sys.stdout.write(json.dumps(doc, indent=indent, sort_keys=False, allow_nan=False, default=_jsonable) + "\n")
 
     def info(self, text: str) -> None:
         if not self.quiet and self.verbose:
+            self.close()
             sys.stderr.write(text + "\n")
 
     def warn(self, text: str) -> None:
         if not self.quiet:
+            self.close()
             sys.stderr.write(f"wdiff: warning: {text}\n")
 
 
@@ -70,13 +89,24 @@ def size(n: int | None) -> str:
     return str(n)
 
 
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgtp])(i)?)?b?\s*", re.I)
+_POWER = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
 def parse_size(text: str) -> int:
-    """'20GB', '500MB', '1.5T' or plain bytes -> bytes (decimal units)."""
-    t = text.strip().upper().rstrip("B")
-    mult = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-    if t and t[-1] in mult:
-        return int(float(t[:-1]) * mult[t[-1]])
-    return int(t)
+    """'20GB', '500 MB', '1.5TiB', '4k' or plain bytes -> bytes. Decimal units
+    (kB, MB, GB, TB, PB: powers of 1000) and binary ones (KiB, MiB, GiB, TiB,
+    PiB: powers of 1024), in any case, as transformers' ``max_shard_size``
+    and most tools read them. Raises ValueError for anything else."""
+    m = _SIZE.fullmatch(text)
+    if not m:
+        raise ValueError(f"not a size: {text!r}")
+    number, unit, binary = m.groups()
+    base = 1024 if binary else 1000
+    value = float(number) * base ** _POWER[unit.lower()] if unit else float(number)
+    if not math.isfinite(value) or value != int(value) and not unit:
+        raise ValueError(f"not a whole number of bytes: {text!r}")
+    return int(value)
 
 
 def count(n: int) -> str:
@@ -127,33 +157,43 @@ class TerminalReporter(Reporter):
         self.out = out
         self._progress = None
         self._task = None
-        enabled = sys.stderr.isatty() and not out.quiet and not out.json and os.environ.get("TERM") != "dumb"
-        if enabled:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                DownloadColumn,
-                Progress,
-                TextColumn,
-                TimeRemainingColumn,
-                TransferSpeedColumn,
-            )
+        self._enabled = (sys.stderr.isatty() and not out.quiet and not out.json
+                         and os.environ.get("TERM") != "dumb")
 
-            console = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")))
-            self._progress = Progress(
-                TextColumn("{task.description:>14}"),
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                TimeRemainingColumn(),
-                console=console,
-                transient=True,
-            )
-            self._progress.start()
+    def _start(self):
+        """The display starts with the first phase, not before: a command
+        that fails or answers at once never draws one. It never redirects
+        stdout or stderr (rich's default): the result goes to stdout, a file
+        or a pipe, wherever stderr is."""
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        console = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")))
+        self._progress = Progress(
+            TextColumn("{task.description:>14}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._progress.start()
 
     def phase(self, name: str, total: int | None = None) -> None:
         if self._progress is None:
-            return
+            if not self._enabled:
+                return
+            self._start()
         if self._task is not None:
             self._progress.remove_task(self._task)
         self._task = self._progress.add_task(name, total=total)
@@ -172,3 +212,4 @@ class TerminalReporter(Reporter):
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+            self._task = None

@@ -19,7 +19,7 @@ import zstandard
 
 from ..codec.chunk import ZSTD, compressor, decompress_exact, decompressor
 from ..defaults import DEFAULT_LEVEL
-from ..errors import FormatError, IntegrityError, NotFoundError
+from ..errors import FormatError, IntegrityError, NotFoundError, UsageError
 from ..fsutil import fsync_dir, io_error, open_regular, temp_name, write_all
 from ..progress import SILENT, Reporter
 from ..store.hashing import DIGEST_SIZE
@@ -222,6 +222,11 @@ class BundleReader:
     def open_file(path: str):
         """Open a bundle file for reading: a regular file (a FIFO or a device
         is refused at once, never waited on)."""
+        if os.path.isdir(path):
+            # a mistake of the caller's, not of the disk: the commands' usage
+            # says which argument is the bundle file
+            raise UsageError(f"{path}: is a directory, not a bundle file",
+                             hint="a bundle is the file `wdiff pack -o FILE` writes")
         try:
             return open_regular(path, what=f"{path}: bundle")
         except FileNotFoundError:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..errors import NotFoundError
+from ..errors import NotFoundError, UsageError
 from ..format import signature as signing
 from ..format.chain import Chain, Entry
 from ..parallel import default_threads
@@ -57,10 +57,12 @@ class StatusResult:
     current: bytes  # the directory's fingerprint
     known: bool  # the remote has this version
     target: bytes  # the head (or the version asked for)
-    behind: int  # bundles to apply; -1 when no path exists
+    behind: int  # bundles a pull to ``target`` would apply; -1 when no path exists
     download: int  # bytes a pull would fetch
     from_anchor: bool = False
     labels: dict = field(default_factory=dict)
+    ahead: int = 0  # versions the directory is past ``target`` along the chain
+    exists: bool = True  # False: no such directory yet (a pull creates it)
 
     @property
     def up_to_date(self) -> bool:
@@ -75,6 +77,8 @@ class StatusResult:
             "known": self.known,
             "target": hexd(self.target),
             "up_to_date": self.up_to_date,
+            "exists": self.exists,
+            "ahead": self.ahead,
             "behind": self.behind,
             "download_bytes": self.download,
             "from_anchor": self.from_anchor,
@@ -120,12 +124,19 @@ def status(directory, remote, *, to: str | None = None, trusted_keys: list | Non
     keys = signing.required_keys(trusted_keys, require_signature)
     chain = read_verified(store, keys, max_age=max_age, records=trust.places(directory), reporter=reporter).chain
     goal = chain.resolve(to)
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        raise UsageError(f"{directory}: not a directory (a checkpoint is a directory)")
     current = fingerprint_of(directory, threads, reporter)
     try:
         run, from_anchor = plan(chain, current, goal)
         behind, download = len(run), sum(e.size for e in run)
     except NotFoundError:
         behind, download, from_anchor = -1, 0, True
+    # a directory at a later version of the chain is ahead of the target,
+    # not behind it, whatever a pull back there would cost
+    back = chain.path(goal, current) if current != goal and current in chain.versions else None
     reporter.done()
     return StatusResult(store.url, directory, current, current in chain.versions or current == EMPTY_FINGERPRINT,
-                        goal, behind, download, from_anchor)
+                        goal, behind, download, from_anchor, ahead=len(back) if back else 0,
+                        exists=os.path.isdir(directory))
+

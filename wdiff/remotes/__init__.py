@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlparse
 from ..errors import UsageError
 from .base import Reader, Upload, Writer
 
-__all__ = ["open_remote", "Reader", "Writer", "Upload", "parse_remote"]
+__all__ = ["open_remote", "Reader", "Writer", "Upload", "parse_remote", "suggest"]
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 
@@ -51,6 +51,17 @@ def parse_remote(url: str) -> dict:
             raise UsageError(f"{url}: unsupported remote (use a directory, file://, or hf://)")
         return {"kind": "local", "path": unquote(p.path)}
     return {"kind": "local", "path": url}
+
+
+def suggest(url: str | os.PathLike) -> str | None:
+    """A hint for a remote that was not found: ``you/model`` is read as a
+    relative directory, but was most likely meant as a Hub repository."""
+    url = os.fspath(url)
+    if "://" in url or os.path.isabs(url) or os.path.lexists(url):
+        return None
+    if re.fullmatch(rf"{_NAME}/{_NAME}(?:@[^/]+)?", url) and not url.startswith("."):
+        return f"did you mean hf://{url}? A remote without a scheme is a local directory"
+    return None
 
 
 def _folder(url: str, raw: str | None) -> str:

@@ -22,7 +22,7 @@ import stat as stat_mod
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from ..errors import BusyError, FormatError, NotFoundError, UsageError, WdiffIOError
+from ..errors import BusyError, FormatError, LayoutError, NotFoundError, UsageError, WdiffIOError
 from ..paths import RESERVED, printable, validate_relpath
 from .header import Header, HeaderError, TensorInfo, header_length, parse_header
 from .ignore import DEFAULT_RULES, Rules
@@ -238,7 +238,8 @@ class _Walk:
 
 def _walk(root: str, rel: str, depth: int, out: list[FileEntry], reuse: Checkpoint | None, w: _Walk) -> None:
     if depth > MAX_DEPTH:
-        raise FormatError(f"{root}: directory tree is deeper than {MAX_DEPTH} levels")
+        raise LayoutError(f"{root}: directory tree is deeper than {MAX_DEPTH} levels",
+                          hint="a checkpoint is a shallow tree; move the deep part out of it")
     here = os.path.join(root, rel) if rel else root
     try:
         entries = list(os.scandir(here))
@@ -257,7 +258,9 @@ def _walk(root: str, rel: str, depth: int, out: list[FileEntry], reuse: Checkpoi
         try:
             validate_relpath(relpath, where=root)
         except FormatError as e:
-            raise FormatError(str(e), hint="rename the file, or add it to .wdiffignore; wdiff refuses names it cannot ship") from None
+            # the user's own directory, not hostile input: theirs to fix (exit 2)
+            raise LayoutError(str(e), hint="rename the file, move it out of the checkpoint, or add it to "
+                                           ".wdiffignore; wdiff refuses names it cannot ship") from None
         try:
             if entry.is_dir(follow_symlinks=False):
                 _walk(root, relpath, depth + 1, out, reuse, w)
@@ -266,14 +269,17 @@ def _walk(root: str, rel: str, depth: int, out: list[FileEntry], reuse: Checkpoi
         except OSError as e:
             raise WdiffIOError(f"{os.path.join(root, relpath)}: {e.strerror}") from None
         if stat_mod.S_ISDIR(st.st_mode):
-            raise FormatError(
+            raise LayoutError(
                 f"{root}: {printable(relpath)} is a symbolic link to a directory; "
-                "wdiff does not follow those"
+                "wdiff does not follow those",
+                hint="replace the link by a copy of the directory it points to, or move it out of the checkpoint",
             )
         if not stat_mod.S_ISREG(st.st_mode):
-            raise FormatError(f"{root}: {printable(relpath)} is not a regular file")
+            raise LayoutError(f"{root}: {printable(relpath)} is not a regular file",
+                              hint="a checkpoint holds regular files and directories only; move it out")
         if len(out) >= MAX_FILES:
-            raise FormatError(f"{root}: more than {MAX_FILES} files")
+            raise LayoutError(f"{root}: more than {MAX_FILES} files",
+                              hint="is this the checkpoint directory, or a directory above it?")
         seen = reuse.file(relpath) if reuse is not None else None
         out.append(_entry(root, relpath, entry.path, st, seen.header if seen is not None else None))
 

@@ -1,0 +1,122 @@
+"""Every --json document wdiff prints is documented by a JSON Schema in
+wdiff/cli/schemas/ (shipped in the wheel), and real output of every command
+is checked against it: a field added, renamed or retyped without its schema
+fails here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from factory import simple_pair
+from schemacheck import errors
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMAS = ROOT / "wdiff" / "cli" / "schemas"
+
+
+def _schemas() -> dict[str, dict]:
+    out = {}
+    for p in sorted(SCHEMAS.glob("*.json")):
+        s = json.loads(p.read_text())
+        assert s["$id"] == s["properties"]["schema"]["const"], p.name
+        assert p.stem == s["$id"].split(".", 1)[1].split("/")[0], p.name
+        out[s["$id"]] = s
+    return out
+
+
+def _wdiff(*args, cwd) -> tuple[int, dict, str]:
+    env = dict(os.environ, NO_COLOR="1", COLUMNS="80", WDIFF_THREADS="2")
+    env.pop("WDIFF_DEBUG", None)
+    r = subprocess.run([sys.executable, "-m", "wdiff", *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                       env=env, timeout=120, stdin=subprocess.DEVNULL)
+    return r.returncode, json.loads(r.stdout), r.stderr
+
+
+@pytest.fixture(scope="module")
+def documents(tmp_path_factory) -> list[tuple[str, int, dict]]:
+    """(what was run, exit status, document) for every command and outcome."""
+    t = tmp_path_factory.mktemp("json")
+    A, B = simple_pair(t)
+    docs = []
+
+    def run(*args, want=0):
+        rc, doc, err = _wdiff(*args, "--json", cwd=t)
+        assert rc == want, (args, rc, err)
+        docs.append((" ".join(map(str, args)), rc, doc))
+
+    run("diff", A, B)
+    run("diff", A, A)
+    run("pack", A, B, "-o", "d.wdb")
+    run("pack", "--anchor", B, "-o", "b.wdb")
+    run("info", "d.wdb")
+    run("apply", "d.wdb", A, "-o", "C")
+    shutil.copytree(A, t / "live")
+    run("apply", "d.wdb", "live", "--in-place")
+    run("squash", "d.wdb", "--base", A, "-o", "s.wdb")
+    run("push", "--anchor", A, "R", "--label", "v1")
+    run("push", "d.wdb", "R", "--label", "v2")
+    run("push", "d.wdb", "R")  # already there
+    run("log", "R")
+    run("log", "empty-remote", want=3)
+    run("status", A, "R")
+    run("status", B, "R")
+    run("status", B, "R", "--to", "v1")
+    run("pull", "R", "P")
+    run("pull", "R", "P")  # up to date
+    run("verify", "C", "--remote", "R")
+    run("verify", "C", "--bundle", "d.wdb")
+    run("verify", A, "--remote", "R", want=4)
+    run("squash", "--remote", "R")
+    run("keygen", "k")
+    run("sign", "d.wdb", "--key", "k")
+    run("demo", "--size-mb", "1")
+    run("diff", A, want=2)  # usage, found while parsing
+    run("apply", A, "d.wdb", "-o", "X", want=2)
+    run("diff", A, "nowhere", want=3)
+    run("apply", "d.wdb", B, "-o", "Y", want=5)
+    return docs
+
+
+def test_every_document_matches_its_schema(documents):
+    schemas = _schemas()
+    seen = set()
+    for what, rc, doc in documents:
+        name = doc.get("schema")
+        assert name in schemas, f"`wdiff {what}`: no schema file documents {name!r}"
+        assert (name == "wdiff.error/1") == (rc not in (0, 1)), f"`wdiff {what}` exited {rc} with a {name}"
+        problems = errors(schemas[name], doc)
+        details = doc.get("error", {}).get("details")
+        if details is not None:
+            seen.add(details["schema"])
+            problems += errors(schemas[details["schema"]], details, "$.error.details")
+        assert not problems, f"`wdiff {what} --json` breaks {name}:\n" + "\n".join(problems)
+        seen.add(name)
+    assert seen == set(schemas), f"schemas no command was seen printing: {set(schemas) - seen}"
+
+
+def test_every_schema_the_code_names_has_a_file():
+    named = set()
+    for p in (ROOT / "wdiff").rglob("*.py"):
+        named |= set(re.findall(r"\"(wdiff\.[a-z]+/\d+)\"", p.read_text()))
+    assert named and named <= set(_schemas()), named - set(_schemas())
+
+
+def test_the_validator_refuses_what_breaks_a_schema(documents):
+    schemas = _schemas()
+    _, _, doc = next(d for d in documents if d[2]["schema"] == "wdiff.status/1")
+    s = schemas["wdiff.status/1"]
+    assert errors(s, doc) == []
+    assert errors(s, {k: v for k, v in doc.items() if k != "behind"}) == ["$: missing 'behind'"]
+    assert errors(s, dict(doc, behind="1")) == ["$.behind: str is not integer"]
+    assert errors(s, dict(doc, new_field=1)) == ["$: 'new_field' is not documented in the schema"]
+    assert errors(s, dict(doc, current="XYZ"))[0].startswith("$.current: 'XYZ' does not match")
+    assert errors(s, dict(doc, up_to_date=1)) == ["$.up_to_date: int is not boolean"]
+    with pytest.raises(ValueError):
+        errors({"oneOf": []}, 1)
