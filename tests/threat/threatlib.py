@@ -9,6 +9,7 @@ looks like inside."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -74,25 +75,45 @@ def user_env(root: Path, *, trusted_keys=None, extra: dict | None = None) -> dic
     return env
 
 
-_LIMITED = (
-    "import os, resource, sys\n"
-    "fsize, as_ = int(sys.argv[1]), int(sys.argv[2])\n"
+# The command runs as the grandchild of the test: a small launcher forks it
+# and reports its rusage. Linux carries a process's peak RSS across exec,
+# and a child forked straight from pytest would start from pytest's own
+# (hundreds of MiB late in a full run), so measuring the launcher's child
+# is the only way to see wdiff's own peak.
+_LAUNCHER = (
+    "import os, resource, signal, sys\n"
+    "fsize, as_, report = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]\n"
     "if fsize: resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))\n"
     "if as_: resource.setrlimit(resource.RLIMIT_AS, (as_, as_))\n"
-    "os.execv(sys.executable, [sys.executable, '-m', 'wdiff', *sys.argv[3:]])\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.execv(sys.executable, [sys.executable, '-m', 'wdiff', *sys.argv[4:]])\n"
+    "for s in (signal.SIGINT, signal.SIGTERM):\n"
+    "    signal.signal(s, lambda n, f: os.kill(pid, n))\n"
+    "_, status, ru = os.wait4(pid, 0)\n"
+    "with open(report, 'w') as f:\n"
+    "    f.write(f'{ru.ru_maxrss} {ru.ru_utime + ru.ru_stime}')\n"
+    "code = os.waitstatus_to_exitcode(status)\n"
+    "if code < 0:\n"
+    "    signal.signal(-code, signal.SIG_DFL)\n"
+    "    os.kill(os.getpid(), -code)\n"
+    "sys.exit(code)\n"
 )
 
 
 def start(args, env: dict, *, cwd=None, max_file_bytes: int = 0, max_address_space: int = 0) -> subprocess.Popen:
-    """Start ``python -m wdiff ARGS``; with limits, through a two-line
-    launcher that sets them and exec()s (same pid, so wait4 measures wdiff)."""
+    """Start ``python -m wdiff ARGS`` under the launcher, which applies the
+    limits and measures the command alone (see _LAUNCHER)."""
+    import tempfile
+
     args = [str(a) for a in args]
-    if max_file_bytes or max_address_space:
-        cmd = [sys.executable, "-c", _LIMITED, str(max_file_bytes), str(max_address_space), *args]
-    else:
-        cmd = [sys.executable, "-m", "wdiff", *args]
-    return subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    fd, report = tempfile.mkstemp(prefix="wdiff-rusage-")
+    os.close(fd)
+    cmd = [sys.executable, "-c", _LAUNCHER, str(max_file_bytes), str(max_address_space), report, *args]
+    p = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True)
+    p.rusage_report = report
+    return p
 
 
 def finish(p: subprocess.Popen, args, t0: float, timeout: float) -> Run:
@@ -125,9 +146,20 @@ def finish(p: subprocess.Popen, args, t0: float, timeout: float) -> Run:
     p.returncode = os.waitstatus_to_exitcode(status)
     for r in readers:
         r.join(5)
+    maxrss, cpu = ru.ru_maxrss, ru.ru_utime + ru.ru_stime  # the launcher's, if it could not report
+    try:
+        with open(p.rusage_report) as f:
+            got = f.read().split()
+        if len(got) == 2:
+            maxrss, cpu = int(got[0]), float(got[1])
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(p.rusage_report)
     return Run([str(a) for a in args], None if hung else p.returncode,
                out.get("stdout", b"").decode("utf-8", "replace"), out.get("stderr", b"").decode("utf-8", "replace"),
-               elapsed, ru.ru_maxrss, ru.ru_utime + ru.ru_stime)
+               elapsed, maxrss, cpu)
 
 
 def wdiff(*args, env: dict, timeout: float = 120, cwd=None, max_file_bytes: int = 0,
