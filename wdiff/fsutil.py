@@ -184,6 +184,14 @@ def owner_alive(pid: int, start: int | None) -> bool:
     return start is not None and _start_time(pid) == start
 
 
+def beside_lock_path(directory: str) -> str:
+    """``PARENT/.NAME.wdiff-lock``: the lock every writer of checkpoint
+    directory ``directory`` holds (pull, and apply --in-place), beside it
+    because a pull may swap the directory itself."""
+    parent, name = os.path.split(os.path.realpath(directory))
+    return os.path.join(parent, f".{name}.wdiff-lock")
+
+
 @contextlib.contextmanager
 def locked_beside(lock_path: str, *, what: str):
     """Like :func:`locked`, for a lock file that sits beside a directory: it

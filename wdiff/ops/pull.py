@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ..errors import BaseMismatchError, BusyError, Interrupted, RemoteError, UsageError, WdiffError, WdiffIOError
 from ..format import signature as signing
 from ..format.journal import Txn
-from ..fsutil import fsync_dir, io_error, locked_beside, owner_alive, owner_tag, remove_tree
+from ..fsutil import beside_lock_path, fsync_dir, io_error, locked_beside, owner_alive, owner_tag, remove_tree
 from ..parallel import default_threads
 from ..paths import RESERVED, STATE_DIR
 from ..progress import SILENT, Reporter
@@ -103,7 +103,7 @@ def pull(
     # the lock sits beside the directory: a pull may swap the directory itself
     parent, name = os.path.split(directory)
     try:
-        with locked_beside(os.path.join(parent, f".{name}.wdiff-lock"), what=directory):
+        with locked_beside(beside_lock_path(directory), what=directory):
             _sweep(parent, name, old_too=False)
             res = _pull_locked(store, chain, keys, directory, to, threads, reporter)
             accept(store, read, records)  # after any swap: DIR/.wdiff is the new directory's
@@ -193,7 +193,7 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
             bundle = work.where(f"squash-{short(current)}-{short(goal)}.wdb")
             squash(bundles, None if from_anchor else directory, bundle, threads=threads, reporter=reporter,
                    base_fingerprint=None if from_anchor or guessed else current, check_out=False)
-        apply_in_place(bundle, directory, abort=False, threads=threads, reporter=reporter)
+        apply_in_place(bundle, directory, abort=False, threads=threads, reporter=reporter, beside_locked=True)
     return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in run), downloaded,
                       from_anchor=from_anchor)
 
@@ -258,7 +258,7 @@ def _finish_interrupted(store, chain, keys, journal, directory: str, work: State
     path, _ = download(store, entry, work, reporter)
     if keys:
         verify_bundle_signature(store, entry, path, keys)
-    apply_in_place(path, directory, abort=False, threads=threads, reporter=reporter)
+    apply_in_place(path, directory, abort=False, threads=threads, reporter=reporter, beside_locked=True)
 
 
 def _debris(name: str) -> re.Pattern:

@@ -35,6 +35,7 @@ the directory meanwhile (see checkpoint.scan).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -45,7 +46,7 @@ from ...errors import BaseMismatchError, BusyError, IntegrityError, UsageError, 
 from ...format.bundle import BundleReader, reading
 from ...format.journal import JOURNAL_VERSION, Journal, Plan, Txn  # noqa: F401 - JOURNAL_VERSION: re-exported
 from ...format.undo import UndoLog
-from ...fsutil import fsync_dir, io_error, write_all
+from ...fsutil import beside_lock_path, fsync_dir, io_error, locked_beside, write_all
 from ...parallel import ordered_map
 from ...paths import printable
 from ...progress import SILENT, Reporter
@@ -81,12 +82,15 @@ def derive_plan(index) -> Plan:
 
 
 def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporter = SILENT,
-                   rules: Rules = DEFAULT_RULES) -> ApplyResult:
-    """See module doc. Holds ``BASE/.wdiff/lock`` throughout."""
+                   rules: Rules = DEFAULT_RULES, beside_locked: bool = False) -> ApplyResult:
+    """See module doc. Holds the lock beside BASE (every writer of BASE
+    does; ``beside_locked``: the caller, a pull, holds it already) and
+    ``BASE/.wdiff/lock`` throughout."""
     root = os.fspath(base)
     if not os.path.isdir(root):
         scan(root)  # raises the right error
-    with StateDir.open(root) as state, state.lock(what=root), reading(bundle) as reader:
+    beside = contextlib.nullcontext() if beside_locked else _writers_lock(root)
+    with beside, StateDir.open(root) as state, state.lock(what=root), reading(bundle) as reader:
         txn = Txn(state)
         journal = txn.read_journal()
         if journal is not None and journal.bundle_id != hexd(reader.id):
@@ -121,6 +125,20 @@ def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporte
             cache.remember(scan(root), known)  # the next step's base is hashed already
     reporter.done()
     return _result(reader, root, written, resumed=resumed)
+
+
+@contextlib.contextmanager
+def _writers_lock(root: str):
+    """The lock beside ``root`` that a pull holds, so that an in-place apply
+    and a pull never write (or read half-written) the same directory at
+    once. Where the parent cannot hold it, no pull can take it either, and
+    ``root/.wdiff/lock`` alone guards the directory."""
+    path = beside_lock_path(root)
+    if not os.access(os.path.dirname(path), os.W_OK):
+        yield
+        return
+    with locked_beside(path, what=root):
+        yield
 
 
 def _result(reader: BundleReader, root: str, written: int, *, resumed: bool, target: bytes | None = None,
