@@ -35,7 +35,7 @@ EXIT_CODE_TABLE: tuple[tuple[int, str], ...] = (
     (ExitCode.USAGE, "usage error, or an unexpected error"),
     (ExitCode.NOT_FOUND, "not found: path, file or version"),
     (ExitCode.INTEGRITY, "integrity failure: corrupt bundle or checkpoint, digest mismatch"),
-    (ExitCode.BASE_MISMATCH, "base mismatch: the bundle belongs to another base; or a pull would discard local changes (--force)"),
+    (ExitCode.BASE_MISMATCH, "base mismatch: not the bundle's base, or local changes (pull --force)"),
     (ExitCode.REMOTE, "remote or network failure"),
     (ExitCode.AUTH, "authentication refused by the remote"),
     (ExitCode.BUSY, "busy: locked by another wdiff, or an unfinished apply"),
