@@ -65,7 +65,7 @@ _wdiff() {
                 --to|--trusted-key|--token|--max-age|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--to --trusted-key --require-signature --token --max-age --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--to --trusted-key --require-signature --token --max-age --force --atomic --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

@@ -275,6 +275,8 @@ def pull(
     token: str | None = None,
     threads: int | None = None,
     max_age: float | None = None,
+    force: bool = False,
+    atomic: bool = False,
     reporter: Reporter = SILENT,
 ) -> PullResult:
     """Bring ``directory`` to version ``to`` (default: the head) of ``remote``:
@@ -286,11 +288,15 @@ def pull(
     ``max_age`` (seconds) it must have been published within that time.
     ``token`` is for a Hub remote (default: ``HF_TOKEN`` or the stored
     login). An interrupted download continues, on the next call, from the
-    bytes it had."""
+    bytes it had. Untracked files (those the version ``directory`` records
+    does not have) are kept; changed files of that version are refused
+    (:class:`~wdiff.errors.LocalChangesError`) unless ``force``. ``atomic``:
+    ``directory`` is a symbolic link, switched to a new directory built
+    beside its target."""
     from .ops.pull import pull as _pull
 
     return _pull(remote, directory, to=to, trusted_keys=trusted_keys, require_signature=require_signature,
-                 token=token, threads=threads, max_age=max_age, reporter=reporter)
+                 token=token, threads=threads, max_age=max_age, force=force, atomic=atomic, reporter=reporter)
 
 
 def status(

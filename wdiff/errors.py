@@ -20,7 +20,7 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad arguments, or an unexpected (unclassified) error
     NOT_FOUND = 3  # a path, file, tensor or version that does not exist
     INTEGRITY = 4  # corrupt or malformed bundle or checkpoint, digest mismatch
-    BASE_MISMATCH = 5  # the bundle was made for another base
+    BASE_MISMATCH = 5  # the bundle was made for another base; or pull refuses to discard local changes
     REMOTE = 6  # network or remote store failure
     AUTH = 7  # the remote refused our credentials
     BUSY = 8  # locked by another wdiff, or an unfinished operation needs attention
@@ -35,7 +35,7 @@ EXIT_CODE_TABLE: tuple[tuple[int, str], ...] = (
     (ExitCode.USAGE, "usage error, or an unexpected error"),
     (ExitCode.NOT_FOUND, "not found: path, file or version"),
     (ExitCode.INTEGRITY, "integrity failure: corrupt bundle or checkpoint, digest mismatch"),
-    (ExitCode.BASE_MISMATCH, "base mismatch: the bundle belongs to another base"),
+    (ExitCode.BASE_MISMATCH, "base mismatch: not the bundle's base, or local changes (pull --force)"),
     (ExitCode.REMOTE, "remote or network failure"),
     (ExitCode.AUTH, "authentication refused by the remote"),
     (ExitCode.BUSY, "busy: locked by another wdiff, or an unfinished apply"),
@@ -97,6 +97,15 @@ class FormatError(IntegrityError):
 class BaseMismatchError(WdiffError):
     exit_code = ExitCode.BASE_MISMATCH
     kind = "base-mismatch"
+
+
+class LocalChangesError(BaseMismatchError):
+    """A pull would discard what the directory holds: files of its recorded
+    version that changed here, or untracked files where the new version
+    puts its own. Exit 5: the directory is not the base the pull starts
+    from, which is what "base mismatch" means; --force discards them."""
+
+    kind = "local-changes"
 
 
 class BusyError(WdiffError):

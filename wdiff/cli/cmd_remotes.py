@@ -97,6 +97,8 @@ def pull(
     require_signature: RequireSig = False,
     token: HubToken = None,
     max_age: MaxAge = None,
+    force: Annotated[bool, typer.Option("--force", help="Discard local changes to the checkpoint's own files (restored from the remote); files that are not part of it are kept.")] = False,
+    atomic: Annotated[bool, typer.Option("--atomic", help="DIR is a symbolic link: build the new version beside its target, then switch the link to it in one rename.")] = False,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -111,14 +113,30 @@ def pull(
     applies it in place: no intermediate checkpoint is written. When DIR is
     already at the version nothing is downloaded. Two pulls into one DIR
     never both write: the second exits with status 8.
+
+    DIR keeps a record (DIR/.wdiff/state.json) of the version it was brought
+    to. Files that version does not have (notes, eval results, .git/,
+    .cache/) are untracked: kept and never read. A file of that version that
+    was changed here makes the pull refuse (status 5) and name it; --force
+    restores it, from the deltas when they carry it, else from an anchor. A
+    symbolic link DIR is followed and its target updated; with --atomic the
+    new version is built beside the target and the link switched to it.
     """
     from ..ops.pull import pull as run_pull
 
     out = _setup(json_mode, quiet, verbose)
     res = run_pull(remote, directory, to=to, trusted_keys=trusted_key, require_signature=require_signature,
-                   token=token, threads=threads, max_age=_age_arg(max_age), reporter=out.reporter())
+                   token=token, threads=threads, max_age=_age_arg(max_age), force=force, atomic=atomic,
+                   reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
+        return
+    for path in res.restored:
+        out.warn(f"discarded the local changes to {o.name(path)}")
+    if res.link and not res.up_to_date:
+        out.result(f"switched {o.name(res.link)} to {o.name(res.directory)}: "
+                   f"{res.before.hex()[:12] if res.before else 'an anchor'} -> {res.after.hex()[:12]} with "
+                   f"{len(res.bundles)} bundle{'s' if len(res.bundles) != 1 else ''}, {o.size(res.downloaded)} downloaded")
         return
     if res.up_to_date:
         out.result(f"{o.name(res.directory)} is already at {res.after.hex()[:12]}")

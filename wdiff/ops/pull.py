@@ -13,29 +13,36 @@ too; under them, a pull removes the debris of pulls that died.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 from dataclasses import dataclass
 
-from ..errors import BaseMismatchError, BusyError, Interrupted, RemoteError, UsageError, WdiffError, WdiffIOError
+from ..errors import (BaseMismatchError, BusyError, Interrupted, LocalChangesError, NotFoundError, RemoteError,
+                      UsageError, WdiffError, WdiffIOError)
 from ..format import signature as signing
+from ..format.bundle import reading
 from ..format.journal import Txn
 from ..fsutil import beside_lock_path, fsync_dir, io_error, locked_beside, owner_alive, owner_tag, remove_tree
 from ..parallel import default_threads
-from ..paths import RESERVED, STATE_DIR
+from ..paths import RESERVED, STATE_DIR, printable
 from ..progress import SILENT, Reporter
 from ..remotes import open_remote
 from ..statedir import StateDir
+from ..store import manifest, record
+from ..store.checkpoint import Checkpoint, scan
+from ..store.ignore import DEFAULT_RULES
 from ..store.hashing import hexd, short
 from .apply import apply
-from .apply.inplace import apply_in_place
+from .apply.copy import apply_copy
+from .apply.inplace import apply_in_place, restorable
 from . import trust
 from .fetch import accept, download, read_verified
 from .history import EMPTY_FINGERPRINT, fingerprint_of, plan
 from .places import refuse_remote_as_checkpoint
 from .signatures import verify_bundle_signature
-from .squash import squash
+from .squash import squash, squash_from
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,8 @@ class PullResult:
     downloaded: int = 0  # bytes fetched from the remote
     up_to_date: bool = False
     from_anchor: bool = False
+    restored: tuple[str, ...] = ()  # files whose local changes --force discarded
+    link: str | None = None  # --atomic: the link that now points at ``directory``
 
     def to_json(self) -> dict:
         return {
@@ -60,6 +69,8 @@ class PullResult:
             "from_anchor": self.from_anchor,
             "bundles": [hexd(b) for b in self.bundles],
             "downloaded_bytes": self.downloaded,
+            "restored": list(self.restored),
+            "link": self.link,
         }
 
 
@@ -73,6 +84,8 @@ def pull(
     token: str | None = None,
     threads: int | None = None,
     max_age: float | None = None,
+    force: bool = False,
+    atomic: bool = False,
     reporter: Reporter = SILENT,
 ) -> PullResult:
     """Bring ``directory`` to version ``to`` (default: the head) of ``remote``.
@@ -81,8 +94,19 @@ def pull(
     to a directory is followed: its target is updated, the link stays. The
     chain must not be older than one this directory or this user accepted
     before (nor, with ``max_age`` in seconds, published longer ago than
-    that). ``token``: for a Hub remote (default: huggingface_hub's own)."""
+    that). ``token``: for a Hub remote (default: huggingface_hub's own).
+
+    Where DIR records the version a pull or apply left there, files it does
+    not list are untracked and kept; files of that version changed here
+    are local changes, and the pull refuses (LocalChangesError, exit 5)
+    unless ``force``, which restores them (from the deltas when they carry
+    them whole, else from an anchor). ``atomic``: DIR is a symbolic link; the
+    new version is built in a new directory beside the link's target and
+    the link is then switched to it in one rename, the old one kept."""
     given = os.path.abspath(os.fspath(directory))
+    if atomic:
+        return _pull_atomic(remote, given, to=to, trusted_keys=trusted_keys, require_signature=require_signature,
+                            token=token, threads=threads, max_age=max_age, reporter=reporter)
     directory = os.path.realpath(given)
     if os.path.lexists(directory) and not os.path.isdir(directory):
         raise UsageError(f"{given}: exists and is not a directory", hint="pull into a directory (it is created if missing)")
@@ -105,7 +129,7 @@ def pull(
     try:
         with locked_beside(beside_lock_path(directory), what=directory):
             _sweep(parent, name, old_too=False)
-            res = _pull_locked(store, chain, keys, directory, to, threads, reporter)
+            res = _pull_locked(store, chain, keys, directory, to, threads, reporter, force)
             accept(store, read, records)  # after any swap: DIR/.wdiff is the new directory's
             _sweep(parent, name, old_too=True)
     except (Interrupted, KeyboardInterrupt, RemoteError):
@@ -118,7 +142,8 @@ def pull(
     return res
 
 
-def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter: Reporter) -> PullResult:
+def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter: Reporter,
+                 force: bool = False) -> PullResult:
     with StateDir.open(directory) as state:
         state.sweep_temps()
         txn = Txn(state)
@@ -129,6 +154,10 @@ def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter:
                 if journal is not None:
                     _finish_interrupted(store, chain, keys, journal, directory, work, threads, reporter)
                 goal = chain.resolve(to)
+                recorded = record.read(state)  # strict: a planted one is refused, never obeyed
+                if recorded is not None:
+                    return _bring_recorded(store, chain, keys, directory, work, recorded, goal, force, threads,
+                                           reporter)
                 # the manifest cache's guess of DIR's version picks the bundles; it
                 # is confirmed by reading where nothing later would check it (DIR
                 # already at the goal, or at a version the remote does not know)
@@ -166,6 +195,7 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
     run, from_anchor = plan(chain, current, goal)
     before = current if current in chain.versions else None
     if not run:
+        _adopt(state, directory, threads, reporter)
         return PullResult(store.url, directory, before, goal, up_to_date=True)
     empty = current == EMPTY_FINGERPRINT
     rebuild = from_anchor and not empty
@@ -185,7 +215,11 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
         bundles.append(path)
         downloaded += n
     if rebuild:
+        with reading(bundles[-1]) as last:
+            target = last.index
         _rebuild_beside(directory, bundles, work, state, threads, reporter)
+        with StateDir.open(directory) as fresh:  # the new directory's own state
+            _record_target(fresh, target)
     else:
         if len(bundles) == 1:
             bundle = bundles[0]
@@ -196,6 +230,198 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
         apply_in_place(bundle, directory, abort=False, threads=threads, reporter=reporter, beside_locked=True)
     return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in run), downloaded,
                       from_anchor=from_anchor)
+
+
+# -- a directory with a record of its version ------------------------------------------------
+
+
+def _adopt(state: StateDir, directory: str, threads: int, reporter: Reporter) -> None:
+    """DIR, just read and found at a version of the chain, gets a record of
+    it (the cache holds its digests now, so this reads nothing again)."""
+    ckpt = scan(directory)
+    if ckpt.files:
+        m = manifest.compute(ckpt, threads=threads, reporter=reporter, use_cache=True)
+        record.write(state, record.of_rows((d.path, d.kind, d.size, d.digest) for d in m.files))
+
+
+def _record_target(state: StateDir, index) -> None:
+    rec = record.of_rows((f.path, f.kind, f.size, f.digest) for f in index.files)
+    if rec.version == index.target_fingerprint:
+        record.write(state, rec)
+
+
+@dataclass(frozen=True)
+class LocalState:
+    """DIR against the version its record names."""
+
+    recorded: record.Record
+    changed: tuple[str, ...]  # files of that version that differ here (or are gone)
+    guessed: bool  # "unchanged" rests on the manifest cache; an apply confirms it by reading
+
+    @property
+    def version(self) -> bytes:
+        return self.recorded.version
+
+
+def local_state(directory: str, recorded: record.Record, threads: int, reporter: Reporter, *,
+                guess: bool) -> LocalState:
+    """Which files of the recorded version changed in DIR. Only the files
+    the record lists are read (untracked ones never are); with ``guess``,
+    the manifest cache's digests stand for unchanged files, and every file
+    it says changed is read to confirm it."""
+    rules = DEFAULT_RULES.tracking(recorded.paths)
+    ckpt = scan(directory, rules=rules, keep=recorded.paths)
+    reporter.phase("fingerprint", ckpt.total_bytes)
+    m = manifest.compute(ckpt, threads=threads, reporter=reporter, use_cache=guess)
+    have = {d.path: (d.kind, d.size, d.digest) for d in m.files}
+    changed = [r.path for r in recorded.files if have.get(r.path) != (r.kind, r.size, r.digest)]
+    if guess and changed:
+        sub = Checkpoint(root=ckpt.root, files=tuple(f for f in ckpt.files if f.path in set(changed)))
+        have.update({d.path: (d.kind, d.size, d.digest) for d in manifest.compute(sub, threads=threads).files})
+        changed = [r.path for r in recorded.files if have.get(r.path) != (r.kind, r.size, r.digest)]
+    return LocalState(recorded, tuple(changed), guess)
+
+
+def _refuse_local_changes(directory: str, local: LocalState, clashes=()) -> None:
+    lines = [f"{printable(p)} differs from {short(local.version)}" if os.path.lexists(os.path.join(directory, p))
+             else f"{printable(p)} of {short(local.version)} is missing" for p in local.changed]
+    lines += [f"{printable(p)} is not part of {short(local.version)}, and the new version has its own" for p in clashes]
+    more = f" (and {len(lines) - 20} more)" if len(lines) > 20 else ""
+    raise LocalChangesError(
+        f"{directory}: holds local changes that a pull would discard: " + "; ".join(lines[:20]) + more,
+        hint="--force discards these changes (files that are not part of the checkpoint are kept); "
+             "or copy them elsewhere first, or pull into another directory",
+    )
+
+
+def _clashes(directory: str, index, recorded: record.Record) -> list[str]:
+    """Untracked files where ``index``'s target puts a file of its own."""
+    return [f.path for f in index.files if f.path not in recorded.paths
+            and os.path.lexists(os.path.join(directory, f.path))]
+
+
+def plan_recorded(chain, local: LocalState, goal: bytes) -> tuple[list, bool]:
+    """The run of bundles for a directory at its recorded version: deltas
+    from that version where the chain has them; to restore changed files of
+    the goal itself, or from a version the chain cannot leave by deltas, an
+    anchor run."""
+    if local.version == goal:
+        if not local.changed:
+            return [], False
+        run = chain.path(None, goal)
+        if run is None:
+            raise NotFoundError(f"no anchor leads to version {short(goal)}; the remote cannot restore it")
+        return run, True
+    return plan(chain, local.version, goal)
+
+
+def _bring_recorded(store, chain, keys, directory: str, work: StateDir, recorded: record.Record, goal: bytes,
+                    force: bool, threads: int, reporter: Reporter) -> PullResult:
+    local = local_state(directory, recorded, threads, reporter, guess=True)
+    try:
+        return _bring_local(store, chain, keys, directory, work, local, goal, force, threads, reporter)
+    except BaseMismatchError as e:
+        if isinstance(e, LocalChangesError) or not local.guessed:
+            raise
+        # the cache's guess was stale (a file changed behind its back): nothing
+        # was written; look again, reading every recorded file
+        local = local_state(directory, recorded, threads, reporter, guess=False)
+        return _bring_local(store, chain, keys, directory, work, local, goal, force, threads, reporter)
+
+
+def _bring_local(store, chain, keys, directory: str, work: StateDir, local: LocalState, goal: bytes, force: bool,
+                 threads: int, reporter: Reporter) -> PullResult:
+    if local.changed and not force:
+        _refuse_local_changes(directory, local)  # before anything is downloaded
+    before = local.version if local.version in chain.versions else None
+    run, from_anchor = plan_recorded(chain, local, goal)
+    if not run:
+        return PullResult(store.url, directory, before, goal, up_to_date=True)
+    replace = set(local.changed)
+    if not from_anchor:
+        paths, downloaded = _fetch(store, keys, run, work, reporter)
+        with reading(paths[0]) as first:
+            unrestorable = restorable(first.index, replace)
+        if not unrestorable:
+            _apply_run(directory, work, local, paths, replace, force, threads, reporter)
+            return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in run), downloaded,
+                              restored=tuple(sorted(replace)))
+        # a changed file that no delta of the run carries whole: from an anchor
+        reporter.warn(f"{directory}: {', '.join(printable(p) for p in unrestorable[:5])} cannot be restored from "
+                      "the deltas; restoring from an anchor")
+        anchored = chain.path(None, goal)
+        if anchored is None:
+            raise NotFoundError(f"no anchor leads to version {short(goal)}; the remote cannot restore "
+                                f"{', '.join(printable(p) for p in unrestorable[:5])}")
+        run = anchored
+    else:
+        downloaded = 0
+    _check_space(work, run)
+    paths, n = _fetch(store, keys, run, work, reporter)
+    downloaded += n
+    bundle = paths[0]
+    if len(paths) > 1:
+        bundle = work.where(f"squash-anchor-{short(goal)}.wdb")
+        squash(paths, None, bundle, threads=threads, reporter=reporter, overwrite=True, check_out=False)
+    with reading(bundle) as r:
+        clashes = _clashes(directory, r.index, local.recorded)
+    if clashes and not force:
+        _refuse_local_changes(directory, local, clashes)
+    apply_in_place(bundle, directory, abort=False, threads=threads, reporter=reporter, over=True, beside_locked=True,
+                   replace=frozenset(replace | set(clashes)))
+    return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in run), downloaded,
+                      from_anchor=True, restored=tuple(sorted(replace | set(clashes))))
+
+
+def _fetch(store, keys, run, work: StateDir, reporter: Reporter) -> tuple[list[str], int]:
+    _check_space(work, run)
+    paths, downloaded = [], 0
+    for e in run:
+        path, n = download(store, e, work, reporter)
+        if keys:
+            verify_bundle_signature(store, e, path, keys)
+        paths.append(path)
+        downloaded += n
+    return paths, downloaded
+
+
+def _apply_run(directory: str, work: StateDir, local: LocalState, paths: list[str], replace: set[str], force: bool,
+               threads: int, reporter: Reporter) -> None:
+    """Apply a run of deltas from the recorded version in place: files to
+    restore go with the first bundle (which carries them whole), the rest
+    of the run squashed into one, the directory's untracked files kept."""
+    rules = DEFAULT_RULES.tracking(local.recorded.paths)
+    if replace:
+        with reading(paths[0]) as first:
+            clashes = _clashes(directory, first.index, local.recorded)
+        if clashes and not force:
+            _refuse_local_changes(directory, local, clashes)
+        apply_in_place(paths[0], directory, abort=False, threads=threads, reporter=reporter, beside_locked=True,
+                       replace=frozenset(replace | set(clashes)))
+        replace.update(clashes)
+        paths = paths[1:]
+        if not paths:
+            return
+        with StateDir.open(directory) as state:
+            now = record.read(state)
+        rules = DEFAULT_RULES.tracking(now.paths if now is not None else ())
+        guessed = False
+    else:
+        guessed = local.guessed
+    bundle = paths[0]
+    if len(paths) > 1:
+        with reading(paths[0]) as a, reading(paths[-1]) as b:
+            base_fp, goal = a.index.base_fingerprint, b.index.target_fingerprint
+        bundle = work.where(f"squash-{short(base_fp or b'')}-{short(goal)}.wdb")
+        squash_from(paths, directory, bundle, threads=threads, reporter=reporter, overwrite=True, check_out=False,
+                    base_fingerprint=None if guessed else base_fp, rules=rules)
+    with reading(bundle) as r:
+        clashes = _clashes(directory, r.index, local.recorded) if not replace else []
+    if clashes and not force:
+        _refuse_local_changes(directory, local, clashes)
+    apply_in_place(bundle, directory, abort=False, threads=threads, reporter=reporter, replace=frozenset(clashes),
+                   beside_locked=True)
+    replace.update(clashes)
 
 
 def _clear_quietly(state: StateDir) -> None:
@@ -334,3 +560,101 @@ def _rebuild_beside(directory: str, bundles: list[str], work: StateDir, state: S
             if not swapped or os.path.isdir(directory):
                 remove_tree(fresh)
     remove_tree(old)
+
+
+# -- --atomic: build beside the link's target, then switch the link -----------------------
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+
+
+def _pull_atomic(remote, link: str, *, to, trusted_keys, require_signature, token, threads, max_age,
+                 reporter: Reporter) -> PullResult:
+    if not os.path.islink(link):
+        raise UsageError(f"{link}: --atomic switches a symbolic link, and this is not one",
+                         hint="make DIR a symbolic link to a versioned directory (current -> v17), or drop --atomic")
+    old = os.path.realpath(link)
+    if not os.path.isdir(old):
+        raise UsageError(f"{link}: points at {old}, which is not a directory",
+                         hint="point the link at a directory (it may be empty), or pull without --atomic")
+    threads = threads or default_threads()
+    keys = signing.required_keys(trusted_keys, require_signature)
+    refuse_remote_as_checkpoint(old, "a pull would build a checkpoint from it")
+    store = open_remote(remote, token=token)
+    records = trust.places(old)
+    read = read_verified(store, keys, max_age=max_age, records=records, reporter=reporter)
+    chain = read.chain
+    goal = chain.resolve(to)
+    parent, name = os.path.split(link)
+    with locked_beside(os.path.join(parent, f".{name}.wdiff-lock"), what=link):
+        with StateDir.open(old) as state:
+            state.sweep_temps()
+            if Txn(state).read_journal() is not None:
+                raise BusyError(f"{old}: an in-place apply was interrupted there",
+                                hint=f"finish it with wdiff pull REMOTE {old} first")
+            recorded = record.read(state)
+            if recorded is not None:
+                local = local_state(old, recorded, threads, reporter, guess=False)
+                current = local.version if not local.changed else None
+                rules = DEFAULT_RULES.tracking(recorded.paths)
+            else:
+                current, rules = fingerprint_of(old, threads, reporter), DEFAULT_RULES
+            if current == goal:
+                reporter.done()
+                return PullResult(store.url, old, current, goal, up_to_date=True, link=link)
+            run = chain.path(current, goal) if current is not None and current in chain.versions else None
+            from_anchor = run is None
+            if from_anchor:
+                run, _ = plan(chain, EMPTY_FINGERPRINT, goal)
+            work = state.sub("pull")
+            try:
+                paths, downloaded = _fetch(store, keys, run, work, reporter)
+                bundle = paths[0]
+                if len(paths) > 1:
+                    bundle = work.where(f"squash-{short(current or b'')}-{short(goal)}.wdb")
+                    squash_from(paths, None if from_anchor else old, bundle, threads=threads, reporter=reporter,
+                                overwrite=True, check_out=False, base_fingerprint=None if from_anchor else current,
+                                rules=None if from_anchor else rules)
+                new = _new_sibling(old, chain, goal)
+                apply_copy(bundle, None if from_anchor else old, new, threads=threads, reporter=reporter,
+                           rules=rules)
+                with reading(bundle) as r, StateDir.open(new) as fresh:
+                    _record_target(fresh, r.index)
+            finally:
+                work.close()
+            if not _pending_downloads(state):
+                state.unlink("pull")
+        _switch_link(link, new)
+        accept(store, read, trust.places(new))
+    reporter.done()
+    return PullResult(store.url, new, current if current in chain.versions else None, goal,
+                      tuple(e.bundle for e in run), downloaded, from_anchor=from_anchor, link=link)
+
+
+def _new_sibling(old: str, chain, goal: bytes) -> str:
+    """A name beside the link's target for the new version: its label when
+    that is a plain name, else its fingerprint."""
+    parent = os.path.dirname(old)
+    label = next((e.label for e in chain.entries if e.version == goal and e.label), None)
+    names = [label] if label and _SAFE_NAME.fullmatch(label) else []
+    names += [hexd(goal)[:12]] + [f"{hexd(goal)[:12]}-{k}" for k in range(2, 100)]
+    for n in names:
+        if not os.path.lexists(os.path.join(parent, n)):
+            return os.path.join(parent, n)
+    raise UsageError(f"{parent}: no free name for the new version beside {os.path.basename(old)}")
+
+
+def _switch_link(link: str, new: str) -> None:
+    """Point ``link`` at ``new`` in one rename of a fresh link over it (a
+    relative link stays relative); a reader sees the old or the new target."""
+    parent, name = os.path.split(link)
+    text = os.readlink(link)
+    target = new if os.path.isabs(text) else os.path.relpath(new, parent)
+    tmp = os.path.join(parent, f".{name}.wdiff-link-{owner_tag()}")
+    try:
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+        fsync_dir(parent)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise io_error(link, e) from None

@@ -166,13 +166,33 @@ def squash(
     overwrite: bool = False,
     check_out: bool = True,
 ) -> PackResult:
+    """See :func:`squash_from`, with every file of ``base`` its checkpoint."""
+    return squash_from(bundles, base, out, level=level, threads=threads, reporter=reporter,
+                       base_fingerprint=base_fingerprint, overwrite=overwrite, check_out=check_out)
+
+
+def squash_from(
+    bundles: list,
+    base=None,
+    out=None,
+    *,
+    level: int = DEFAULT_LEVEL,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+    base_fingerprint: bytes | None = None,
+    overwrite: bool = False,
+    check_out: bool = True,
+    rules=None,
+) -> PackResult:
     """Compose ``bundles`` (each one's base the previous one's target) into one
     bundle written to ``out``. ``base`` is the checkpoint directory the first
     bundle applies to (None when it is an anchor); its fingerprint is checked
     first, unless the caller just computed it (by reading) and passes it in.
     An existing ``out`` is refused unless ``overwrite``; an ``out`` that is a
     bundle, or is or lies inside the base, always is (``check_out=False``:
-    pull's own work file in the base's .wdiff/, which is no part of it)."""
+    pull's own work file in the base's .wdiff/, which is no part of it).
+    ``rules``: which files of ``base`` are its checkpoint (pull narrows it to
+    the version DIR's record names)."""
     if not bundles:
         raise UsageError("squash needs at least one bundle")
     if out is None:
@@ -188,7 +208,7 @@ def squash(
             if nxt.reader.index.base_fingerprint != prev.reader.index.target_fingerprint:
                 raise BaseMismatchError(f"{nxt.path} does not follow {prev.path}: its base is another version")
         first = steps[0].reader.index
-        A = check_base_listing(first, base)
+        A = check_base_listing(first, base) if rules is None else check_base_listing(first, base, rules=rules)
         if A is not None:
             fp = base_fingerprint or manifest.compute(A, threads=threads, reporter=reporter).fingerprint
             if fp != first.base_fingerprint:

@@ -226,7 +226,7 @@ class _Walk:
         _walk(self.root, rel, depth, out, self.reuse, self)
 
     def skip(self, relpath: str, is_dir: bool) -> bool:
-        if not self.rules.patterns or relpath in self.keep:
+        if not self.rules.active or relpath in self.keep:
             return False
         if self.rules.excluded(relpath, is_dir) is None:
             return False

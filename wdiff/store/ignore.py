@@ -57,6 +57,10 @@ class Pattern:
         return self.regex.fullmatch(path.rsplit("/", 1)[-1]) is not None
 
 
+#: what leaves out a file that the recorded version of a directory does not own
+UNTRACKED = Pattern("(not part of the recorded version)", False, False, True, re.compile(r"(?!)"))
+
+
 def _unescaped_trailing_spaces(line: str) -> str:
     """Trailing spaces are dropped unless the last one is escaped."""
     stripped = line.rstrip(" ")
@@ -154,6 +158,22 @@ class Rules:
     read_ignore_file: bool = True
     #: how many of ``patterns`` are the built-in defaults (for messages)
     n_defaults: int = 0
+    #: when set, only these paths (and the directories above them) can be
+    #: part of the checkpoint: the files a recorded version owns, which
+    #: narrows what counts as the checkpoint (see :meth:`tracking`)
+    tracked: frozenset[str] | None = None
+    tracked_dirs: frozenset[str] = frozenset()
+
+    @property
+    def active(self) -> bool:
+        return bool(self.patterns) or self.tracked is not None
+
+    def tracking(self, paths) -> Rules:
+        """These rules, leaving out every file not in ``paths`` as untracked:
+        it is never read, and never removed or replaced unasked."""
+        paths = frozenset(paths)
+        dirs = frozenset(p[:i] for p in paths for i in range(len(p)) if p[i] == "/")
+        return Rules(self.patterns, self.read_ignore_file, self.n_defaults, paths, dirs)
 
     def excluded(self, path: str, is_dir: bool) -> Pattern | None:
         """The exclusion that leaves ``path`` out, or None if it is in."""
@@ -161,7 +181,11 @@ class Rules:
         for p in self.patterns:
             if p.matches(path, is_dir):
                 hit = p
-        return hit if hit is not None and not hit.negate else None
+        if hit is not None and not hit.negate:
+            return hit
+        if self.tracked is not None and path not in (self.tracked_dirs if is_dir else self.tracked):
+            return UNTRACKED
+        return None
 
     def with_file(self, root: str) -> Rules:
         """These rules with ROOT/.wdiffignore inserted after the defaults."""
@@ -172,12 +196,12 @@ class Rules:
             with open(path, encoding="utf-8", errors="surrogateescape") as f:
                 lines = f.read().splitlines()
         except FileNotFoundError:
-            return Rules(self.patterns, False, self.n_defaults)
+            return Rules(self.patterns, False, self.n_defaults, self.tracked, self.tracked_dirs)
         except OSError as e:
             raise WdiffIOError(f"{path}: {e.strerror}") from None
         own = tuple(p for p in map(compile_pattern, lines) if p is not None)
         k = self.n_defaults
-        return Rules(self.patterns[:k] + own + self.patterns[k:], False, k)
+        return Rules(self.patterns[:k] + own + self.patterns[k:], False, k, self.tracked, self.tracked_dirs)
 
 
 def rules(exclude=(), include=(), *, defaults: bool = True) -> Rules:

@@ -29,18 +29,21 @@ def _refuse_clashes(index: fmt.Index, A: Checkpoint) -> None:
             )
 
 
-def check_base_listing(index: fmt.Index, base, *, rules: Rules = DEFAULT_RULES, in_place: bool = False) -> Checkpoint | None:
+def check_base_listing(index: fmt.Index, base, *, rules: Rules = DEFAULT_RULES, in_place: bool = False,
+                       replace=frozenset(), over: bool = False) -> Checkpoint | None:
     """Scan the base and compare its file list with the bundle's record of
     its base: a cheap first refusal before any byte is read. Files the
     ignore ``rules`` leave out are not part of the base (trainer state
     beside the weights), unless the bundle's base lists them; ``in_place``,
-    a target file that would land on such a file is refused, not written."""
+    a target file that would land on such a file is refused, not written.
+    Files in ``replace`` are discarded, whatever they hold (or whether they
+    exist); with ``over``, an anchor is applied over whatever files are here."""
     if index.base_fingerprint is None:
         if base is not None:
             A = scan(base, rules=rules)
             if in_place:
                 _refuse_clashes(index, A)
-            if A.files:
+            if A.files and not over:
                 raise BaseMismatchError(
                     "this bundle is a full anchor: it builds a checkpoint from nothing and takes no base",
                     hint="apply it without a base directory",
@@ -58,13 +61,15 @@ def check_base_listing(index: fmt.Index, base, *, rules: Rules = DEFAULT_RULES, 
     want = {r.path: r for r in index.base_files}
     have = {f.path: f for f in A.files}
     for path, r in want.items():
+        if path in replace:
+            continue
         f = have.get(path)
         if f is None:
             raise BaseMismatchError(f"{A.root}: lacks {printable(path)}, which the bundle's base has")
         if f.kind != r.kind or f.size != r.size:
             raise BaseMismatchError(f"{A.root}: {printable(path)} differs from the bundle's base ({f.size} bytes, expected {r.size})")
     for path in have:
-        if path not in want:
+        if path not in want and path not in replace:
             raise BaseMismatchError(f"{A.root}: has {printable(path)}, which the bundle's base does not")
     return A
 

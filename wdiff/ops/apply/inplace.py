@@ -51,11 +51,11 @@ from ...parallel import ordered_map
 from ...paths import printable
 from ...progress import SILENT, Reporter
 from ...statedir import StateDir
-from ...store import cache, manifest
+from ...store import cache, manifest, record
 from ...store.blockio import FdCache
 from ...store.checkpoint import KIND_TENSORS, Checkpoint, entry_at, path_sort_key, read_into, scan
 from ...store.digests import Digests
-from ...store.hashing import hexd
+from ...store.hashing import fingerprint, hexd
 from ...store.ignore import DEFAULT_RULES, Rules
 from .checks import check_base_listing, check_target_digests, verify_bundle
 from .engine import apply_unit, build
@@ -82,15 +82,26 @@ def derive_plan(index) -> Plan:
 
 
 def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporter = SILENT,
-                   rules: Rules = DEFAULT_RULES, beside_locked: bool = False) -> ApplyResult:
+                   rules: Rules = DEFAULT_RULES, replace: frozenset[str] = frozenset(),
+                   over: bool = False, beside_locked: bool = False) -> ApplyResult:
     """See module doc. Holds the lock beside BASE (every writer of BASE
     does; ``beside_locked``: the caller, a pull, holds it already) and
-    ``BASE/.wdiff/lock`` throughout."""
+    ``BASE/.wdiff/lock`` throughout.
+
+    Where ``BASE/.wdiff/state.json`` records the version BASE holds, files
+    it does not list (nor the bundle's base) are untracked: never read,
+    replaced or removed. ``replace``: files of BASE whose local content is
+    discarded (pull --force): the base check takes the bundle's own row for
+    them, and each must be one the bundle writes whole or removes. ``over``:
+    an anchor may be applied over the files of the recorded version, which
+    it replaces (and those it lacks are removed: only recorded ones)."""
     root = os.fspath(base)
     if not os.path.isdir(root):
         scan(root)  # raises the right error
     beside = contextlib.nullcontext() if beside_locked else _writers_lock(root)
     with beside, StateDir.open(root) as state, state.lock(what=root), reading(bundle) as reader:
+        recorded = record.read(state)
+        rules, target_rules = _narrowed(rules, recorded, reader.index, replace)
         txn = Txn(state)
         journal = txn.read_journal()
         if journal is not None and journal.bundle_id != hexd(reader.id):
@@ -107,22 +118,30 @@ def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporte
         if abort:
             if journal is None:
                 raise UsageError(f"{root}: no interrupted in-place apply to abort")
-            _rollback(reader, root, txn, journal, threads=threads)
+            _rollback(reader, root, txn, journal, threads=threads, rules=rules)
             reporter.done()
             return _result(reader, root, 0, resumed=True, target=reader.index.base_fingerprint)
         headers = known = None
+        if over and reader.index.base_fingerprint is not None:
+            raise UsageError(f"{reader.path}: only an anchor can be applied over a checkpoint's files")
+        old = scan(root, rules=rules).files if over and recorded is not None and journal is None else ()
         if journal is None:
-            started = _start(reader, root, txn, plan, threads=threads, reporter=reporter, rules=rules)
+            started = _start(reader, root, txn, plan, threads=threads, reporter=reporter, rules=rules,
+                             target_rules=target_rules, replace=replace, over=over)
             if started is None:  # already the target
+                _record(state, reader.index)
                 reporter.done()
                 return _result(reader, root, 0, resumed=False, already=True)
             journal, headers, known = started
             resumed = False
         else:
             resumed = True
-        written = _run(reader, root, txn, journal, headers, resumed=resumed, threads=threads, reporter=reporter)
+        written = _run(reader, root, txn, journal, headers, resumed=resumed, threads=threads, reporter=reporter,
+                       rules=rules)
+        _remove_recorded(root, [f.path for f in old], reader.index)
+        _record(state, reader.index)
         if known is not None:
-            cache.remember(scan(root), known)  # the next step's base is hashed already
+            cache.remember(scan(root, rules=target_rules), known)  # the next step's base is hashed already
     reporter.done()
     return _result(reader, root, written, resumed=resumed)
 
@@ -139,6 +158,48 @@ def _writers_lock(root: str):
         return
     with locked_beside(path, what=root):
         yield
+
+
+def _narrowed(rules: Rules, recorded: record.Record | None, index, replace) -> tuple[Rules, Rules]:
+    """The rules for DIR as a base, and as the target: with a record, only
+    the files it lists, those of the bundle's base (and those to replace)
+    are DIR's checkpoint; as the target, the target's files as well."""
+    if recorded is None:
+        return rules, rules
+    base = recorded.paths | {r.path for r in index.base_files} | frozenset(replace)
+    return rules.tracking(base), rules.tracking(base | {f.path for f in index.files})
+
+
+def _record(state: StateDir, index) -> None:
+    """DIR holds the bundle's target now: say so, and which files are its."""
+    rec = record.of_rows((f.path, f.kind, f.size, f.digest) for f in index.files)
+    if rec.version == index.target_fingerprint:
+        record.write(state, rec)
+    else:  # never a record that does not describe what is there
+        record.forget(state)
+
+
+def _remove_recorded(root: str, paths: list[str], index) -> None:
+    """After an anchor was applied over the recorded version: remove the
+    files of that version that the target lacks (only those: paths the
+    record listed and a scan found, validated by both)."""
+    target = {f.path for f in index.files}
+    dirs = set()
+    try:
+        for path in sorted(set(paths) - target, key=path_sort_key):
+            p = _real_parents(root, path, create=False)
+            if os.path.lexists(p) and not os.path.isdir(p):
+                os.unlink(p)
+                d = os.path.dirname(p)
+                while d != root and os.path.isdir(d) and not os.path.islink(d) and not os.listdir(d):
+                    os.rmdir(d)
+                    d = os.path.dirname(d)
+                dirs.add(d)
+        for d in dirs:
+            if os.path.isdir(d):
+                fsync_dir(d)
+    except OSError as e:
+        raise io_error(f"{root}: removing the files the new version lacks", e) from None
 
 
 def _result(reader: BundleReader, root: str, written: int, *, resumed: bool, target: bytes | None = None,
@@ -165,12 +226,12 @@ def _is_target(index, A: Checkpoint, *, threads: int, reporter: Reporter) -> boo
 
 
 def _start(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, threads: int, reporter: Reporter,
-           rules: Rules = DEFAULT_RULES):
+           rules: Rules = DEFAULT_RULES, target_rules: Rules = DEFAULT_RULES, replace=frozenset(), over=False):
     index = reader.index
-    if index.files and _is_target(index, scan(root, rules=rules), threads=threads, reporter=reporter):
+    if index.files and _is_target(index, scan(root, rules=target_rules), threads=threads, reporter=reporter):
         return None
     try:
-        A = check_base_listing(index, root, rules=rules, in_place=True)
+        A = check_base_listing(index, root, rules=rules, in_place=True, replace=replace, over=over)
     except BaseMismatchError as e:
         raise BaseMismatchError(
             f"{e.message}; this bundle turns {hexd(index.base_fingerprint or b'')[:16] or 'nothing'} "
@@ -178,13 +239,22 @@ def _start(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, threads: in
             hint=f"`wdiff verify {root} --bundle BUNDLE` names what differs from its target; "
                  "`wdiff status DIR REMOTE` says which version DIR is",
         ) from None
-    A = A if A is not None else scan(root)
+    A = A if A is not None else scan(root, rules=rules)
+    if over:
+        A = Checkpoint(root=A.root, files=(), excluded=A.excluded)  # every file is replaced: none is read
+    gone = [f for f in A.files if f.path in replace]
+    if gone:  # their content here is discarded: never read, the bundle's rows stand for them
+        A = Checkpoint(root=A.root, files=tuple(f for f in A.files if f.path not in replace), excluded=A.excluded)
+        _refuse_unrestorable(index, plan, replace)
     _refuse_shared_files(A)
     headers = verify_bundle(reader, A, reporter=reporter)
     base_digests = Digests()
     if index.base_fingerprint is not None:
         reporter.phase("check base", A.total_bytes)
-        fp = manifest.complete(A, base_digests, threads=threads, reporter=reporter).fingerprint
+        m = manifest.complete(A, base_digests, threads=threads, reporter=reporter)
+        rows = [(d.path, d.kind, d.size, d.digest) for d in m.files]
+        rows += [(r.path, r.kind, r.size, r.digest) for r in index.base_files if r.path in replace]
+        fp = fingerprint(sorted(rows, key=lambda r: path_sort_key(r[0])))
         if fp != index.base_fingerprint:
             raise BaseMismatchError(
                 f"{root}: fingerprint {hexd(fp)[:16]} is neither the bundle's base {hexd(index.base_fingerprint)[:16]} "
@@ -220,6 +290,34 @@ def _start(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, threads: in
         _discard(txn)
         raise
     return journal, headers, base_digests
+
+
+def restorable(index, replace) -> list[str]:
+    """The paths of ``replace`` that applying ``index`` in place cannot
+    restore: only a companion file that the bundle writes whole (or removes)
+    can be taken from it, whatever it holds here now."""
+    base = {r.path: r for r in index.base_files}
+    target = {f.path: f for f in index.files}
+    bad = []
+    for p in sorted(replace, key=path_sort_key):
+        b, t = base.get(p), target.get(p)
+        if (b is not None and b.kind != "file") or (b is None and t is None):
+            bad.append(p)
+        elif t is not None and t.source == "base":
+            bad.append(p)
+    return bad
+
+
+def _refuse_unrestorable(index, plan: Plan, replace) -> None:
+    bad = restorable(index, replace)
+    staged = {path for _, path in plan.stage} | set(plan.remove)
+    bad += [p for p in replace if p not in staged and p not in bad]
+    if bad:
+        raise BaseMismatchError(
+            f"this bundle cannot restore {', '.join(printable(p) for p in bad[:20])}: it does not carry "
+            f"{'it' if len(bad) == 1 else 'them'} whole",
+            hint="pull --force restores such files from an anchor",
+        )
 
 
 def _discard(txn: Txn) -> None:
@@ -258,8 +356,8 @@ def _refuse_shared_files(A: Checkpoint) -> None:
 
 
 def _run(reader: BundleReader, root: str, txn: Txn, journal: Journal, headers, *, resumed: bool, threads: int,
-         reporter: Reporter) -> int:
-    A = scan(root, allow_unfinished=True)
+         reporter: Reporter, rules: Rules = DEFAULT_RULES) -> int:
+    A = scan(root, allow_unfinished=True, rules=rules)
     plan = journal.plan
     phase = journal.phase
     staged = _staged(reader, root, txn, plan, require_all=phase == "patch") if resumed else None
@@ -274,7 +372,7 @@ def _run(reader: BundleReader, root: str, txn: Txn, journal: Journal, headers, *
                 # a full disk or a refused write: put every patched chunk back (that
                 # needs no new space) so that the checkpoint is the base again
                 try:
-                    _rollback(reader, root, txn, journal, threads=threads)
+                    _rollback(reader, root, txn, journal, threads=threads, rules=rules)
                 except Exception:  # noqa: BLE001 - the journal stays; --abort can retry
                     raise e from None
                 raise WdiffIOError(f"{e.message}; the in-place apply was rolled back", hint=e.hint) from None
@@ -422,14 +520,15 @@ def _keep_mode(src: str, dst: str) -> None:
 # -- rollback --------------------------------------------------------------------
 
 
-def _rollback(reader: BundleReader, root: str, txn: Txn, journal: Journal, *, threads: int) -> None:
+def _rollback(reader: BundleReader, root: str, txn: Txn, journal: Journal, *, threads: int,
+              rules: Rules = DEFAULT_RULES) -> None:
     if journal.phase == "commit":
         raise BusyError(
             f"{root}: the interrupted apply was already committing and cannot be rolled back",
             hint="run it again without --abort to finish it",
         )
     # undo what was patched; staged files are simply dropped
-    A = scan(root, allow_unfinished=True)
+    A = scan(root, allow_unfinished=True, rules=rules)
     patchable = set(journal.plan.patch)
     with txn.dir() as tdir:
         entries = UndoLog(tdir).load()
@@ -459,7 +558,7 @@ def _rollback(reader: BundleReader, root: str, txn: Txn, journal: Journal, *, th
             os.close(fd)
     # every chunk is now back to its base bytes: check what we can cheaply
     if reader.index.base_fingerprint is not None:
-        fp = manifest.compute(scan(root, allow_unfinished=True), threads=threads).fingerprint
+        fp = manifest.compute(scan(root, allow_unfinished=True, rules=rules), threads=threads).fingerprint
         if fp != reader.index.base_fingerprint:
             raise IntegrityError(f"{root}: rollback did not restore the base (fingerprint {hexd(fp)[:16]})")
     txn.remove()
