@@ -526,9 +526,6 @@ def test_uncovered_tensor_is_refused_before_allocation(world, tmp_path):
     assert e.value.exit_code == 4, str(e.value)  # fails: 9, "File too large" / "No space left on device"
 
 
-@pytest.mark.xfail(strict=True, reason="bug: every file stored in the manifest cache lists the whole cache "
-                                       "directory (cache.store -> _prune): an apply of a bundle with many files "
-                                       "is quadratic (5,000 empty files took ~50 s with a warm cache)")
 def test_manifest_cache_is_not_listed_per_file(world, tmp_path, monkeypatch):
     ctx = _ctx(world, "anchor")
     j = len(ctx.files)
