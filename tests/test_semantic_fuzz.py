@@ -461,9 +461,6 @@ def _kind_confusion(world, tmp_path, tensor_name):
     return ctx, bundle
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a 'file' entry at a *.safetensors path whose bytes are a strict tensor "
-                                       "file is accepted; OUT's fingerprint is not target.fingerprint (no check in "
-                                       "applying.py; the spec's READING A BUNDLE steps omit it too)")
 def test_companion_kind_matches_its_bytes(world, tmp_path):
     ctx, bundle = _kind_confusion(world, tmp_path, "kc_unique")
     out = tmp_path / "out"
@@ -472,12 +469,9 @@ def test_companion_kind_matches_its_bytes(world, tmp_path):
     except wdiff.WdiffError as e:
         assert e.exit_code == 4 and not out.exists()
     else:
-        assert fz.check_output(str(out), ctx.b.index) == []  # fails: the file is a tensor file
+        assert fz.check_output(str(out), ctx.b.index) == []
 
 
-@pytest.mark.xfail(strict=True, reason="bug: apply -o renames OUT into place and only then scans it for the "
-                                       "manifest cache; when that scan refuses OUT, apply exits 4 with OUT exposed "
-                                       "(applying.apply: manifest.remember(scan(out, ...)) after os.rename)")
 @pytest.mark.parametrize("how", ["duplicate-tensor-name", "deep-path"])
 def test_refusal_leaves_no_output(world, tmp_path, how):
     out = tmp_path / "out"
@@ -497,7 +491,7 @@ def test_refusal_leaves_no_output(world, tmp_path, how):
     try:
         wdiff.apply(bundle, ctx.sc.base_dir, out)
     except wdiff.WdiffError:
-        assert not out.exists(), sorted(os.listdir(out))  # fails: OUT is there, complete
+        assert not out.exists(), sorted(os.listdir(out))
     else:
         assert fz.check_output(str(out), ctx.b.index) == []
 

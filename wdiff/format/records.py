@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import xxhash
 
 from ..errors import FormatError
-from ..paths import printable, validate_relpath
+from ..paths import MAX_DEPTH, printable, validate_relpath
 from ..store.hashing import BLOCK_SIZE, DIGEST_SIZE, fingerprint, hexd, tensor_file_digest, unhex
 from ..store.header import MAX_TENSORS
 
@@ -253,6 +253,8 @@ def _kind(v: object, where: str) -> str:
 def _check_paths(paths: list[str], where: str) -> None:
     for p in paths:
         validate_relpath(p, where=where)
+        if p.count("/") > MAX_DEPTH:  # no scan would accept such a tree: nor may a reader write one
+            raise FormatError(f"{where}: {printable(p)} lies more than {MAX_DEPTH} directories deep")
     encoded = [p.encode("utf-8") for p in paths]
     if any(a >= b for a, b in zip(encoded, encoded[1:])):
         raise FormatError(f"{where}: file list is not sorted or has duplicates")

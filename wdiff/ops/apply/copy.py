@@ -11,11 +11,10 @@ from ...errors import UsageError
 from ...format.bundle import reading
 from ...fsutil import check_output, fsync_dir, io_error, remove_tree, temp_name
 from ...progress import SILENT, Reporter
-from ...store import cache
-from ...store.checkpoint import is_file_arg, scan
+from ...store.checkpoint import is_file_arg
 from ...store.ignore import DEFAULT_RULES, Rules
 from .checks import check_base_listing, verify_bundle
-from .engine import build
+from .engine import build, remember_output
 from .result import ApplyResult
 
 
@@ -57,7 +56,7 @@ def apply_copy(bundle, base, out, *, threads: int, reporter: Reporter = SILENT, 
             remove_tree(tmp)
             raise
     if not single:
-        cache.remember(scan(out, reuse=A), produced)  # the next step's base is hashed already
+        remember_output(out, reader.index, headers, produced)  # never fails: OUT is in place
     reporter.done()
     return ApplyResult(
         output=out,

@@ -50,14 +50,14 @@ from ...parallel import ordered_map
 from ...paths import printable
 from ...progress import SILENT, Reporter
 from ...statedir import StateDir
-from ...store import cache, manifest
+from ...store import manifest
 from ...store.blockio import FdCache
 from ...store.checkpoint import KIND_TENSORS, Checkpoint, entry_at, path_sort_key, read_into, scan
 from ...store.digests import Digests
 from ...store.hashing import hexd
 from ...store.ignore import DEFAULT_RULES, Rules
 from .checks import check_base_listing, check_target_digests, verify_bundle
-from .engine import apply_unit, build
+from .engine import apply_unit, build, remember_output
 from .patch import patch_files, patch_items
 from .result import ApplyResult
 
@@ -118,7 +118,7 @@ def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporte
             resumed = True
         written = _run(reader, root, txn, journal, headers, resumed=resumed, threads=threads, reporter=reporter)
         if known is not None:
-            cache.remember(scan(root), known)  # the next step's base is hashed already
+            remember_output(root, reader.index, headers, known)  # never fails: the target is in place
     reporter.done()
     return _result(reader, root, written, resumed=resumed)
 
