@@ -496,10 +496,6 @@ def test_refusal_leaves_no_output(world, tmp_path, how):
         assert fz.check_output(str(out), ctx.b.index) == []
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a tensor file is preallocated to the size the index states before "
-                                       "wdiff checks that the records can fill it: a hostile size gives exit 9 "
-                                       "(I/O) instead of 4, or allocates that much disk first "
-                                       "(applying.build: _preallocate before FileLayout.gap_units)")
 def test_uncovered_tensor_is_refused_before_allocation(world, tmp_path):
     """A tensor of 2^50 bytes with no base source and no record: the spec
     says refuse (every byte of such a tensor must be covered)."""
@@ -517,7 +513,7 @@ def test_uncovered_tensor_is_refused_before_allocation(world, tmp_path):
     assert fz.spec_verdict(bundle.read_bytes(), None, True)[0] == 4
     with pytest.raises(wdiff.WdiffError) as e:
         wdiff.apply(bundle, None, tmp_path / "out")
-    assert e.value.exit_code == 4, str(e.value)  # fails: 9, "File too large" / "No space left on device"
+    assert e.value.exit_code == 4, str(e.value)  # was 9: "File too large" / "No space left on device"
 
 
 def test_manifest_cache_is_not_listed_per_file(world, tmp_path, monkeypatch):

@@ -29,7 +29,7 @@ from ...store.digests import Digests, hash_file
 from ...store.hashing import hexd, tree
 from ...store.header import Header, HeaderError
 from ...store.units import FileLayout, Unit
-from .checks import check_target_digests
+from .checks import check_target_digests, judge_base_mismatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +154,10 @@ def apply_unit(
         except OSError as e:
             raise io_error(where, e) from None
     return UnitDone(file, unit, a_dig, t_dig)
+
+
+class _FingerprintMismatch(BaseMismatchError):
+    """The base's fingerprint, measured, is not base.fingerprint: another base (5)."""
 
 
 class _Builder:
@@ -282,10 +286,25 @@ def build(
         reporter.phase("check base", None)
         fp = manifest.complete(A, b.da, threads=threads).fingerprint
         if fp != index.base_fingerprint:
-            raise BaseMismatchError(
+            raise _FingerprintMismatch(
                 f"{A.root}: fingerprint {hexd(fp)[:16]} is not the bundle's base {hexd(index.base_fingerprint)[:16]}"
             )
     return b.written, b.dt
+
+
+def build_checked(reader: BundleReader, A: Checkpoint | None, headers: dict[int, Header], outputs: dict[int, str],
+                  *, threads: int, reporter: Reporter, base_fingerprint: bytes | None = None) -> tuple[int, Digests]:
+    """:func:`build`, checking the base; a base check that fails within the
+    data pass (a chunk's base digest) is judged by the base's fingerprint:
+    5 when the base is another version, 4 when the bundle is inconsistent
+    with its own base. ``base_fingerprint``: the base's, known already."""
+    try:
+        return build(reader, A, headers, outputs, threads=threads, reporter=reporter,
+                     check_base=base_fingerprint is None)
+    except _FingerprintMismatch:
+        raise  # measured: another base
+    except BaseMismatchError as e:
+        raise judge_base_mismatch(e, reader.index, A, threads=threads, fingerprint=base_fingerprint) from None
 
 
 def _collect(b: _Builder, results) -> None:

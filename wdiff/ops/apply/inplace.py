@@ -56,8 +56,8 @@ from ...store.checkpoint import KIND_TENSORS, Checkpoint, entry_at, path_sort_ke
 from ...store.digests import Digests
 from ...store.hashing import hexd
 from ...store.ignore import DEFAULT_RULES, Rules
-from .checks import check_base_listing, check_target_digests, verify_bundle
-from .engine import apply_unit, build, remember_output
+from .checks import check_base_listing, check_target_digests, judge_base_mismatch, verify_bundle
+from .engine import apply_unit, build_checked, remember_output
 from .patch import patch_files, patch_items
 from .result import ApplyResult
 
@@ -162,8 +162,12 @@ def _start(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, threads: in
         ) from None
     A = A if A is not None else scan(root)
     _refuse_shared_files(A)
-    headers = verify_bundle(reader, A, reporter=reporter)
+    try:
+        headers = verify_bundle(reader, A, reporter=reporter)
+    except BaseMismatchError as e:  # a base header the bundle expects: another base, or a false claim
+        raise judge_base_mismatch(e, index, A, threads=threads) from None
     base_digests = Digests()
+    fp = None
     if index.base_fingerprint is not None:
         reporter.phase("check base", A.total_bytes)
         fp = manifest.complete(A, base_digests, threads=threads, reporter=reporter).fingerprint
@@ -173,7 +177,10 @@ def _start(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, threads: in
                 f"nor its target {hexd(index.target_fingerprint)[:16]}",
                 hint=f"`wdiff verify {root} --bundle BUNDLE` names what differs from its target",
             )
-    _dry_run(reader, A, headers, set(plan.patch), base_digests, threads=threads, reporter=reporter)
+    try:
+        _dry_run(reader, A, headers, set(plan.patch), base_digests, threads=threads, reporter=reporter)
+    except BaseMismatchError as e:  # the base is the bundle's base (fp above): a chunk's base digest is false
+        raise judge_base_mismatch(e, index, A, threads=threads, fingerprint=fp) from None
     journal = Journal(
         bundle_id=hexd(reader.id),
         bundle_path=os.path.abspath(reader.path),
@@ -189,7 +196,8 @@ def _start(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, threads: in
         txn.clear()
         with txn.stage_dir(create=True) as stage:
             outputs = {i: stage.where(str(i)) for i, _ in plan.stage}
-            _, staged = build(reader, A, headers, outputs, threads=threads, reporter=reporter, check_base=False)
+            _, staged = build_checked(reader, A, headers, outputs, threads=threads, reporter=reporter,
+                                      base_fingerprint=fp or b"")
             base_digests.tensors.update(staged.tensors)
             base_digests.files.update(staged.files)
             stage.sync()
