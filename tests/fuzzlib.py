@@ -1499,17 +1499,9 @@ KNOWN_BUGS = {
 
 def known_bug(mode: str, index, outcome: Outcome, problems: list, exposed_after_refusal: bool,
               out_path: str = "") -> str | None:
-    """The name of the known bug a failure is an instance of, or None."""
-    want = claimed(index) if isinstance(index, dict) and isinstance(index.get("target"), dict) else {}
-    if outcome.status == 0 and problems:
-        paths = [p.split("'")[1] if p.startswith("'") else None for p in problems]
-        bad = [want.get(p) for p in paths]
-        if bad and all(isinstance(f, dict) for f in bad):
-            if all(f.get("kind") == "file" and f.get("source") == "base" for f in bad):
-                return "inplace-companion-unverified" if mode == "inplace" else "companion-size-unchecked"
-            if all(f.get("kind") == "file" and str(f.get("path")).endswith(".safetensors") for f in bad):
-                return "kind-confusion-accepted"
-    if mode == "copy" and outcome.status == 4 and exposed_after_refusal and out_path \
-            and f"{out_path}:" in outcome.error and problems == ["refused, but OUT exists"]:
-        return "refusal-after-output-renamed"
+    """The name of the known bug a failure is an instance of, or None.
+    None for now: the bugs this fuzzer found (companion files from the base
+    unchecked in place or by size, kind confusion at *.safetensors paths,
+    refusals after OUT was renamed) are fixed, each with a regression test
+    in test_semantic_fuzz.py, so every such failure counts as wrong again."""
     return None

@@ -22,7 +22,11 @@ rule is taken from wdiff's code. It holds
   not on its own output.
 
 Where the spec is silent or ambiguous this module says so in a comment that
-starts with ``SPEC:``. What writing it found (see also test_semantic_fuzz.py):
+starts with ``SPEC:``. What writing it found (see also test_semantic_fuzz.py);
+the spec's version 2.1 (CHANGES) settles the first four: step 7 now refuses
+such a companion file, paths are limited to 33 components, the exit-status
+guidance says 4 for a bundle inconsistent with its own base, and LIMITS
+gives wdiff's index limits (this reader checks the 64 MiB one):
 
 * READING A BUNDLE never asks a reader to check that a companion ("file")
   entry whose path ends in .safetensors does not hold a strict tensor file,
@@ -75,7 +79,7 @@ RAW, SPARSE, BITMAP, DENSE, ZSTD = 0, 1, 2, 3, 4
 ZERO = bytes(16)
 LIMIT = 1 << 62
 MAX_CHUNK_BYTES = 64 << 20
-MAX_INDEX_RAW = 512 << 20
+MAX_INDEX_RAW = 64 << 20  # spec 2.1 (was 512 MiB)
 MAX_HEADER_HI = (64 << 20) + 8
 MAX_FILES = 100000
 MAX_TENSORS = 200000

@@ -47,8 +47,11 @@ RECORD_TYPES = {CHUNK: "chunk", FILE: "file", HEADER: "header"}
 #: checkpoint of ~900,000 tensors fits; with the element count checked
 #: before parsing, a hostile index cannot make json.loads build more than
 #: about 150 MB of objects
+#: the uncompressed index, and the ',' and ':' bytes in it (counted before
+#: parsing, strings included): together they bound what parsing it holds,
+#: about 250 MB at worst; 100,000 files with a base need about 1,400,000
 MAX_INDEX_BYTES = 64 * 1024 * 1024
-MAX_INDEX_ELEMENTS = 1_000_000  # about 900,000 tensors
+MAX_INDEX_ELEMENTS = 2_000_000
 #: a CHUNK record covers at most this many bytes (bounds every buffer)
 MAX_CHUNK_BYTES = 64 * 1024 * 1024
 MAX_FILES = 100_000
