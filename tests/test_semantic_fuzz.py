@@ -539,3 +539,23 @@ def test_manifest_cache_is_not_listed_per_file(world, tmp_path, monkeypatch):
     monkeypatch.undo()
     assert fz.check_output(str(tmp_path / "out"), ctx.b.index) == []
     assert len(calls) <= 10, f"the cache directory was listed {len(calls)} times for {len(ctx.files)} files"
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_false_base_digest_on_the_right_base_is_an_integrity_error(world, tmp_path, in_place):
+    """A CHUNK record whose base digest is false, applied to the bundle's
+    own base (its fingerprint is base.fingerprint): the bundle is
+    inconsistent (4), not made for another base (5, which wdiff once gave)."""
+    ctx = _ctx(world, "sparse")
+    rec = next(r for r in ctx.b.records if r.type == sb.CHUNK and r.base != sb.ZERO)
+    rec.base = bytes(b ^ 0xFF for b in rec.base)
+    bundle = tmp_path / "b.wdb"
+    bundle.write_bytes(sb.serialize(ctx.b))
+    base = ctx.sc.base_dir
+    if in_place:
+        base = tmp_path / "ip"
+        shutil.copytree(ctx.sc.base_dir, base)
+    with pytest.raises(wdiff.WdiffError) as e:
+        wdiff.apply(bundle, base, None if in_place else tmp_path / "out", in_place=in_place)
+    assert e.value.exit_code == 4, str(e.value)
+    assert not (tmp_path / "out").exists()
