@@ -14,6 +14,9 @@ STATE_DIR = ".wdiff"
 RESERVED = frozenset({STATE_DIR, ".git", ".cache"})
 MAX_PATH_BYTES = 4096
 MAX_COMPONENT_BYTES = 255
+#: directories a file may lie below: a checkpoint is a shallow tree, and a
+#: scan refuses a deeper one, so a bundle may not state a deeper path either
+MAX_DEPTH = 32
 
 
 def printable(name: str, limit: int = 200) -> str:

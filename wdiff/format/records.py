@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import xxhash
 
 from ..errors import FormatError
-from ..paths import printable, validate_relpath
+from ..paths import MAX_DEPTH, printable, validate_relpath
 from ..store.hashing import BLOCK_SIZE, DIGEST_SIZE, fingerprint, hexd, tensor_file_digest, unhex
 from ..store.header import MAX_TENSORS
 
@@ -47,8 +47,11 @@ RECORD_TYPES = {CHUNK: "chunk", FILE: "file", HEADER: "header"}
 #: checkpoint of ~900,000 tensors fits; with the element count checked
 #: before parsing, a hostile index cannot make json.loads build more than
 #: about 150 MB of objects
+#: the uncompressed index, and the ',' and ':' bytes in it (counted before
+#: parsing, strings included): together they bound what parsing it holds,
+#: about 250 MB at worst; 100,000 files with a base need about 1,400,000
 MAX_INDEX_BYTES = 64 * 1024 * 1024
-MAX_INDEX_ELEMENTS = 1_000_000  # about 900,000 tensors
+MAX_INDEX_ELEMENTS = 2_000_000
 #: a CHUNK record covers at most this many bytes (bounds every buffer)
 MAX_CHUNK_BYTES = 64 * 1024 * 1024
 MAX_FILES = 100_000
@@ -253,6 +256,8 @@ def _kind(v: object, where: str) -> str:
 def _check_paths(paths: list[str], where: str) -> None:
     for p in paths:
         validate_relpath(p, where=where)
+        if p.count("/") > MAX_DEPTH:  # no scan would accept such a tree: nor may a reader write one
+            raise FormatError(f"{where}: {printable(p)} lies more than {MAX_DEPTH} directories deep")
     encoded = [p.encode("utf-8") for p in paths]
     if any(a >= b for a, b in zip(encoded, encoded[1:])):
         raise FormatError(f"{where}: file list is not sorted or has duplicates")

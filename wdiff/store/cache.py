@@ -107,8 +107,10 @@ def lookup(entry: FileEntry) -> list[bytes] | None:
         return None
 
 
-def store(entry: FileEntry, blocks: list[bytes]) -> None:
-    """Remember ``entry``'s block digests. Failures are ignored: a cache."""
+def store(entry: FileEntry, blocks: list[bytes], *, prune: bool = True) -> None:
+    """Remember ``entry``'s block digests. Failures are ignored: a cache.
+    ``prune=False`` leaves pruning to the caller, which stores many entries
+    and prunes once (listing the cache per entry is quadratic)."""
     root = cache_dir()
     if root is None:
         return
@@ -123,9 +125,17 @@ def store(entry: FileEntry, blocks: list[bytes]) -> None:
         with open(tmp, "wb") as f:
             f.write(body + xxhash.xxh3_128_digest(body))
         os.replace(tmp, path)
-        _prune(root)
     except OSError:
-        pass
+        return
+    if prune:
+        _prune(root)
+
+
+def prune() -> None:
+    """Keep the cache within MAX_ENTRIES (one listing of the directory)."""
+    root = cache_dir()
+    if root is not None:
+        _prune(root)
 
 
 def _prune(root: str) -> None:
@@ -167,7 +177,9 @@ def fill(ckpt: Checkpoint, digests: Digests) -> set[str]:
 
 def remember(ckpt: Checkpoint, digests: Digests, *, skip: set[str] = frozenset()) -> None:
     """Store in the manifest cache every file of ``ckpt`` that ``digests``
-    covers completely (what a data pass or a hash pass just read)."""
+    covers completely (what a data pass or a hash pass just read); the
+    cache is pruned once, at the end."""
+    stored = False
     for f in ckpt.files:
         if f.path in skip:
             continue
@@ -175,6 +187,10 @@ def remember(ckpt: Checkpoint, digests: Digests, *, skip: set[str] = frozenset()
             blocks = [digests.tensors.get(t.name) for t in f.header.tensors]
             if any(b is None or len(b) != 16 * n_blocks(t.nbytes) for b, t in zip(blocks, f.header.tensors)):
                 continue
-            store(f, [bytes(b) for b in blocks])
+            store(f, [bytes(b) for b in blocks], prune=False)
+            stored = True
         elif f.path in digests.files:
-            store(f, [digests.files[f.path]])
+            store(f, [digests.files[f.path]], prune=False)
+            stored = True
+    if stored:
+        prune()

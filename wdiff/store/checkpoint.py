@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..errors import BusyError, FormatError, LayoutError, NotFoundError, UsageError, WdiffIOError
-from ..paths import RESERVED, printable, validate_relpath
+from ..paths import MAX_DEPTH, RESERVED, printable, validate_relpath
 from .header import Header, HeaderError, TensorInfo, header_length, parse_header
 from .ignore import DEFAULT_RULES, Rules
 
 #: top-level entries that belong to tools, not to the checkpoint
 IGNORED = RESERVED
-#: a directory tree deeper than this is refused (symlink loops, hostile trees)
-MAX_DEPTH = 32
+#: a directory tree deeper than MAX_DEPTH is refused (symlink loops, hostile trees)
 MAX_FILES = 100_000
 
 KIND_TENSORS = "safetensors"
@@ -294,6 +293,20 @@ def entry_at(root: str, relpath: str, abspath: str) -> FileEntry:
     if not stat_mod.S_ISREG(st.st_mode):
         raise FormatError(f"{abspath}: not a regular file")
     return _entry(root, relpath, abspath, st, None)
+
+
+def known_checkpoint(root: str, files) -> Checkpoint:
+    """The checkpoint at ``root`` whose files are known already: ``files``
+    holds (relpath, kind, header) in path order, as an apply that just wrote
+    and verified them knows them. Stats each file and parses nothing, so it
+    refuses nothing a scan would (it raises only OSError)."""
+    entries = []
+    for relpath, kind, header in files:
+        abspath = os.path.join(root, relpath)
+        st = os.stat(abspath)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        entries.append(FileEntry(relpath, abspath, st.st_size, kind, header, key))
+    return Checkpoint(root=root, files=tuple(entries))
 
 
 def _entry(root: str, relpath: str, abspath: str, st: os.stat_result, seen: Header | None) -> FileEntry:

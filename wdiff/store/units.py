@@ -152,6 +152,14 @@ class FileLayout:
                 raise FormatError(f"{where}: delta for {printable(s.tensor.name)}, which has no base tensor")
         return Unit(tuple(spans), word)
 
+    def check_gap(self, lo: int, hi: int, *, where: str) -> None:
+        """Refuse bytes [lo, hi) that no record covers unless every tensor
+        there has a base source to copy them from: a check of the headers
+        alone, made before anything is allocated or written."""
+        for s in self.spans(lo, hi):
+            if s.base is None:
+                raise FormatError(f"{where}: the bundle has no data for tensor {printable(s.tensor.name)}")
+
     def gap_units(self, lo: int, hi: int, chunk: int, *, where: str) -> Iterator[Unit]:
         """Copy units for bytes no record covers: base bytes, unchanged.
         Small tensors are batched like :func:`pack_units` does."""

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import xxhash
 
-from ...errors import BaseMismatchError, FormatError, IntegrityError, UsageError
+from ...errors import BaseMismatchError, FormatError, IntegrityError, UsageError, WdiffError
 from ...format import records as fmt
 from ...format.bundle import BundleReader, Record, decode_header_record
 from ...paths import printable
 from ...progress import SILENT, Reporter
+from ...store import manifest
 from ...store.checkpoint import KIND_TENSORS, Checkpoint, bare_name, is_file_arg, scan, scope_of
 from ...store.digests import Digests
 from ...store.hashing import hexd, tree
 from ...store.header import Header, parse_header
 from ...store.ignore import DEFAULT_RULES, Rules
+from ...store.units import FileLayout
 
 
 def _refuse_clashes(index: fmt.Index, A: Checkpoint) -> None:
@@ -75,21 +77,27 @@ def check_base_listing(index: fmt.Index, base, *, rules: Rules = DEFAULT_RULES, 
 
 
 def verify_bundle(
-    reader: BundleReader, A: Checkpoint | None, *, reporter: Reporter = SILENT, records: list | None = None
+    reader: BundleReader, A: Checkpoint | None, *, reporter: Reporter = SILENT, records: list | None = None,
+    coverage: bool = True,
 ) -> dict[int, Header]:
     """Read the whole bundle once: every record digest, the record order, the
     chain digest; parse and check every target header. Nothing is written.
     ``A`` needs only ``A.file(path).header``. With ``records``, the headers
-    of CHUNK and FILE records are appended to it (payloads are not kept)."""
+    of CHUNK and FILE records are appended to it (payloads are not kept).
+    With ``coverage`` (``A`` a Checkpoint or None), also check that records
+    and base sources cover every byte of every target tensor file."""
     index = reader.index
     reporter.phase("verify bundle", reader.size)
     headers: dict[int, Header] = {}
+    chunks: dict[int, list[tuple[int, int]]] = {}  # file -> data ranges its CHUNK records cover, in order
     for rec in reader.records():
         h = rec.header
         where = f"{reader.path}: record {rec.index}"
         if records is not None and h.type != fmt.HEADER:
             records.append(Record(h, rec.offset, rec.index, None))
-        if h.type == fmt.FILE:
+        if h.type == fmt.CHUNK:
+            chunks.setdefault(h.file, []).append((h.lo, h.hi))
+        elif h.type == fmt.FILE:
             reader.check_file_payload(rec)
         elif h.type == fmt.HEADER:
             f = index.files[h.file]
@@ -115,7 +123,55 @@ def verify_bundle(
             other = seen.setdefault(key, path)
             if other != path:
                 raise FormatError(f"{reader.path}: target tensor {printable(key)} appears in two files")
+    if coverage:
+        _check_coverage(index, headers, chunks, A, where=reader.path)
     return headers
+
+
+def _check_coverage(index: fmt.Index, headers: dict[int, Header], chunks: dict[int, list[tuple[int, int]]],
+                    A: Checkpoint | None, *, where: str) -> None:
+    """Every byte of every target tensor file's data region is covered by a
+    CHUNK record or by a base source (a tensor of the same name, dtype and
+    shape in the base). Checked from the headers before any output is
+    created, so a size no record fills is refused (4), never preallocated.
+    (The record reader has checked that ranges are in order and within
+    data_len; parse_header that the header describes a file of ``size``.)"""
+    scoped = index.version >= fmt.SCOPED_NAMES
+    for i, f in enumerate(index.files):
+        if f.kind != KIND_TENSORS:
+            continue
+        base = A.base_tensors_for(f.path, scoped) if A else {}
+        layout = FileLayout(headers[i], base)
+        at = f"{where}: {printable(f.path)}"
+        pos = 0
+        for lo, hi in chunks.get(i, ()):
+            if lo > pos:
+                layout.check_gap(pos, lo, where=at)
+            pos = hi
+        if f.data_len > pos:
+            layout.check_gap(pos, f.data_len, where=at)
+
+
+def judge_base_mismatch(e: BaseMismatchError, index: fmt.Index, A: Checkpoint | None, *,
+                        threads: int, fingerprint: bytes | None = None) -> WdiffError:
+    """The error to raise for a claim of the bundle about its base that the
+    base did not bear out (a base header, a chunk's base digest, a base
+    file). Exit 5 says the base is another version; that is so only when
+    the base's fingerprint is not base.fingerprint. When it is, the base is
+    the bundle's base and the bundle contradicts it: an inconsistent
+    bundle, exit 4. ``fingerprint``: the base's, when already computed.
+    Hashes the whole base, on this refusal path only."""
+    if A is None or index.base_fingerprint is None:
+        return e
+    if fingerprint is None:
+        try:
+            fingerprint = manifest.compute(A, threads=threads).fingerprint
+        except WdiffError:
+            return e  # the base cannot even be read as it was scanned: not the bundle's base
+    if fingerprint != index.base_fingerprint:
+        return e
+    return IntegrityError(f"{e.message}; the base's fingerprint is the bundle's base, so the bundle is "
+                          "inconsistent with itself", hint=e.hint)
 
 
 def _parse_target_header(raw: bytes, f: fmt.TargetFile, where: str) -> Header:

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import os
 
-from ...errors import UsageError
+from ...errors import BaseMismatchError, UsageError
 from ...format.bundle import reading
 from ...fsutil import check_output, fsync_dir, io_error, remove_tree, temp_name
 from ...progress import SILENT, Reporter
-from ...store import cache
-from ...store.checkpoint import is_file_arg, scan
+from ...store.checkpoint import is_file_arg
 from ...store.ignore import DEFAULT_RULES, Rules
-from .checks import check_base_listing, verify_bundle
-from .engine import build
+from .checks import check_base_listing, judge_base_mismatch, verify_bundle
+from .engine import build_checked, remember_output
 from .result import ApplyResult
 
 
@@ -32,7 +31,10 @@ def apply_copy(bundle, base, out, *, threads: int, reporter: Reporter = SILENT, 
                 hint="apply it to the checkpoint directory it was made from",
             )
         A = check_base_listing(reader.index, base, rules=rules)
-        headers = verify_bundle(reader, A, reporter=reporter)
+        try:
+            headers = verify_bundle(reader, A, reporter=reporter)
+        except BaseMismatchError as e:  # a base header the bundle expects: another base, or a false claim
+            raise judge_base_mismatch(e, reader.index, A, threads=threads) from None
         tmp = temp_name(os.path.abspath(out).rstrip("/"), "tmp")
         try:
             os.mkdir(tmp)
@@ -40,7 +42,7 @@ def apply_copy(bundle, base, out, *, threads: int, reporter: Reporter = SILENT, 
             raise io_error(tmp, e) from None
         try:
             outputs = {i: os.path.join(tmp, f.path) for i, f in enumerate(reader.index.files)}
-            written, produced = build(reader, A, headers, outputs, threads=threads, reporter=reporter)
+            written, produced = build_checked(reader, A, headers, outputs, threads=threads, reporter=reporter)
             fsync_tree(tmp)
             if single:
                 os.rename(outputs[0], out)  # the one file, verified; then its empty folder goes
@@ -57,7 +59,7 @@ def apply_copy(bundle, base, out, *, threads: int, reporter: Reporter = SILENT, 
             remove_tree(tmp)
             raise
     if not single:
-        cache.remember(scan(out, reuse=A), produced)  # the next step's base is hashed already
+        remember_output(out, reader.index, headers, produced)  # never fails: OUT is in place
     reporter.done()
     return ApplyResult(
         output=out,

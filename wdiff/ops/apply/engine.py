@@ -15,21 +15,21 @@ from dataclasses import dataclass
 from ...codec.chunk import RAW, decode_into
 from ...codec.dtypes import uint_type
 from ...defaults import DEFAULT_CHUNK
-from ...errors import BaseMismatchError, FormatError, IntegrityError
+from ...errors import BaseMismatchError, FormatError, IntegrityError, WdiffError
 from ...format import records as fmt
 from ...format.bundle import ZERO, BundleReader, Record
 from ...fsutil import io_error, write_all
 from ...parallel import ordered_map
 from ...paths import printable
 from ...progress import Reporter
-from ...store import manifest
+from ...store import cache, manifest
 from ...store.blockio import FdCache, read_base, scratch, span_digests
-from ...store.checkpoint import KIND_TENSORS, Checkpoint
+from ...store.checkpoint import KIND_TENSORS, Checkpoint, known_checkpoint, read_header
 from ...store.digests import Digests, hash_file
 from ...store.hashing import hexd, tree
-from ...store.header import Header
+from ...store.header import Header, HeaderError
 from ...store.units import FileLayout, Unit
-from .checks import check_target_digests
+from .checks import check_target_digests, judge_base_mismatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +156,10 @@ def apply_unit(
     return UnitDone(file, unit, a_dig, t_dig)
 
 
+class _FingerprintMismatch(BaseMismatchError):
+    """The base's fingerprint, measured, is not base.fingerprint: another base (5)."""
+
+
 class _Builder:
     """The state of one ``build``: output descriptors, digests, bytes written."""
 
@@ -221,6 +225,8 @@ class _Builder:
             if os.fstat(fd).st_size != f.size:
                 raise IntegrityError(f"{printable(f.path)}: {os.fstat(fd).st_size} bytes written, "
                                      f"the target has {f.size}")
+            if rec is not None:
+                _check_companion_kind(self.outputs[i], f)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -280,10 +286,25 @@ def build(
         reporter.phase("check base", None)
         fp = manifest.complete(A, b.da, threads=threads).fingerprint
         if fp != index.base_fingerprint:
-            raise BaseMismatchError(
+            raise _FingerprintMismatch(
                 f"{A.root}: fingerprint {hexd(fp)[:16]} is not the bundle's base {hexd(index.base_fingerprint)[:16]}"
             )
     return b.written, b.dt
+
+
+def build_checked(reader: BundleReader, A: Checkpoint | None, headers: dict[int, Header], outputs: dict[int, str],
+                  *, threads: int, reporter: Reporter, base_fingerprint: bytes | None = None) -> tuple[int, Digests]:
+    """:func:`build`, checking the base; a base check that fails within the
+    data pass (a chunk's base digest) is judged by the base's fingerprint:
+    5 when the base is another version, 4 when the bundle is inconsistent
+    with its own base. ``base_fingerprint``: the base's, known already."""
+    try:
+        return build(reader, A, headers, outputs, threads=threads, reporter=reporter,
+                     check_base=base_fingerprint is None)
+    except _FingerprintMismatch:
+        raise  # measured: another base
+    except BaseMismatchError as e:
+        raise judge_base_mismatch(e, reader.index, A, threads=threads, fingerprint=base_fingerprint) from None
 
 
 def _collect(b: _Builder, results) -> None:
@@ -307,6 +328,35 @@ def _collect(b: _Builder, results) -> None:
             synced.append(syncer.submit(os.fsync, b.out_fds[current]))
         for f in synced:
             f.result()
+
+
+def remember_output(root: str, index: fmt.Index, headers: dict[int, Header], digests: Digests) -> None:
+    """Put the block digests of the target just written at ``root`` into
+    the manifest cache, so the next step's base is hashed already. An
+    optimisation after the output is in place: it never refuses and never
+    fails (the files are described from the verified index, not scanned
+    again, and any error is ignored)."""
+    try:
+        ckpt = known_checkpoint(root, [(f.path, f.kind, headers.get(i)) for i, f in enumerate(index.files)])
+        cache.remember(ckpt, digests)
+    except (OSError, WdiffError):
+        pass
+
+
+def _check_companion_kind(path: str, f: fmt.TargetFile) -> None:
+    """A companion file at a path that ends in .safetensors must break a
+    strict safetensors rule: the kind of a file follows from its path and
+    bytes, and a scan of the output would take a strict tensor file for a
+    tensor file, so the result would not have the target's fingerprint.
+    (A file copied from the base is a companion file there already.)"""
+    if not f.path.endswith(".safetensors"):
+        return
+    try:
+        read_header(path, f.size, where=printable(f.path))
+    except HeaderError:
+        return  # not a strict tensor file: a companion file, as the index says
+    raise IntegrityError(f"{printable(f.path)}: the bundle gives it as a companion file, "
+                         "but its bytes are a valid safetensors file")
 
 
 def _preallocate(fd: int, size: int, path: str) -> None:

@@ -51,14 +51,14 @@ from ...parallel import ordered_map
 from ...paths import printable
 from ...progress import SILENT, Reporter
 from ...statedir import StateDir
-from ...store import cache, manifest, record
+from ...store import manifest, record
 from ...store.blockio import FdCache
 from ...store.checkpoint import KIND_TENSORS, Checkpoint, entry_at, path_sort_key, read_into, scan
 from ...store.digests import Digests
 from ...store.hashing import fingerprint, hexd
 from ...store.ignore import DEFAULT_RULES, Rules
-from .checks import check_base_listing, check_target_digests, verify_bundle
-from .engine import apply_unit, build
+from .checks import check_base_listing, check_target_digests, judge_base_mismatch, verify_bundle
+from .engine import apply_unit, build_checked, remember_output
 from .patch import patch_files, patch_items
 from .result import ApplyResult
 
@@ -141,7 +141,7 @@ def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporte
         _remove_recorded(root, [f.path for f in old], reader.index)
         _record(state, reader.index)
         if known is not None:
-            cache.remember(scan(root, rules=target_rules), known)  # the next step's base is hashed already
+            remember_output(root, reader.index, headers, known)  # never fails: the target is in place
     reporter.done()
     return _result(reader, root, written, resumed=resumed)
 
@@ -247,8 +247,12 @@ def _start(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, threads: in
         A = Checkpoint(root=A.root, files=tuple(f for f in A.files if f.path not in replace), excluded=A.excluded)
         _refuse_unrestorable(index, plan, replace)
     _refuse_shared_files(A)
-    headers = verify_bundle(reader, A, reporter=reporter)
+    try:
+        headers = verify_bundle(reader, A, reporter=reporter)
+    except BaseMismatchError as e:  # a base header the bundle expects: another base, or a false claim
+        raise judge_base_mismatch(e, index, A, threads=threads) from None
     base_digests = Digests()
+    fp = None
     if index.base_fingerprint is not None:
         reporter.phase("check base", A.total_bytes)
         m = manifest.complete(A, base_digests, threads=threads, reporter=reporter)
@@ -261,7 +265,10 @@ def _start(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, threads: in
                 f"nor its target {hexd(index.target_fingerprint)[:16]}",
                 hint=f"`wdiff verify {root} --bundle BUNDLE` names what differs from its target",
             )
-    _dry_run(reader, A, headers, set(plan.patch), base_digests, threads=threads, reporter=reporter)
+    try:
+        _dry_run(reader, A, headers, set(plan.patch), base_digests, threads=threads, reporter=reporter)
+    except BaseMismatchError as e:  # the base is the bundle's base (fp above): a chunk's base digest is false
+        raise judge_base_mismatch(e, index, A, threads=threads, fingerprint=fp) from None
     journal = Journal(
         bundle_id=hexd(reader.id),
         bundle_path=os.path.abspath(reader.path),
@@ -277,7 +284,8 @@ def _start(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, threads: in
         txn.clear()
         with txn.stage_dir(create=True) as stage:
             outputs = {i: stage.where(str(i)) for i, _ in plan.stage}
-            _, staged = build(reader, A, headers, outputs, threads=threads, reporter=reporter, check_base=False)
+            _, staged = build_checked(reader, A, headers, outputs, threads=threads, reporter=reporter,
+                                      base_fingerprint=fp or b"")
             base_digests.tensors.update(staged.tensors)
             base_digests.files.update(staged.files)
             stage.sync()
