@@ -63,11 +63,15 @@ class Older:
     through ``read_at(offset, n)``: its frame and every record header are
     read and checked first (the id against ``expect_id``, the chain of
     record digests against the index), then only the payloads asked for,
-    each against its record digest."""
+    each against its record digest. What this bundle takes from its own
+    base unchanged (a header, a companion file) is asked of ``then``, the
+    source of that base version, when there is one."""
 
     def __init__(self, read_at: Callable[[int, int], bytes], size: int, *, where: str,
-                 expect_id: bytes | None = None, expect_target: bytes | None = None) -> None:
+                 expect_id: bytes | None = None, expect_target: bytes | None = None,
+                 then: Callable[[], Older] | None = None) -> None:
         self.read_at, self.where = read_at, where
+        self._then, self._then_open = then, None
         bid, self.index = read_frame(read_at, size, where=where)
         if expect_id is not None and bid != expect_id:
             raise IntegrityError(f"{where}: is not the bundle the chain names")
@@ -88,6 +92,17 @@ class Older:
         self._raw: dict[int, np.ndarray] = {}
         self.lock = threading.Lock()
 
+    def _base(self, what: str) -> Older:
+        """The source of this bundle's base version, for ``what`` it kept."""
+        if self._then is None or self.index.base_fingerprint is None:
+            raise NotInvertible(f"{what} is not in {self.where}")
+        with self.lock:
+            if self._then_open is None:
+                self._then_open = self._then()
+                if self._then_open.index.target_fingerprint != self.index.base_fingerprint:
+                    raise IntegrityError(f"{self._then_open.where}: is not the base of {self.where}")
+            return self._then_open
+
     def _file(self, path: str, kind: str) -> int:
         i = self.pos.get(path)
         if i is None or self.index.files[i].kind != kind:
@@ -97,8 +112,11 @@ class Older:
     def header(self, path: str) -> bytes:
         i = self._file(path, KIND_TENSORS)
         rec = self.headers.get(i)
-        if rec is None:
-            raise NotInvertible(f"{printable(path)}: its header is not in {self.where}")
+        if rec is None:  # kept from this bundle's base, byte for byte (source "base")
+            raw = self._base(f"the header of {printable(path)}").header(path)
+            if xxhash.xxh3_128_digest(raw) != self.index.files[i].header_digest:
+                raise IntegrityError(f"{self.where}: the header of {printable(path)} does not match its digest")
+            return raw
         raw = decompress_exact(read_payload(self.read_at, rec, where=self.where)[0], rec.header.hi,
                                where=f"{self.where}: header of {printable(path)}")
         if xxhash.xxh3_128_digest(raw) != self.index.files[i].header_digest:
@@ -109,8 +127,8 @@ class Older:
         """The FILE record of a companion file: its header and compressed payload."""
         i = self._file(path, "file")
         rec = self.files.get(i)
-        if rec is None:
-            raise NotInvertible(f"{printable(path)}: its content is not in {self.where}")
+        if rec is None:  # kept from this bundle's base (same digest, checked by the caller)
+            return self._base(f"the content of {printable(path)}").companion(path)
         return rec.header, read_payload(self.read_at, rec, where=self.where)[0]
 
     def raw(self, path: str, lo: int, hi: int) -> np.ndarray:
@@ -147,7 +165,7 @@ class Older:
             return out
 
 
-def local_older(path: str, *, expect_target: bytes) -> Callable[[], Older]:
+def local_older(path: str, *, expect_target: bytes, then: Callable[[], Older] | None = None) -> Callable[[], Older]:
     """An :class:`Older` over a bundle file on this machine (one the caller
     verified, downloaded or its own), opened when first needed."""
 
@@ -161,7 +179,7 @@ def local_older(path: str, *, expect_target: bytes) -> Callable[[], Older]:
                 raise FormatError(f"{path}: truncated bundle")
             return data
 
-        older = Older(read_at, os.fstat(fd).st_size, where=path, expect_target=expect_target)
+        older = Older(read_at, os.fstat(fd).st_size, where=path, expect_target=expect_target, then=then)
         older._keep = f  # noqa: SLF001 - the file lives as long as the reader
         return older
 

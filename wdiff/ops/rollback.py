@@ -71,12 +71,20 @@ def step_back(store, chain: Chain, keys, directory: str, work: StateDir, back: l
     for k in reversed(range(len(back))):
         e = back[k]
         fetched = [0]
-        if k > 0:
-            sources = [local_older(paths[k - 1], expect_target=e.parent)]
-        else:
-            sources = [] if keys else [
-                _remote_older(store, p, fetched, budget - downloaded) for p in _producers(chain, e.parent)
-            ]
+        # the bundles of the run before this one are here, newest first, and
+        # each asks the one before for what it kept from its base; the
+        # oldest asks the remote's bundles of its base version, read in
+        # pieces (not with trusted keys: a signature covers whole files).
+        # Failing that, the remote's bundles of this step's older version.
+        oldest = [] if keys else [_remote_older(store, p, fetched, budget - downloaded)
+                                  for p in _producers(chain, back[0].parent)]
+        then = oldest[0] if oldest else None
+        for j in range(k - 1):
+            then = local_older(paths[j], expect_target=back[j].version, then=then)
+        sources = [local_older(paths[k - 1], expect_target=e.parent, then=then)] if k > 0 else oldest
+        if k > 0 and not keys:
+            sources += [_remote_older(store, p, fetched, budget - downloaded) for p in _producers(chain, e.parent)
+                        if p.bundle != back[k - 1].bundle]
         tmp = f"{PREFIX}{hexd(e.bundle)}.tmp"
         built = None
         why = ""
