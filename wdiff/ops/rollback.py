@@ -30,7 +30,7 @@ from .fetch import download
 from .reverse import NotInvertible, Older, build_inverse, local_older
 from .signatures import verify_bundle_signature
 
-READ_AHEAD = 4096  # record headers are read in windows of this many bytes
+READ_AHEAD = 512  # bytes read for a record header: it and, when payloads are tiny, the next ones
 PREFIX = "inverse-"
 
 
