@@ -20,10 +20,8 @@ import json
 import os
 import random
 import resource
-import shutil
 import signal
 import struct
-import subprocess
 import sys
 import time
 from collections import Counter

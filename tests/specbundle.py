@@ -59,7 +59,7 @@ import random
 import stat
 import struct
 import unicodedata
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import xxhash

@@ -142,7 +142,8 @@ def pull(
         out.result(f"{o.name(res.directory)} is already at {res.after.hex()[:12]}")
         return
     start = "an anchor" if res.from_anchor else res.before.hex()[:12] if res.before else "empty"
-    out.result(f"updated {o.name(res.directory)}: {start} -> {res.after.hex()[:12]} with {len(res.bundles)} bundle"
+    how = "undoing" if res.stepped_back else "with"
+    out.result(f"updated {o.name(res.directory)}: {start} -> {res.after.hex()[:12]} {how} {len(res.bundles)} bundle"
                f"{'s' if len(res.bundles) != 1 else ''}, {o.size(res.downloaded)} downloaded")
 
 

@@ -414,3 +414,75 @@ def reading(bundle) -> BundleReader:
     (one whose signature was checked on its open file, say) is used as it
     is. Either way the reader is closed when the ``with`` block ends."""
     return bundle if isinstance(bundle, BundleReader) else BundleReader(bundle)
+
+
+# -- a bundle read piece by piece (a remote one, say) ---------------------------
+
+
+@dataclass(frozen=True)
+class Located:
+    """A record found by :func:`walk_headers`: its header and where its
+    payload starts in the bundle."""
+
+    header: fmt.RecordHeader
+    offset: int
+    index: int
+
+
+def read_frame(read_at, size: int, *, where: str) -> tuple[bytes, fmt.Index]:
+    """The id and the checked index of a bundle of ``size`` bytes that is read
+    through ``read_at(offset, n) -> bytes``: preamble, footer, index digest,
+    index consistency, as :class:`BundleReader` checks them."""
+    if size < fmt.PREAMBLE.size + fmt.FOOTER.size:
+        raise FormatError(f"{where}: truncated bundle")
+    version = fmt.check_preamble(read_at(0, fmt.PREAMBLE.size), where=where)
+    footer = fmt.unpack_footer(read_at(size - fmt.FOOTER.size, fmt.FOOTER.size), size, where=where)
+    packed = read_at(footer.index_offset, footer.index_len)
+    if xxhash.xxh3_128_digest(packed) != footer.index_digest:
+        raise IntegrityError(f"{where}: bundle index is corrupt (digest mismatch)")
+    index = fmt.decode_index(decompress_exact(packed, footer.index_raw_len, where=f"{where}: index"), where=where)
+    if index.version != version:
+        raise FormatError(f"{where}: preamble and index disagree on the format version")
+    if index.records_bytes != footer.index_offset - fmt.PREAMBLE.size:
+        raise FormatError(f"{where}: index and footer disagree on the record area")
+    return footer.index_digest, index
+
+
+def walk_headers(read_at, index: fmt.Index, *, where: str) -> list[Located]:
+    """Every record header of a bundle whose index is ``index``, read
+    through ``read_at`` without its payload, with the order and bounds rules
+    and, at the end, the count and the chain digest checked: each header's
+    digest is then the bundle's, and a payload read later is proved by it."""
+    end = fmt.PREAMBLE.size + index.records_bytes
+    pos = fmt.PREAMBLE.size
+    chain = xxhash.xxh3_128()
+    last: tuple[int, int, int] = (-1, -1, 0)
+    seen: set[int] = set()
+    out: list[Located] = []
+    while pos < end:
+        w = f"{where}: record {len(out)}"
+        if len(out) >= index.records_count:
+            raise FormatError(f"{w}: more records than the index lists")
+        h = fmt.unpack_record(read_at(pos, fmt.RECORD.size), where=w)
+        pos += fmt.RECORD.size
+        last = _check_order(index, h, last, seen, w)
+        if pos + h.payload_len > end:
+            raise FormatError(f"{w}: payload runs past the record area")
+        chain.update(h.digest)
+        out.append(Located(h, pos, len(out)))
+        pos += h.payload_len
+    if len(out) != index.records_count or chain.digest() != index.records_digest:
+        raise IntegrityError(f"{where}: record stream does not match the index (spliced or truncated)")
+    return out
+
+
+def read_payload(read_at, rec: Located, *, where: str) -> tuple[bytes, bytes, bytes]:
+    """The payload sections of a located record, checked against its digest."""
+    h = rec.header
+    data = read_at(rec.offset, h.payload_len) if h.payload_len else b""
+    hasher = xxhash.xxh3_128()
+    hasher.update(data)
+    if len(data) != h.payload_len or fmt.record_digest(hasher, h) != h.digest:
+        raise IntegrityError(f"{where}: record {rec.index} is corrupt (digest mismatch)")
+    a, b = h.lens[0], h.lens[0] + h.lens[1]
+    return data[:a], data[a:b], data[b:]

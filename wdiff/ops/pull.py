@@ -41,6 +41,7 @@ from . import trust
 from .fetch import accept, download, read_verified
 from .history import EMPTY_FINGERPRINT, fingerprint_of, plan
 from .places import refuse_remote_as_checkpoint
+from .rollback import finish_interrupted, plan_back, step_back
 from .signatures import verify_bundle_signature
 from .squash import squash, squash_from
 
@@ -57,6 +58,7 @@ class PullResult:
     from_anchor: bool = False
     restored: tuple[str, ...] = ()  # files whose local changes --force discarded
     link: str | None = None  # --atomic: the link that now points at ``directory``
+    stepped_back: bool = False  # undid ``bundles`` (newest first) through their inverses
 
     def to_json(self) -> dict:
         return {
@@ -67,6 +69,7 @@ class PullResult:
             "after": hexd(self.after),
             "up_to_date": self.up_to_date,
             "from_anchor": self.from_anchor,
+            "stepped_back": self.stepped_back,
             "bundles": [hexd(b) for b in self.bundles],
             "downloaded_bytes": self.downloaded,
             "restored": list(self.restored),
@@ -197,6 +200,22 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
     if not run:
         _adopt(state, directory, threads, reporter)
         return PullResult(store.url, directory, before, goal, up_to_date=True)
+    back = plan_back(chain, current, goal, run)
+    fetched = 0
+    if back:  # a rollback: undoing the bundles between costs less than the anchor
+        if guessed:  # the inverses are built from DIR's bytes: plan from them, not from a guess
+            return _bring(store, chain, keys, directory, work, state, fingerprint_of(directory, threads, reporter),
+                          goal, False, threads, reporter)
+        _check_space(work, back)
+        got = step_back(store, chain, keys, directory, work, back, budget=sum(e.size for e in run),
+                        threads=threads, reporter=reporter)
+        if got.done:
+            return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in reversed(back)),
+                              got.downloaded, stepped_back=True)
+        reporter.warn(f"cannot step back along the chain ({got.why}); rebuilding from an anchor")
+        fetched = got.downloaded
+        current = fingerprint_of(directory, threads, reporter)
+        run, from_anchor = plan(chain, current, goal)
     empty = current == EMPTY_FINGERPRINT
     rebuild = from_anchor and not empty
     if rebuild and os.stat(directory).st_dev != os.stat(os.path.dirname(directory)).st_dev:
@@ -206,7 +225,7 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
             hint="empty it (or pull into a new directory inside it), then pull again",
         )
     _check_space(work, run)
-    downloaded = 0
+    downloaded = fetched
     bundles = []
     for e in run:
         path, n = download(store, e, work, reporter)
@@ -475,6 +494,9 @@ def _finish_interrupted(store, chain, keys, journal, directory: str, work: State
     but only when its bundle is one of the verified chain, checked again in
     this run (every part's digest, the signature with trusted keys)."""
     entry = next((e for e in chain.entries if hexd(e.bundle) == journal.bundle_id), None)
+    if entry is None and finish_interrupted(chain, journal.bundle_id, directory, work, threads=threads,
+                                            reporter=reporter):
+        return
     if entry is None:
         raise BusyError(
             f"{directory}: an in-place apply that this pull did not start (bundle {journal.bundle_id[:12]}, "

@@ -72,7 +72,7 @@ class _Version:
         return self.files.get(path)
 
 
-class _Step:
+class Step:
     """One bundle of the run, with random access to its CHUNK records."""
 
     def __init__(self, path: str, reader: BundleReader) -> None:
@@ -124,7 +124,7 @@ class _Step:
         self.reader.close()
 
 
-class _Decoded:
+class DecodedCache:
     """Decoded records (the XOR, or the new bytes of a raw record), cached
     within a byte budget and shared by the worker threads."""
 
@@ -134,7 +134,7 @@ class _Decoded:
         self.items: OrderedDict = OrderedDict()
         self.lock = threading.Lock()
 
-    def get(self, step: _Step, j: int, rec: Record) -> np.ndarray:
+    def get(self, step: Step, j: int, rec: Record) -> np.ndarray:
         key = (j, rec.index)
         with self.lock:
             hit = self.items.get(key)
@@ -200,10 +200,10 @@ def squash_from(
     if check_out:
         check_output(out, [("the bundle", b) for b in bundles] + [("the base checkpoint", base)], overwrite=overwrite)
     threads = threads or default_threads()
-    steps: list[_Step] = []
+    steps: list[Step] = []
     try:
         for b in bundles:
-            steps.append(_Step(os.fspath(b), BundleReader(b)))
+            steps.append(Step(os.fspath(b), BundleReader(b)))
         for prev, nxt in zip(steps, steps[1:]):
             if nxt.reader.index.base_fingerprint != prev.reader.index.target_fingerprint:
                 raise BaseMismatchError(f"{nxt.path} does not follow {prev.path}: its base is another version")
@@ -240,7 +240,7 @@ def _base_version(A: Checkpoint | None) -> _Version:
     return v
 
 
-def _next_version(prev: _Version, j: int, st: _Step, headers: dict[int, Header]) -> _Version:
+def _next_version(prev: _Version, j: int, st: Step, headers: dict[int, Header]) -> _Version:
     v = _Version()
     for i, f in enumerate(st.reader.index.files):
         if f.kind == KIND_TENSORS:
@@ -263,7 +263,7 @@ def _same_type(a: TensorInfo, b: TensorInfo) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.nbytes == b.nbytes
 
 
-def _bytes_of(j: int, name: str, lo: int, hi: int, steps, versions, fds, A, cache: _Decoded) -> np.ndarray:
+def _bytes_of(j: int, name: str, lo: int, hi: int, steps, versions, fds, A, cache: DecodedCache) -> np.ndarray:
     """Bytes [lo, hi) of tensor ``name`` as version j holds it."""
     if j == 0:
         f, t = A.tensors[name]
@@ -313,7 +313,7 @@ def _write(steps, versions, A, out: str, *, level: int, threads: int, reporter: 
     ))
     version = format_version(A, target)
     scoped = version >= fmt.SCOPED_NAMES
-    cache = _Decoded()
+    cache = DecodedCache()
     k = len(steps)
     work = [
         (i, u)

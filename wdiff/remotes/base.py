@@ -64,6 +64,13 @@ class Reader(ABC):
         the size and that the object is a plain file; the caller verifies the
         content."""
 
+    def fetch_range(self, path: str, offset: int, length: int, *, size: int) -> bytes:
+        """Bytes [offset, offset + length) of object ``path``, which is exactly
+        ``size`` bytes long (checked, as :meth:`fetch` checks it); the caller
+        verifies the content. A store that cannot read part of an object
+        raises NotImplementedError, and the caller fetches whole objects."""
+        raise NotImplementedError
+
 
 def check_fetch_args(size: int | None, max_size: int | None) -> None:
     if (size is None) == (max_size is None) or (size is not None and size < 0) or (max_size is not None and max_size < 0):

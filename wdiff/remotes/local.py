@@ -64,6 +64,24 @@ class LocalStore(Writer):
         except OSError as e:
             raise io_error(dest, e) from None
 
+    def fetch_range(self, path: str, offset: int, length: int, *, size: int) -> bytes:
+        src = self._path(path)
+        what = f"{self.url}: {path}"
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ValueError("a range outside the object")
+        try:
+            with open_regular(src, what=what) as f:
+                if os.fstat(f.fileno()).st_size != size:
+                    raise IntegrityError(f"{self.url}: {path} is not {size} bytes long (damaged remote)")
+                data = os.pread(f.fileno(), length, offset)
+        except FileNotFoundError:
+            raise NotFoundError(f"{self.url}: object {path} is missing") from None
+        except OSError as e:
+            raise io_error(src, e) from None
+        if len(data) != length:
+            raise IntegrityError(f"{self.url}: {path} ended early (damaged remote)")
+        return data
+
     def publish(self, uploads: list[Upload], chain: bytes, token: object, *, message: str,
                 reporter: Reporter = SILENT) -> None:
         try:
