@@ -356,6 +356,10 @@ def _bring_local(store, chain, keys, directory: str, work: StateDir, local: Loca
     run, from_anchor = plan_recorded(chain, local, goal)
     if not run:
         return PullResult(store.url, directory, before, goal, up_to_date=True)
+    if from_anchor and not local.changed:
+        stepped = _step_back(store, chain, keys, directory, work, local.version, goal, run, before, threads, reporter)
+        if stepped is not None:
+            return stepped
     replace = set(local.changed)
     if not from_anchor:
         paths, downloaded = _fetch(store, keys, run, work, reporter)
@@ -390,6 +394,24 @@ def _bring_local(store, chain, keys, directory: str, work: StateDir, local: Loca
                    replace=frozenset(replace | set(clashes)))
     return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in run), downloaded,
                       from_anchor=True, restored=tuple(sorted(replace | set(clashes))))
+
+
+def _step_back(store, chain, keys, directory: str, work: StateDir, current: bytes, goal: bytes, run, before,
+               threads: int, reporter: Reporter) -> PullResult | None:
+    """A recorded directory going back to an older version: undo the bundles
+    between through their inverses when that costs less than the anchor
+    ``run``; None when it does not, or cannot (the anchor run follows)."""
+    back = plan_back(chain, current, goal, run)
+    if not back:
+        return None
+    _check_space(work, back)
+    got = step_back(store, chain, keys, directory, work, back, budget=sum(e.size for e in run),
+                    threads=threads, reporter=reporter)
+    if got.done:
+        return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in reversed(back)),
+                          got.downloaded, stepped_back=True)
+    reporter.warn(f"cannot step back along the chain ({got.why}); restoring from an anchor")
+    return None
 
 
 def _fetch(store, keys, run, work: StateDir, reporter: Reporter) -> tuple[list[str], int]:

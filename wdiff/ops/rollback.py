@@ -102,7 +102,8 @@ def step_back(store, chain: Chain, keys, directory: str, work: StateDir, back: l
             return SteppedBack(False, downloaded, why)
         name = f"{PREFIX}{hexd(built.bundle_id)}.wdb"
         os.rename(tmp, name, src_dir_fd=work.fd, dst_dir_fd=work.fd)
-        apply_in_place(work.where(name), directory, abort=False, threads=threads, reporter=reporter)
+        apply_in_place(work.where(name), directory, abort=False, threads=threads, reporter=reporter,
+                       beside_locked=True)  # under the pull's lock
         work.unlink(name)
     return SteppedBack(True, downloaded)
 
@@ -174,6 +175,7 @@ def finish_interrupted(chain: Chain, bundle_id: str, directory: str, work: State
     if not ok:
         return False
     reporter.warn(f"finishing an interrupted rollback (to {short(r.index.target_fingerprint)})")
-    apply_in_place(path, directory, abort=False, threads=threads, reporter=reporter)
+    apply_in_place(path, directory, abort=False, threads=threads, reporter=reporter,
+                   beside_locked=True)  # under the pull's lock
     work.unlink(name)
     return True
