@@ -184,11 +184,12 @@ def owner_alive(pid: int, start: int | None) -> bool:
     return start is not None and _start_time(pid) == start
 
 
-def beside_lock_path(directory: str) -> str:
+def beside_lock_path(directory: str, *, follow: bool = True) -> str:
     """``PARENT/.NAME.wdiff-lock``: the lock every writer of checkpoint
     directory ``directory`` holds (pull, and apply --in-place), beside it
-    because a pull may swap the directory itself."""
-    parent, name = os.path.split(os.path.realpath(directory))
+    because a pull may swap the directory itself. Without ``follow``, the
+    lock of a symbolic link itself (pull --atomic switches the link)."""
+    parent, name = os.path.split(os.path.realpath(directory) if follow else os.path.abspath(directory))
     return os.path.join(parent, f".{name}.wdiff-lock")
 
 

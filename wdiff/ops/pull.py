@@ -114,13 +114,12 @@ def pull(
     if os.path.lexists(directory) and not os.path.isdir(directory):
         raise UsageError(f"{given}: exists and is not a directory", hint="pull into a directory (it is created if missing)")
     threads = threads or default_threads()
-    keys = signing.required_keys(trusted_keys, require_signature)
-    refuse_remote_as_checkpoint(directory, "a pull would write a checkpoint over it")
-    store = open_remote(remote, token=token)
     # read (and check) the chain before creating DIR: a missing or untrusted
     # remote must not leave an empty directory behind
-    records = trust.places(directory)
-    read = read_verified(store, keys, max_age=max_age, records=records, reporter=reporter)
+    store, keys, read, records = _open_verified(remote, directory, "a pull would write a checkpoint over it",
+                                                token=token, trusted_keys=trusted_keys,
+                                                require_signature=require_signature, max_age=max_age,
+                                                reporter=reporter)
     chain = read.chain
     created = not os.path.exists(directory)
     try:
@@ -143,6 +142,18 @@ def pull(
         raise
     reporter.done()
     return res
+
+
+def _open_verified(remote, directory: str, purpose: str, *, token, trusted_keys, require_signature, max_age,
+                   reporter: Reporter):
+    """The remote a pull into ``directory`` reads, and its chain, verified
+    with the trusted keys and against the records of remotes seen (beside
+    ``directory`` and this user's): (store, keys, ReadChain, records)."""
+    keys = signing.required_keys(trusted_keys, require_signature)
+    refuse_remote_as_checkpoint(directory, purpose)
+    store = open_remote(remote, token=token)
+    records = trust.places(directory)
+    return store, keys, read_verified(store, keys, max_age=max_age, records=records, reporter=reporter), records
 
 
 def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter: Reporter,
@@ -621,15 +632,16 @@ def _pull_atomic(remote, link: str, *, to, trusted_keys, require_signature, toke
         raise UsageError(f"{link}: points at {old}, which is not a directory",
                          hint="point the link at a directory (it may be empty), or pull without --atomic")
     threads = threads or default_threads()
-    keys = signing.required_keys(trusted_keys, require_signature)
-    refuse_remote_as_checkpoint(old, "a pull would build a checkpoint from it")
-    store = open_remote(remote, token=token)
-    records = trust.places(old)
-    read = read_verified(store, keys, max_age=max_age, records=records, reporter=reporter)
+    store, keys, read, _ = _open_verified(remote, old, "a pull would build a checkpoint from it",
+                                          token=token, trusted_keys=trusted_keys,
+                                          require_signature=require_signature, max_age=max_age,
+                                          reporter=reporter)
     chain = read.chain
     goal = chain.resolve(to)
-    parent, name = os.path.split(link)
-    with locked_beside(os.path.join(parent, f".{name}.wdiff-lock"), what=link):
+    # the link's own lock (two --atomic pulls), and the one every writer of the
+    # old directory holds: this pull writes into its .wdiff (work area, temps)
+    with locked_beside(beside_lock_path(link, follow=False), what=link), \
+            locked_beside(beside_lock_path(old), what=old):
         with StateDir.open(old) as state:
             state.sweep_temps()
             if Txn(state).read_journal() is not None:
