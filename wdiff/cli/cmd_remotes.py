@@ -221,6 +221,13 @@ def status(
         out.document(res.to_json())
     elif res.up_to_date:
         out.result(f"{o.name(res.directory)} is up to date at {res.target.hex()[:12]}")
+    elif res.changed:
+        n = len(res.changed)
+        names = ", ".join(o.name(p) for p in res.changed[:5]) + (f" and {n - 5} more" if n > 5 else "")
+        where = "at the target" if res.current == res.target else f"behind {res.target.hex()[:12]}"
+        out.result(f"{o.name(res.directory)} is at {res.current.hex()[:12]} ({where}) with local changes to "
+                   f"{n} file{'s' if n != 1 else ''}: {names}; `wdiff pull` refuses to discard them "
+                   f"(--force restores them; {o.size(res.download)} to download)")
     elif not res.exists:
         out.result(f"{o.name(res.directory)} does not exist; `wdiff pull` would create it at {res.target.hex()[:12]} "
                    f"from an anchor ({res.behind} bundle{'s' if res.behind != 1 else ''}, {o.size(res.download)} to download)")
