@@ -11,7 +11,7 @@ import pytest
 from factory import mutate, rand, tree, write_ckpt
 
 import wdiff
-from wdiff.errors import BaseMismatchError, BusyError, ConflictError, IntegrityError, NotFoundError, UsageError
+from wdiff.errors import BaseMismatchError, BusyError, ConflictError, IntegrityError, LocalChangesError, NotFoundError, UsageError
 from wdiff.format.chain import Chain
 from wdiff.fsutil import locked
 from wdiff.ops.squash import squash
@@ -121,7 +121,10 @@ def test_pull_replaces_unknown_content(versions, remote, tmp_path):
     d = tmp_path / "d"
     d.mkdir()
     (d / "stray.bin").write_bytes(b"unknown")
-    r = wdiff.pull(remote, d)
+    with pytest.raises(LocalChangesError):  # nothing says stray.bin is not someone's work
+        wdiff.pull(remote, d)
+    assert tree(d) == {"stray.bin": b"unknown"}
+    r = wdiff.pull(remote, d, force=True)
     assert r.from_anchor and r.before is None
     assert tree(d) == tree(versions[2])
     assert [p.name for p in tmp_path.iterdir() if ".wdiff-old" in p.name or ".wdiff-new" in p.name] == []

@@ -97,7 +97,7 @@ def pull(
     require_signature: RequireSig = False,
     token: HubToken = None,
     max_age: MaxAge = None,
-    force: Annotated[bool, typer.Option("--force", help="Discard local changes to the checkpoint's own files (restored from the remote); files that are not part of it are kept.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Discard local changes to the checkpoint's own files (restored from the remote); files that are not part of it are kept. A DIR with no record, at a version the remote does not know, is replaced (its .git/ and .cache/ are kept).")] = False,
     atomic: Annotated[bool, typer.Option("--atomic", help="DIR is a symbolic link: build the new version beside its target, then switch the link to it in one rename.")] = False,
     json_mode: Json = False,
     quiet: Quiet = False,
@@ -119,6 +119,8 @@ def pull(
     .cache/) are untracked: kept and never read. A file of that version that
     was changed here makes the pull refuse (status 5) and name it; --force
     restores it, from the deltas when they carry it, else from an anchor. A
+    DIR with no record at a version the remote does not know is refused too
+    (status 5), and replaced with --force. A
     symbolic link DIR is followed and its target updated; with --atomic the
     new version is built beside the target and the link switched to it.
     """

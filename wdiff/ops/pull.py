@@ -180,14 +180,16 @@ def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter:
                 if not guessed and current != EMPTY_FINGERPRINT:
                     current = fingerprint_of(directory, threads, reporter)
                 try:
-                    return _bring(store, chain, keys, directory, work, state, current, goal, guessed, threads, reporter)
+                    return _bring(store, chain, keys, directory, work, state, current, goal, guessed, threads, reporter,
+                                  force)
                 except BaseMismatchError:
                     if not guessed:
                         raise
                     # the guess was stale (a file changed behind the cache's back):
                     # nothing was written; plan again from what DIR holds
                     current = fingerprint_of(directory, threads, reporter)
-                    return _bring(store, chain, keys, directory, work, state, current, goal, False, threads, reporter)
+                    return _bring(store, chain, keys, directory, work, state, current, goal, False, threads, reporter,
+                                  force)
             finally:
                 work.close()
         except (Interrupted, KeyboardInterrupt, RemoteError):
@@ -202,10 +204,12 @@ def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter:
 
 
 def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, current: bytes, goal: bytes,
-           guessed: bool, threads: int, reporter: Reporter) -> PullResult:
+           guessed: bool, threads: int, reporter: Reporter, force: bool = False) -> PullResult:
     """Bring ``directory``, at version ``current``, to ``goal``. An apply
     reads and checks the whole base, so a ``guessed`` current that is wrong
-    ends in a BaseMismatchError before anything is written."""
+    ends in a BaseMismatchError before anything is written. A directory at a
+    version the remote does not know, with no record of a pull, is replaced
+    only with ``force``: what it holds may be someone's work."""
     run, from_anchor = plan(chain, current, goal)
     before = current if current in chain.versions else None
     if not run:
@@ -216,7 +220,7 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
     if back:  # a rollback: undoing the bundles between costs less than the anchor
         if guessed:  # the inverses are built from DIR's bytes: plan from them, not from a guess
             return _bring(store, chain, keys, directory, work, state, fingerprint_of(directory, threads, reporter),
-                          goal, False, threads, reporter)
+                          goal, False, threads, reporter, force)
         _check_space(work, back)
         got = step_back(store, chain, keys, directory, work, back, budget=sum(e.size for e in run),
                         threads=threads, reporter=reporter)
@@ -229,6 +233,8 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
         run, from_anchor = plan(chain, current, goal)
     empty = current == EMPTY_FINGERPRINT
     rebuild = from_anchor and not empty
+    if rebuild and current not in chain.versions and not force:
+        _refuse_unknown(directory, chain)  # before anything is downloaded
     if rebuild and os.stat(directory).st_dev != os.stat(os.path.dirname(directory)).st_dev:
         raise WdiffIOError(
             f"{directory}: holds a version the remote does not know, and is a mount point, "
@@ -289,6 +295,18 @@ def _refuse_local_changes(directory: str, local: LocalState, clashes=()) -> None
         f"{directory}: holds local changes that a pull would discard: " + "; ".join(lines[:20]) + more,
         hint="--force discards these changes (files that are not part of the checkpoint are kept); "
              "or copy them elsewhere first, or pull into another directory",
+    )
+
+
+def _refuse_unknown(directory: str, chain) -> None:
+    names = [printable(f.path) for f in scan(directory).files]
+    more = f" (and {len(names) - 10} more)" if len(names) > 10 else ""
+    raise LocalChangesError(
+        f"{directory}: holds a version the remote does not know ({len(names)} file{'s' if len(names) != 1 else ''}: "
+        + ", ".join(names[:10]) + more + "), and no record of a pull says which of them are the checkpoint; "
+        "a pull would replace them all",
+        hint="--force replaces the directory with the remote's version (its .git/ and .cache/ are kept); "
+             "or pull into another directory",
     )
 
 
