@@ -239,6 +239,10 @@ def status(
                    f"{res.target.hex()[:12]}, at {res.current.hex()[:12]} ({back})")
     elif res.behind < 0:
         out.result(f"{o.name(res.directory)} is at {res.current.hex()[:12]}; the remote cannot rebuild {res.target.hex()[:12]}")
+    elif not res.known:
+        out.result(f"{o.name(res.directory)} holds a version the remote does not know ({res.current.hex()[:12]}); "
+                   f"`wdiff pull` refuses to replace it, --force rebuilds it at {res.target.hex()[:12]} from an anchor "
+                   f"({res.behind} bundle{'s' if res.behind != 1 else ''}, {o.size(res.download)} to download)")
     else:
         how = "from an anchor" if res.from_anchor else f"from {res.current.hex()[:12]}"
         out.result(f"{o.name(res.directory)} is {res.behind} bundle{'s' if res.behind != 1 else ''} behind "
