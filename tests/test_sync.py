@@ -322,3 +322,64 @@ def test_squash_on_the_remote(versions, remote, tmp_path):
     assert wdiff.pull(remote, d).bundles == (r2.bundle_id,)
     assert tree(d) == tree(versions[2])
     assert not wdiff.squash_remote(remote).uploaded  # idempotent: it is one bundle now
+
+
+def test_list_store_delete(remote, versions, tmp_path):
+    """The object interface below the chain (gc, staged parts): store puts
+    objects without touching the chain, list sees them with their sizes,
+    delete removes them, never the chain, and a missing path is no error."""
+    wdiff.push(versions[0], remote, anchor=True)
+    store = open_remote(remote)
+    raw, _ = store.read_chain()
+    before = dict(store.list())
+    assert "chain.json" in before and before["chain.json"] == len(raw)
+    chain = Chain.decode(raw, where=remote)
+    for p in chain.entries[0].parts:
+        assert before[p.path] == p.size
+    assert store.list("objects") == sorted((k, v) for k, v in before.items() if k.startswith("objects/"))
+    assert store.list("nothing-here") == []
+    src = tmp_path / "blob"
+    src.write_bytes(b"0123456789" * 1000)
+    from wdiff.remotes import Upload
+
+    ups = [Upload("stage/x/a.bin", str(src), 0, 10_000), Upload("stage/x/b.bin", str(src), 100, 500)]
+    store = open_remote(remote)
+    store.store(ups)
+    store = open_remote(remote)
+    assert store.list("stage") == [("stage/x/a.bin", 10_000), ("stage/x/b.bin", 500)]
+    assert store.read_chain()[0] == raw  # the chain is untouched
+    got = tmp_path / "got"
+    store.fetch("stage/x/b.bin", str(got), size=500)
+    assert got.read_bytes() == src.read_bytes()[100:600]
+    with pytest.raises(ValueError):
+        store.delete(["chain.json"])
+    with pytest.raises(ValueError):
+        store.delete(["../outside"])
+    store.delete(["stage/x/a.bin", "stage/x/never-was"])
+    store = open_remote(remote)
+    assert store.list("stage") == [("stage/x/b.bin", 500)]
+    store.delete(["stage/x/b.bin"])
+    store = open_remote(remote)
+    assert store.list("stage") == []
+    assert store.read_chain()[0] == raw
+    # a push after object-only writes still goes through (the Hub's branch moved meanwhile)
+    wdiff.push(versions[1], remote, base=versions[0])
+    assert len(wdiff.log(remote).entries) == 2
+    wdiff.pull(remote, tmp_path / "out")
+    assert tree(tmp_path / "out") == tree(versions[1])
+
+
+def test_push_after_a_store_by_someone_else(remote, versions, tmp_path):
+    """A store between a push's chain read and its publish changes no chain:
+    the push still wins (on the Hub it builds on the store's commit)."""
+    wdiff.push(versions[0], remote, anchor=True)
+    from wdiff.remotes import Upload
+
+    src = tmp_path / "blob"
+    src.write_bytes(b"x" * 100)
+    other = open_remote(remote)
+    store = open_remote(remote, create=True)
+    raw, token = store.read_chain()
+    other.store([Upload("stage/y/z.bin", str(src), 0, 100)])
+    store.publish([], raw, token, message="same chain again")
+    assert open_remote(remote).read_chain()[0] == raw
