@@ -49,6 +49,8 @@ def push(
     token: HubToken = None,
     adopt: Annotated[bool, typer.Option("--adopt", help="With --sign: sign a remote whose chain is not signed yet (after checking it).")] = False,
     allow_opaque: Annotated[bool, typer.Option("--allow-opaque", help="Push DIR even if a loader could not open it (a safetensors file that does not parse, an index that does not match).")] = False,
+    anchor_every: Annotated[Optional[int], typer.Option("--anchor-every", metavar="N", help="With --base: also publish DIR whole as an anchor every N pushes (counting from the newest anchor).", show_default=False)] = None,
+    anchor_when: Annotated[Optional[float], typer.Option("--anchor-when", metavar="FRACTION", help="With --base: also publish an anchor when catching up from the newest anchor would cost more than FRACTION of its size.", show_default=False)] = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -67,6 +69,11 @@ def push(
     unless the repository has one already. hf://ORG/NAME@BRANCH creates the
     branch from the default branch when it does not exist, and
     hf://ORG/NAME@BRANCH/FOLDER keeps the chain in FOLDER instead of wdiff/.
+
+    --anchor-every N and --anchor-when FRACTION keep the chain cheap for new
+    machines: when either says so, DIR is also packed whole and that anchor
+    is published with the delta, in the same chain write (pullers that are
+    one version behind still download the delta).
     """
     from ..ops.push import push as run_push
 
@@ -74,7 +81,7 @@ def push(
     res = run_push(source, remote, base=base, anchor=anchor, label=label, part_size=_size_arg(part_size),
                    fork=fork, level=level, sign_key=sign, token=token, private=not public,
                    commit_message=commit_message, adopt=adopt, allow_opaque=allow_opaque, threads=threads,
-                   reporter=out.reporter())
+                   anchor_every=anchor_every, anchor_when=anchor_when, reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return
@@ -82,7 +89,8 @@ def push(
     verb = "pushed" if res.uploaded else "already on the remote:"
     lab = f" ({o.name(res.label, 80)})" if res.label else ""
     out.result(f"{verb} {res.version.hex()[:12]}{lab}, {what}: {o.size(res.bytes)} in {res.parts} part"
-               f"{'s' if res.parts != 1 else ''} to {o.name(res.remote)}")
+               f"{'s' if res.parts != 1 else ''} to {o.name(res.remote)}"
+               + (f", with an anchor ({res.anchored.hex()[:12]})" if res.anchored else ""))
 
 
 # -- pull ---------------------------------------------------------------------------------
@@ -299,3 +307,65 @@ def squash(
         return
     out.result(f"wrote {o.name(str(output))}: {len(bundles)} bundles as one, {o.size(res.bundle_bytes)} "
                f"({res.target_fingerprint.hex()[:12]} from {res.base_fingerprint.hex()[:12] if res.base_fingerprint else 'nothing'})")
+
+
+# -- gc -----------------------------------------------------------------------------------
+
+
+def _grace_arg(text: str) -> float:
+    return 0.0 if text.strip() in ("0", "0s", "0m", "0h", "0d") else _age_arg(text)
+
+
+@app.command(epilog=epilog("gc"))
+def gc(
+    remote: Remote,
+    keep_last: Annotated[int, typer.Option("--keep-last", metavar="N", help="Keep the N newest versions (in push order); the head is always kept.", show_default=False)],
+    keep: Annotated[Optional[list[str]], typer.Option("--keep", metavar="VERSION", help="Also keep this version: a label, a fingerprint (or prefix) or HEAD~N (repeatable).", show_default=False)] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Say what would go and how many bytes it frees; change nothing.")] = False,
+    grace: Annotated[str, typer.Option("--grace", metavar="AGE", help="Delete an unreferenced object only once an earlier gc listed it this long ago (0: at once, only when no pull is running).")] = "24h",
+    sign: SignKey = None,
+    token: HubToken = None,
+    work: Annotated[Optional[Path], typer.Option("--work", metavar="DIR", help="Where a kept checkpoint is rebuilt when a new delta must be squashed from it [default: a temporary directory].", show_default=False)] = None,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Remove the versions a remote no longer needs to keep, and their objects.
+
+    Keeps the newest --keep-last N versions, every --keep VERSION and the
+    head. First every kept version is made reachable without the others: a
+    kept version whose only way from an anchor runs through removed versions
+    gets a squashed bundle (an anchor for the oldest kept version, a delta from
+    the kept version before it for the others). Then, in two phases as
+    restic's prune does: phase 1 publishes a chain index without the removed
+    entries (one conditional write; status 8 if the chain moved meanwhile),
+    which lists every object it no longer names as garbage, with the time it
+    was found; phase 2 deletes only the garbage that a gc listed at least
+    --grace ago (default 24h). A pull that read the old chain therefore never
+    finds its objects gone within the grace period; a later gc frees them.
+    A signed chain is re-signed with --sign KEY, and refused without it. On a
+    Hub repository the deletion is a commit: the bytes stay in the git history
+    until the history is squashed.
+    """
+    from ..ops.gc import gc as run_gc
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_gc(remote, keep_last=keep_last, keep=keep or [], dry_run=dry_run, grace=_grace_arg(grace),
+                 sign_key=sign, token=token, work=str(work) if work is not None else None, threads=threads,
+                 reporter=out.reporter())
+    if out.json:
+        out.document(res.to_json())
+        return
+    would = "would " if res.dry_run else ""
+    for b in res.bridges:
+        origin = b.start.hex()[:12] if b.start else "nothing"
+        size = f", {o.size(b.bytes)}" if b.bytes is not None else ""
+        out.result(f"{would}squash {b.bundles} bundle{'s' if b.bundles != 1 else ''} into {origin} -> "
+                   f"{b.version.hex()[:12]}{size}, to keep it reachable")
+    dropped = sum(e.size for e in res.dropped)
+    pend = sum(s for _, s in res.pending)
+    out.result(f"{o.name(res.remote)}: {would}keep {len(res.kept)} version{'s' if len(res.kept) != 1 else ''}, "
+               f"{would}drop {len(res.dropped)} bundle{'s' if len(res.dropped) != 1 else ''} ({o.size(dropped)}); "
+               f"{would}delete {len(res.deleted)} object{'s' if len(res.deleted) != 1 else ''} "
+               f"({o.size(res.freed)} freed); {len(res.pending)} ({o.size(pend)}) wait for a gc after the grace period")
