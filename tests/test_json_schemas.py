@@ -79,6 +79,8 @@ def documents(tmp_path_factory) -> list[tuple[str, int, dict]]:
     run("gc", "R2", "--keep-last", "1", "--dry-run")
     run("gc", "R2", "--keep-last", "1", "--grace", "0")
     run("gc", "nowhere-remote", "--keep-last", "1", want=3)
+    run("push", B, "R2", "--base", A, "--only", "*", "--stage", "s")
+    run("commit", "R2", "--stage", "s", "--expect", "1")
     run("keygen", "k")
     run("sign", "d.wdb", "--key", "k")
     run("demo", "--size-mb", "1")

@@ -51,6 +51,8 @@ def push(
     allow_opaque: Annotated[bool, typer.Option("--allow-opaque", help="Push DIR even if a loader could not open it (a safetensors file that does not parse, an index that does not match).")] = False,
     anchor_every: Annotated[Optional[int], typer.Option("--anchor-every", metavar="N", help="With --base: also publish DIR whole as an anchor every N pushes (counting from the newest anchor).", show_default=False)] = None,
     anchor_when: Annotated[Optional[float], typer.Option("--anchor-when", metavar="FRACTION", help="With --base: also publish an anchor when catching up from the newest anchor would cost more than FRACTION of its size.", show_default=False)] = None,
+    stage: Annotated[Optional[str], typer.Option("--stage", metavar="NAME", help="Store a part of a version (the files --only names) under the remote's stage NAME, not yet visible; `wdiff commit` publishes the parts as one version.", show_default=False)] = None,
+    only: Annotated[Optional[list[str]], typer.Option("--only", metavar="PATTERN", help="With --stage: the files this writer holds (a pattern as in .wdiffignore; repeatable).", show_default=False)] = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -74,10 +76,28 @@ def push(
     machines: when either says so, DIR is also packed whole and that anchor
     is published with the delta, in the same chain write (pullers that are
     one version behind still download the delta).
+
+    Many writers, one version: each host runs push DIR REMOTE --base PREV
+    --only PATTERN --stage NAME for the files it holds, then one host runs
+    wdiff commit REMOTE --stage NAME --expect N.
     """
     from ..ops.push import push as run_push
 
     out = _setup(json_mode, quiet, verbose)
+    if stage is not None or only:
+        if stage is None or anchor or fork or label or sign or anchor_every or anchor_when:
+            raise UsageError("--only goes with --stage; a staged part takes DIR, --base and --only only "
+                             "(label and sign the version at wdiff commit)")
+        from ..ops.stage import push_part
+
+        part = push_part(source, remote, base=base, only=only or [], stage=stage, level=level, token=token,
+                         threads=threads, reporter=out.reporter())
+        if out.json:
+            out.document(part.to_json())
+            return
+        out.result(f"staged {o.size(part.bytes)} ({part.files} file{'s' if part.files != 1 else ''}) in stage "
+                   f"{o.name(part.stage)} of {o.name(part.remote)}: not visible until `wdiff commit`")
+        return
     res = run_push(source, remote, base=base, anchor=anchor, label=label, part_size=_size_arg(part_size),
                    fork=fork, level=level, sign_key=sign, token=token, private=not public,
                    commit_message=commit_message, adopt=adopt, allow_opaque=allow_opaque, threads=threads,
@@ -369,3 +389,44 @@ def gc(
                f"{would}drop {len(res.dropped)} bundle{'s' if len(res.dropped) != 1 else ''} ({o.size(dropped)}); "
                f"{would}delete {len(res.deleted)} object{'s' if len(res.deleted) != 1 else ''} "
                f"({o.size(res.freed)} freed); {len(res.pending)} ({o.size(pend)}) wait for a gc after the grace period")
+
+
+# -- commit -------------------------------------------------------------------------------
+
+
+@app.command(epilog=epilog("commit"))
+def commit(
+    remote: Remote,
+    stage: Annotated[str, typer.Option("--stage", metavar="NAME", help="The stage the writers pushed their parts to.", show_default=False)],
+    expect: Annotated[int, typer.Option("--expect", metavar="N", help="How many parts make the version (one per writer).", show_default=False)],
+    label: Annotated[Optional[str], typer.Option("--label", help="A name for the version, such as the training step.", show_default=False)] = None,
+    sign: SignKey = None,
+    token: HubToken = None,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Publish the parts staged by many writers as one version.
+
+    Checks that the stage holds exactly --expect parts, that no file is in
+    two of them, that their bases together are exactly the remote's head and
+    that every part is intact; then merges them into one bundle and pushes it
+    as the new head with one conditional chain write, so a reader sees the
+    whole version or none of it. The stage is deleted afterwards. A missing
+    part (a writer that died) exits with status 3 and changes nothing: rerun
+    the writer, then commit again.
+    """
+    from ..ops.stage import commit as run_commit
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_commit(remote, stage=stage, expect=expect, label=label, sign_key=sign, token=token, threads=threads,
+                     reporter=out.reporter())
+    if out.json:
+        out.document(res.to_json())
+        return
+    p = res.push
+    verb = "committed" if p.uploaded else "already on the remote:"
+    lab = f" ({o.name(p.label, 80)})" if p.label else ""
+    out.result(f"{verb} {p.version.hex()[:12]}{lab} from {res.parts} part{'s' if res.parts != 1 else ''}: "
+               f"{o.size(p.bytes)} to {o.name(p.remote)}")
