@@ -369,6 +369,7 @@ def test_list_store_delete(remote, versions, tmp_path):
     assert tree(tmp_path / "out") == tree(versions[1])
 
 
+@pytest.mark.parametrize("remote", ["local", "hub-model-xet", "hub-model-lfs", "hub-bucket"], indirect=True)
 def test_push_after_a_store_by_someone_else(remote, versions, tmp_path):
     """A store between a push's chain read and its publish changes no chain:
     the push still wins (on the Hub it builds on the store's commit)."""
@@ -383,3 +384,36 @@ def test_push_after_a_store_by_someone_else(remote, versions, tmp_path):
     other.store([Upload("stage/y/z.bin", str(src), 0, 100)])
     store.publish([], raw, token, message="same chain again")
     assert open_remote(remote).read_chain()[0] == raw
+
+
+@pytest.mark.parametrize("remote", ["local", "hub-model-xet", "hub-bucket"], indirect=True)
+def test_gc_and_staged_commit(remote, versions, tmp_path):
+    """gc (bridge, phase 1, phase 2) and many-writers staging through every
+    kind of remote."""
+    from wdiff.ops.stage import commit, push_part
+
+    wdiff.push(versions[0], remote, anchor=True, label="a")
+    wdiff.push(versions[1], remote, base=versions[0], label="b")
+    wdiff.push(versions[2], remote, base=versions[1], label="c")
+    r = wdiff.gc(remote, keep_last=1, keep=["b"])  # default grace: nothing is deleted yet
+    assert len(r.bridges) == 1 and r.bridges[0].start is None and r.published and not r.deleted
+    store = open_remote(remote)
+    chain = Chain.decode(store.read_chain()[0], where=remote)
+    assert {e.label for e in chain.entries} == {"b", "c"} and len(chain.garbage) == len(r.pending) > 0
+    r = wdiff.gc(remote, keep_last=1, keep=["b"], grace=0)
+    assert r.deleted and not r.pending and not r.dropped
+    store = open_remote(remote)
+    named = {p.path for e in Chain.decode(store.read_chain()[0], where=remote).entries for p in e.parts}
+    assert {p for p, _ in store.list("objects")} == named
+    for spec, d in (("b", versions[1]), ("c", versions[2])):
+        wdiff.pull(remote, tmp_path / spec, to=spec)
+        assert tree(tmp_path / spec) == tree(d)
+    # two writers, one version (back to v1's bytes, from the head v2)
+    push_part(versions[1], remote, base=versions[2], only=["model-00001-*", "*.json"], stage="s")
+    push_part(versions[1], remote, base=versions[2], only=["model-00002-*"], stage="s")
+    assert len(wdiff.log(remote).entries) == 2
+    res = commit(remote, stage="s", expect=2, label="d")
+    assert res.parts == 2 and res.push.uploaded
+    assert open_remote(remote).list("stage") == []
+    wdiff.pull(remote, tmp_path / "c")
+    assert tree(tmp_path / "c") == tree(versions[1])
