@@ -46,6 +46,7 @@ def test_public_signatures_match_the_use_cases_behind_them():
         "verify": "wdiff.ops.verify", "inspect": "wdiff.ops.inspect", "push": "wdiff.ops.push",
         "squash_remote": "wdiff.ops.push", "pull": "wdiff.ops.pull", "status": "wdiff.ops.history",
         "log": "wdiff.ops.history", "gc": "wdiff.ops.gc",
+        "push_part": "wdiff.ops.stage", "commit": "wdiff.ops.stage",
     }
     assert set(behind) == set(FUNCTIONS)
     for name, module in behind.items():

@@ -267,3 +267,33 @@ def test_anchor_every_and_anchor_when(tmp_path):
     assert anchored == want and any(want) and not all(want)
     assert cli("push", dirs[1], remote2, "--anchor", "--anchor-every", "2", want=2).returncode == 2
     assert cli("push", dirs[1], remote2, "--anchor-every", "0", "--base", dirs[0], want=2).returncode == 2
+
+
+def test_a_hostile_garbage_list_cannot_make_gc_delete_what_is_named_or_outside(tmp_path):
+    from wdiff.errors import FormatError
+    from wdiff.format.chain import Garbage
+    from wdiff.format.records import canonical_json
+
+    remote, dirs = make_chain(tmp_path, 4)
+    path = Path(remote) / "chain.json"
+    obj = json.loads(path.read_bytes())
+    for bad in ("chain.json", "../outside", "objects/../chain.json", "notes.txt", "/etc/passwd", ""):
+        hostile = dict(obj, garbage=[{"path": bad, "size": 1, "since": "2000-01-01T00:00:00Z"}])
+        with pytest.raises(FormatError):
+            Chain.decode(canonical_json(hostile) + b"\n", where="test")
+    for bad in ({"path": "objects/x", "size": -1, "since": "2000-01-01T00:00:00Z"},
+                {"path": "objects/x", "size": 1, "since": "yesterday"},
+                {"path": "objects/x", "size": 1, "since": "2000-01-01T00:00:00Z", "extra": 1}):
+        with pytest.raises(FormatError):
+            Chain.decode(canonical_json(dict(obj, garbage=[bad])) + b"\n", where="test")
+    # a list that says every object has long been garbage: gc still deletes only what no entry names
+    chain = Chain.decode(path.read_bytes(), where="test")
+    named = [p.path for e in chain.entries for p in e.parts]
+    planted = Chain(chain.head, chain.entries, chain.lineage,
+                    tuple(Garbage(p, s, "2000-01-01T00:00:00Z") for p, s in objects(remote).items() if p in named))
+    path.write_bytes(planted.encode())
+    (Path(remote) / "notes.txt").write_text("mine")
+    cli("gc", remote, "--keep-last", "4", "--grace", "0", "-q")
+    assert set(named) <= set(objects(remote)) and (Path(remote) / "notes.txt").read_text() == "mine"
+    assert Chain.decode(path.read_bytes(), where="test").garbage == ()  # named again: off the list
+    pull_exact(remote, "HEAD~3", dirs[0], tmp_path / "p")

@@ -51,6 +51,7 @@ __all__ = [
     "WdiffError",
     "__version__",
     "apply",
+    "commit",
     "diff",
     "gc",
     "inspect",
@@ -58,6 +59,7 @@ __all__ = [
     "pack",
     "pull",
     "push",
+    "push_part",
     "squash",
     "squash_remote",
     "status",
@@ -361,3 +363,52 @@ def gc(
 
     return _gc(remote, keep_last=keep_last, keep=keep, dry_run=dry_run, grace=grace, sign_key=sign_key,
                token=token, work=work, threads=threads, reporter=reporter)
+
+
+def push_part(
+    source: PathLike,
+    remote: str,
+    *,
+    base: PathLike | None,
+    only: list[str],
+    stage: str,
+    level: int = DEFAULT_LEVEL,
+    token: str | None = None,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+):
+    """One writer's part of a version many writers publish together: pack
+    the files of ``source`` that ``only`` names (patterns as in
+    .wdiffignore) against the same files of ``base`` (the remote's head),
+    and store the bundle and its manifest under the remote's stage
+    ``stage``. Nothing becomes visible; :func:`commit` publishes the parts.
+    A rerun stores the same part again. Returns a
+    :class:`wdiff.ops.stage.StagedPart`."""
+    from .ops.stage import push_part as _push_part
+
+    return _push_part(source, remote, base=base, only=only, stage=stage, level=level, token=token,
+                      threads=threads, reporter=reporter)
+
+
+def commit(
+    remote: str,
+    *,
+    stage: str,
+    expect: int,
+    label: str | None = None,
+    sign_key: PathLike | None = None,
+    part_size: int = DEFAULT_PART_SIZE,
+    token: str | None = None,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+):
+    """Publish the ``expect`` parts staged under ``stage`` as one version,
+    atomically: they must cover disjoint files, their bases together must be
+    the remote's head, and each must be intact; they are merged into one
+    bundle and pushed with one conditional chain write, then the stage is
+    deleted. A missing part raises :class:`~wdiff.errors.NotFoundError` and
+    changes nothing. Returns a :class:`wdiff.ops.stage.CommitResult`."""
+    from .ops.stage import commit as _commit
+
+    return _commit(remote, stage=stage, expect=expect, label=label, sign_key=sign_key, part_size=part_size,
+                   token=token, threads=threads, reporter=reporter)

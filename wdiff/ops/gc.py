@@ -193,7 +193,8 @@ def gc(
         raise NotFoundError(f"{store.url}: no chain on this remote" if tok is not None else f"{store.url}: no such remote")
     chain = Chain.decode(raw, where=store.url)
     records = trust.places(None)
-    _check_signed(store, chain, raw, key, records, reporter)
+    if key is not None or not dry_run:  # a dry run changes nothing: it needs no key
+        _check_signed(store, chain, raw, key, records, reporter)
     kept = kept_versions(chain, keep_last, keep)
     res = GcResult(store.url, dry_run, grace, kept=kept)
     bridges = plan_bridges(chain, kept)
