@@ -91,6 +91,8 @@ def test_eight_writers_one_version_and_a_reader_never_sees_part_of_it(tmp_path):
         t.join(timeout=30)
     assert not errors, errors
     assert doc["merged"] == N and doc["uploaded"] and doc["label"] == "v1"
+    # the merged bundle is byte for byte the one a single host holding everything packs
+    assert doc["bundle_id"] == wdiff.pack(v0, v1, tmp_path / "whole.wdb").bundle_id.hex()
     heads = {h for h, _ in seen}
     log = wdiff.log(str(remote))
     assert len(log.entries) == 2 and log.head.hex() == doc["version"]

@@ -205,7 +205,7 @@ def gc(
         res.dropped = [e for e in chain.entries if e not in final]
         return res
     if bridges:
-        res.bridges = _build_bridges(store, chain, bridges, sign_key, work, threads, reporter)
+        res.bridges = _build_bridges(store, chain, bridges, sign_key, work, threads, reporter, token)
         store = open_remote(remote, token=token)
         raw, tok = store.read_chain()
         chain = Chain.decode(raw, where=store.url)
@@ -292,7 +292,7 @@ def _sweep(store, chain: Chain, raw: bytes, final: list[Entry], res: GcResult, g
 
 
 def _build_bridges(store, chain: Chain, bridges: list[Bridge], sign_key, work: str | None, threads,
-                   reporter: Reporter) -> list[Bridge]:
+                   reporter: Reporter, token: str | None) -> list[Bridge]:
     from ..defaults import DEFAULT_PART_SIZE
     from .pull import pull
     from .push import push_bundle
@@ -308,13 +308,13 @@ def _build_bridges(store, chain: Chain, bridges: list[Bridge], sign_key, work: s
             run = chain.path(b.start, b.version)
             base = None
             if b.start is not None:
-                pull(store.url, ckpt, to=hexd(b.start), threads=threads, reporter=reporter)
+                pull(store.url, ckpt, to=hexd(b.start), token=token, threads=threads, reporter=reporter)
                 base = ckpt
             bundles = [download(store, e, scratch, reporter)[0] for e in run]
             out = os.path.join(scratch, "bridge.wdb")
             squash(bundles, base, out, threads=threads, reporter=reporter, overwrite=True)
             r = push_bundle(out, store.url, label=_label_of(chain, b.version), part_size=DEFAULT_PART_SIZE,
-                            fork=False, sign_key=sign_key, reporter=reporter, shortcut=True)
+                            fork=False, sign_key=sign_key, reporter=reporter, shortcut=True, token=token)
             done.append(replace(b, bundle_id=r.bundle_id, bytes=r.bytes))
             for p in (out, out + signing.SUFFIX):
                 with contextlib.suppress(OSError):
