@@ -377,18 +377,23 @@ def gc(
     if out.json:
         out.document(res.to_json())
         return
-    would = "would " if res.dry_run else ""
+    dry = res.dry_run
     for b in res.bridges:
-        origin = b.start.hex()[:12] if b.start else "nothing"
-        size = f", {o.size(b.bytes)}" if b.bytes is not None else ""
-        out.result(f"{would}squash {b.bundles} bundle{'s' if b.bundles != 1 else ''} into {origin} -> "
-                   f"{b.version.hex()[:12]}{size}, to keep it reachable")
+        what = f"an anchor of {b.version.hex()[:12]}" if b.start is None else \
+            f"a delta {b.start.hex()[:12]} -> {b.version.hex()[:12]}"
+        size = f" ({o.size(b.bytes)})" if b.bytes is not None else ""
+        out.result(f"{'would squash' if dry else 'squashed'} {b.bundles} bundle{'s' if b.bundles != 1 else ''} into "
+                   f"{what}{size}, to keep it reachable")
     dropped = sum(e.size for e in res.dropped)
     pend = sum(s for _, s in res.pending)
-    out.result(f"{o.name(res.remote)}: {would}keep {len(res.kept)} version{'s' if len(res.kept) != 1 else ''}, "
-               f"{would}drop {len(res.dropped)} bundle{'s' if len(res.dropped) != 1 else ''} ({o.size(dropped)}); "
-               f"{would}delete {len(res.deleted)} object{'s' if len(res.deleted) != 1 else ''} "
-               f"({o.size(res.freed)} freed); {len(res.pending)} ({o.size(pend)}) wait for a gc after the grace period")
+    n = len(res.dropped)
+    out.result(f"{o.name(res.remote)}: {'would keep' if dry else 'kept'} {len(res.kept)} version"
+               f"{'s' if len(res.kept) != 1 else ''}, {'would drop' if dry else 'dropped'} {n} bundle"
+               f"{'s' if n != 1 else ''} ({o.size(dropped)}); {'would delete' if dry else 'deleted'} "
+               f"{len(res.deleted)} object{'s' if len(res.deleted) != 1 else ''} ({o.size(res.freed)} freed)")
+    if res.pending:
+        out.result(f"{len(res.pending)} unreferenced object{'s' if len(res.pending) != 1 else ''} ({o.size(pend)}) "
+                   f"{'would wait' if dry else 'wait'} for a gc after the grace period ({grace})")
 
 
 # -- commit -------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def push_part(source, remote, *, base, only: list[str], stage: str, level: int =
     try:
         out = os.path.join(work, "part.wdb")
         # every file out, every folder in, then the writer's own files back in
-        pack(base, source, out, level=level, threads=threads, reporter=reporter, overwrite=True,
+        pack(base, source, out, level=level, threads=threads, reporter=_OwnFilesOnly(reporter), overwrite=True,
                    exclude=("*",), include=("*/", *only))
         with BundleReader(out) as r:
             ix = r.index
@@ -117,6 +117,30 @@ def push_part(source, remote, *, base, only: list[str], stage: str, level: int =
         return StagedPart(store.url, stage, bundle_id, size, len(ix.files), chain.head, uploaded)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+class _OwnFilesOnly(Reporter):
+    """The pack's reporter, without its note on the files left out: in a
+    staged push those are the other writers' files, left out on purpose."""
+
+    def __init__(self, inner: Reporter) -> None:
+        self.inner = inner
+
+    def phase(self, name: str, total: int | None = None) -> None:
+        self.inner.phase(name, total)
+
+    def advance(self, n: int) -> None:
+        self.inner.advance(n)
+
+    def file(self, name: str, size: int) -> None:
+        self.inner.file(name, size)
+
+    def warn(self, message: str) -> None:
+        if not message.startswith("left out (trainer state or ignore patterns)"):
+            self.inner.warn(message)
+
+    def done(self) -> None:
+        self.inner.done()
 
 
 @dataclass(frozen=True)
