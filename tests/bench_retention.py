@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import numpy as np  # noqa: E402
-from factory import mutate, rand, write_ckpt  # noqa: E402
-from test_gc import make_chain, objects  # noqa: E402
+import numpy as np
+from factory import mutate, rand, write_ckpt
+from test_gc import make_chain, objects
 
 ENV = dict(os.environ, WDIFF_THREADS="1", NO_COLOR="1")
 
