@@ -123,10 +123,19 @@ def test_overlapping_parts_and_a_stale_stage(tmp_path):
     r = cli("commit", remote, "--stage", "y", "--expect", 2, want=5)
     assert "not the head" in r.stderr
     assert len(wdiff.log(str(remote)).entries) == 1
+    # a new shard that no writer holds: the sharded index the version carries names it
+    rng = np.random.default_rng(9)
+    t = {f"layer.{i}.w": rand(rng, "BF16", (64, 32)) for i in range(N + 1)}
+    v2 = Path(write_ckpt(tmp_path / "v2", t, shards=N + 1, companions={"config.json": b"{}"}))
+    cli("push", v2, remote, "--base", v0, "--only", "*.json", "--stage", "z", "-q")
+    cli("push", v2, remote, "--base", v0, "--only", "model-*-of-00009.safetensors", "--only", "!model-00009-*",
+        "--stage", "z", "-q")
+    r = cli("commit", remote, "--stage", "z", "--expect", 2, want=3)
+    assert "model-00009-of-00009.safetensors" in r.stderr and "no part holds" in r.stderr
     # a stage no commit finished is garbage for gc, deleted after the grace period
     g = json.loads(cli("gc", remote, "--keep-last", "1", "--json").stdout)
-    assert g["pending"]["objects"] == 8 and g["deleted"]["objects"] == 0
+    assert g["pending"]["objects"] == 12 and g["deleted"]["objects"] == 0
     g = json.loads(cli("gc", remote, "--keep-last", "1", "--grace", "0", "--json").stdout)
-    assert g["deleted"]["objects"] == 8
+    assert g["deleted"]["objects"] == 12
     assert not [p for p in (remote / "stage").rglob("*") if p.is_file()]
     assert cli("push", v1, remote, "--only", "x", "--base", v0, want=2).returncode == 2  # --only needs --stage

@@ -307,6 +307,25 @@ def merge(bundles: list[str], out: str, *, where: str, level: int = DEFAULT_LEVE
         for r in readers:
             r.close()
     with BundleReader(out) as r:  # the merged bundle passes every check a reader makes
-        for _ in r.records():
-            pass
+        names = {f.path for f in r.index.files}
+        for rec in r.records():
+            f = r.index.files[rec.header.file]
+            if rec.header.type == fmt.FILE and f.path.endswith(".safetensors.index.json") and f.size <= MAX_MANIFEST:
+                _check_weight_map(f.path, b"".join(r.file_payload(rec)), names, where)
     return bundle_id, base_fp
+
+
+def _check_weight_map(path: str, raw: bytes, names: set[str], where: str) -> None:
+    """A sharded index the version carries must name only shards it has:
+    a writer whose --only missed a new shard is caught here."""
+    try:
+        wm = json.loads(raw.decode("utf-8")).get("weight_map", {})
+        shards = set(wm.values()) if isinstance(wm, dict) else set()
+    except (UnicodeDecodeError, ValueError, AttributeError, TypeError):
+        return  # not ours to judge: the loadable check of the pushing host applies
+    folder = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
+    missing = sorted(s for s in shards if isinstance(s, str) and folder + s not in names)
+    if missing:
+        raise NotFoundError(f"{where}: {printable(path)} names {printable(missing[0])}, which no part holds"
+                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+                            hint="a writer's --only misses that shard: push it with the stage, then commit again")
