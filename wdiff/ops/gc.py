@@ -9,7 +9,7 @@
    nothing, every later one a delta squashed from the kept version before it
    (whose checkpoint is pulled into a work directory for that).
 2. *Phase 1: a new chain index.* One conditional write (ConflictError, exit
-   code 9, when the chain moved since it was read) publishes the chain
+   status 8, when the chain moved since it was read) publishes the chain
    without the dropped entries. Every object in objects/, signatures/ or
    stage/ that the new chain does not name is listed in it as garbage with
    the time it was first found unreferenced (a gc before may have listed it
