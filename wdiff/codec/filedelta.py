@@ -4,7 +4,7 @@ file against the base's file at the same path. Pure functions on bytes.
 Two families of codecs, the encoder keeps the smaller (see man/wdiff-format.5,
 DELTA records):
 
-XOR codecs (SPARSE, BITMAP, DENSE of :mod:`wdiff.codec.chunk`)
+Word codecs (RAW, SPARSE, BITMAP, DENSE of :mod:`wdiff.codec.chunk`)
     the range [lo, hi) against the base's bytes at the same offsets, as
     words of a width guessed from the data (1, 2, 4 or 8 bytes: the width
     whose encoding of a sample is smallest). In-place edits of arrays of
@@ -27,13 +27,16 @@ import xxhash
 import zstandard
 
 from ..errors import FormatError
-from .chunk import BITMAP, DENSE, SPARSE, Encoded, decode_into, encode_delta
+from .chunk import BITMAP, DENSE, RAW, SPARSE, Encoded, decode_into, encode_delta
 from .dtypes import uint_type
 
 ZSTD_BASE = 16
-XOR_CODECS = (SPARSE, BITMAP, DENSE)
+#: the word codecs: the range against the base's bytes at the same offsets
+#: (RAW: the new words alone, as byte planes, when that is smaller)
+XOR_CODECS = (RAW, SPARSE, BITMAP, DENSE)
 CODECS = XOR_CODECS + (ZSTD_BASE,)
-CODEC_NAMES = {SPARSE: "file-sparse", BITMAP: "file-bitmap", DENSE: "file-dense", ZSTD_BASE: "file-zstd-base"}
+CODEC_NAMES = {RAW: "file-raw", SPARSE: "file-sparse", BITMAP: "file-bitmap", DENSE: "file-dense",
+               ZSTD_BASE: "file-zstd-base"}
 
 #: the encoder's ranges: at most this many bytes (the format allows 64 MiB)
 RANGE_BYTES = 8 * 1024 * 1024
