@@ -325,6 +325,32 @@ def _companion(w: BundleWriter, i: int, f: FileEntry, A: Checkpoint | None, da, 
     return fmt.TargetFile(f.path, "file", f.size, digest, "bundle")
 
 
+def companion_from(w: BundleWriter, tally: Tally, i: int, path: str, target_path: str, target_size: int,
+                   base_path: str | None, base_size: int) -> fmt.TargetFile:
+    """Target file ``i``, a companion file whose bytes are in the file at
+    ``target_path`` (a temp file squash or reverse rebuilt): taken from the
+    base when ``base_path`` holds the same bytes, else encoded against it as
+    pack would, else stored whole. Shared by squash and reverse."""
+    blocks = hash_file(target_path, target_size)
+    if base_path is not None:
+        base_blocks = hash_file(base_path, base_size)
+        if base_size == target_size and base_blocks == blocks:
+            return fmt.TargetFile(path, "file", target_size, tree(blocks), "base")
+        if tally.file_deltas and min(base_size, target_size) >= FILE_DELTA_MIN:
+            return companion_delta(w, tally, i, path, base_path, base_size, base_blocks, target_path, target_size,
+                                   blocks, SILENT)
+    rh = fmt.RecordHeader(
+        type=fmt.FILE, codec=ZSTD, word=1, param=0, file=i, lo=0, hi=target_size, count=0,
+        lens=(0, 0, 0), base=ZERO, target=tree(blocks),
+    )
+    try:
+        with open(target_path, "rb") as src:
+            w.add_stream(rh, src, target_size)
+    except OSError as e:
+        raise io_error(target_path, e) from None
+    return fmt.TargetFile(path, "file", target_size, tree(blocks), "bundle")
+
+
 #: a companion file smaller than this (on either side) is stored whole: what
 #: a delta could save on it is little, and the bundles of small edits to
 #: config files stay what they were before format version 3
