@@ -21,6 +21,7 @@ from ..errors import BaseMismatchError, FormatError, IntegrityError
 from ..format import records as fmt
 from ..format.bundle import BundleWriter
 from ..fsutil import io_error, write_all
+from ..parallel import ordered_map
 from ..progress import SILENT, Reporter
 from ..store.hashing import BLOCK_SIZE, DIGEST_SIZE, block_digests, n_blocks
 
@@ -73,9 +74,8 @@ def changed_ranges(a_blocks: bytes, a_size: int, b_blocks: bytes, b_size: int,
 
 def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, level: int, growth: int,
                  *, where: str) -> tuple[int, int, fd.Encoded, bytes]:
-    """The smallest encoding of target bytes [lo, hi) = ``new``: (codec
-    word, ..) as (word, codec, encoded, base digest). Candidates in tie
-    order: XOR at the guessed width (when the base has bytes [lo, hi)), then
+    """The smallest encoding of target bytes [lo, hi) = ``new``, as (word,
+    codec, encoded, base digest). Candidates in tie order: XOR at the guessed width (when the base has bytes [lo, hi)), then
     zstd against the base window around the same offsets, then (when the
     file grew or shrank by more than the window) around the offsets shifted
     by that growth."""
@@ -100,11 +100,17 @@ def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, lev
     return best
 
 
+#: ranges encoded at once, at most (each holds about 40 MiB while it is encoded)
+MAX_THREADS = 4
+
+
 def write_file_delta(w: BundleWriter, i: int, base_path: str, base_size: int, a_blocks: bytes,
                      target_path: str, target_size: int, b_blocks: bytes, level: int,
-                     reporter: Reporter = SILENT) -> dict[str, tuple[int, int]]:
+                     reporter: Reporter = SILENT, threads: int = 1) -> dict[str, tuple[int, int]]:
     """Append the DELTA records of target file ``i`` (at ``target_path``)
-    against the base's file; returns {codec name: (records, bytes)}."""
+    against the base's file; returns {codec name: (records, bytes)}. Ranges
+    are encoded on up to ``threads`` threads (at most MAX_THREADS) and
+    written in order: the bytes do not depend on the thread count."""
     stats: dict[str, tuple[int, int]] = {}
     try:
         bfd = os.open(base_path, os.O_RDONLY)
@@ -115,14 +121,21 @@ def write_file_delta(w: BundleWriter, i: int, base_path: str, base_size: int, a_
     except OSError as e:
         os.close(bfd)
         raise io_error(target_path, e) from None
+
+    def encode(rng: tuple[int, int]):
+        lo, hi = rng
+        new = pread_exact(tfd, lo, hi - lo, where=target_path)
+        word, codec, enc, base_digest = encode_range(bfd, base_size, lo, hi, new, level, target_size - base_size,
+                                                     where=base_path)
+        return lo, hi, word, codec, enc, base_digest, fd.digest(new)
+
+    n = max(1, min(threads, MAX_THREADS))
     try:
-        for lo, hi in changed_ranges(a_blocks, base_size, b_blocks, target_size):
-            new = pread_exact(tfd, lo, hi - lo, where=target_path)
-            word, codec, enc, base_digest = encode_range(bfd, base_size, lo, hi, new, level,
-                                                         target_size - base_size, where=base_path)
+        ranges = changed_ranges(a_blocks, base_size, b_blocks, target_size)
+        for lo, hi, word, codec, enc, base_digest, target in ordered_map(encode, ranges, threads=n, window=n):
             rh = w.add(fmt.RecordHeader(
                 type=fmt.DELTA, codec=codec, word=word, param=enc.param, file=i, lo=lo, hi=hi,
-                count=enc.count, lens=(0, 0, 0), base=base_digest, target=fd.digest(new),
+                count=enc.count, lens=(0, 0, 0), base=base_digest, target=target,
             ), enc.parts)
             name = fd.CODEC_NAMES[codec]
             r, b = stats.get(name, (0, 0))

@@ -128,6 +128,7 @@ def pack(
     with BundleWriter(out, level=level, version=pair.version) as w, FdCache() as fds:
         tally = Tally(w, level)
         tally.file_deltas = (format_version or fmt.MAX_VERSION) >= fmt.FILE_DELTAS
+        tally.threads = threads
         results = ordered_map(lambda x: _pack_unit(fds, level, x), work, threads=threads)
         targets = _write_records(pair, w, tally, results, reporter)
         reporter.phase("hash base", None)
@@ -216,6 +217,7 @@ class Tally:
         self.files_stored = 0
         #: may a changed companion file with a base be written as DELTA records?
         self.file_deltas = False
+        self.threads = 1  # for the ranges of one companion file
 
     def file_stats(self, stats: dict[str, tuple[int, int]]) -> None:
         """Count the DELTA records of one companion file."""
@@ -365,7 +367,7 @@ def companion_delta(w: BundleWriter, tally: Tally, i: int, path: str, base_path:
     pack, squash and reverse."""
     w.raise_version(fmt.FILE_DELTAS)
     stats = write_file_delta(w, i, base_path, base_size, base_blocks, target_path, target_size, target_blocks,
-                             tally.level)
+                             tally.level, threads=tally.threads)
     tally.file_stats(stats)
     reporter.advance(target_size)
     return fmt.TargetFile(path, "file", target_size, tree(target_blocks), "delta")

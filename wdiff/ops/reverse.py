@@ -383,7 +383,7 @@ class _Inverse:
             if tree(blocks) != row.digest:
                 raise IntegrityError(f"{printable(row.path)}: going back does not give the older version's file "
                                      f"(digest {hexd(row.digest)[:12]}); the directory or a bundle is not what it should be")
-            tally.file_deltas = True
+            tally.file_deltas, tally.threads = True, self.threads
             return companion_from(w, tally, i, row.path, tmp, row.size, b_path, self.F.files[j].size)
         except BaseMismatchError as e:  # B's bytes are not the records' targets: the directory is not B
             raise IntegrityError(f"{printable(row.path)}: {e.message}") from None

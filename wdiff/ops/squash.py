@@ -406,6 +406,7 @@ def _write(steps, versions, A, out: str, *, level: int, threads: int, reporter: 
         tally = Tally(w, level)
         tally.file_deltas = True  # only a companion file some step rebuilt from deltas can need them
         tally.scratch = scratch
+        tally.threads = threads
 
         def run(item):
             i, unit = item
