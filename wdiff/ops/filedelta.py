@@ -26,6 +26,9 @@ from ..progress import SILENT, Reporter
 from ..store.hashing import BLOCK_SIZE, DIGEST_SIZE, block_digests, n_blocks
 
 PIECE = 4 * 1024 * 1024
+#: ZSTD_BASE is not tried on a range that a word codec encodes in at most
+#: 1/SKIP_ZSTD_BELOW of its bytes
+SKIP_ZSTD_BELOW = 32
 
 
 def pread_exact(fdesc: int, offset: int, n: int, *, where: str) -> bytes:
@@ -89,10 +92,13 @@ def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, lev
     if abs(growth) > fd.WINDOW_BYTES:
         windows.append((min(base_size, max(0, lo - growth - fd.WINDOW_BYTES)),
                         min(base_size, max(0, hi - growth + fd.WINDOW_BYTES))))
+    if best is not None and best[2].size * SKIP_ZSTD_BELOW <= hi - lo:
+        # a word codec left at most 1/32 of the range: the bytes moved in place
+        # and nothing shifted, so zstd (a literal and a match for every
+        # changed spot) cannot do better; it costs 2x the encoding time
+        return best
     for dlo, dhi in windows:
         dlo = min(dlo, dhi)
-        if best is not None and best[2].size <= fd.DICT_RANGE.size + 16:
-            break
         window = pread_exact(base_fd, dlo, dhi - dlo, where=where)
         enc = fd.encode_zstd_base(window, dlo, new, level)
         if best is None or enc.size < best[2].size:
