@@ -9,6 +9,7 @@ squash and reverse go through chains that hold file deltas.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -21,9 +22,9 @@ import numpy as np
 import pytest
 import xxhash
 import zstandard
+from factory import tree
 
 import wdiff
-from factory import tree
 from wdiff.format import records as fmt
 from wdiff.format.bundle import BundleReader
 from wdiff.ops.reverse import NotInvertible, build_inverse
@@ -33,7 +34,7 @@ MiB = 1 << 20
 
 def cli(*args, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "wdiff", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+                          cwd=cwd, timeout=300, check=False)
 
 
 def _write(root, files: dict[str, bytes]) -> str:
@@ -183,7 +184,7 @@ def test_random_edits_round_trip(tmp_path, seed):
     wdiff.pack(A, B, tmp_path / "d.wdiff", threads=2)
     hs = _records(tmp_path / "d.wdiff")
     assert all(h.type == fmt.DELTA and h.hi - h.lo <= 8 * MiB for h in hs)
-    assert all(x.hi <= y.lo for x, y in zip(hs, hs[1:]))
+    assert all(x.hi <= y.lo for x, y in itertools.pairwise(hs))
     wdiff.apply(tmp_path / "d.wdiff", A, tmp_path / "OUT")
     assert tree(tmp_path / "OUT") == tree(B)
     # the same bytes whatever the thread count
@@ -198,7 +199,8 @@ def _rewrite(src, dst, edit) -> None:
     """Rewrite a bundle's records with ``edit(list of [header, payload])``,
     resealing every digest as an attacker would (record digests, the chain,
     the index's record summary, the index digest and the footer)."""
-    data = open(src, "rb").read()
+    with open(src, "rb") as f:
+        data = f.read()
     with BundleReader(str(src)) as r:
         recs = [[rec.header, data[rec.offset : rec.offset + rec.header.payload_len]] for rec in r.records()]
         index = json.loads(r.index.encode())
@@ -217,7 +219,8 @@ def _rewrite(src, dst, edit) -> None:
     raw = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
     packed = zstandard.ZstdCompressor(level=3).compress(raw)
     footer = fmt.Footer(len(body), len(packed), len(raw), xxhash.xxh3_128_digest(packed)).pack()
-    open(dst, "wb").write(bytes(body) + packed + footer)
+    with open(dst, "wb") as f:
+        f.write(bytes(body) + packed + footer)
 
 
 def _with(h: fmt.RecordHeader, **kw) -> fmt.RecordHeader:
@@ -293,7 +296,7 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_delta_records_exit_4_and_touch_nothing(hostile_kit, tmp_path, name):
-    root, A, B = hostile_kit
+    root, A, _ = hostile_kit
     bad = tmp_path / "bad.wdiff"
     _rewrite(root / "good.wdiff", bad, HOSTILE[name])
     work = tmp_path / "A"

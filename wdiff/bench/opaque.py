@@ -170,7 +170,7 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         ratio = "-" if r["zstd"] is None else f"{r['wdiff'] / r['zstd']:.3f}"
         print(f"{r['case']:<15} {_mb(r['bytes']):>8} {_mb(r['whole']):>9} {_mb(r['wdiff']):>9} {_mb(r['zstd']):>10} "
-              f"{ratio:>10} {r['pack_s']:>7.2f} {r['apply_s']:>7.2f} {r['zstd_s']:>7.2f}  {str(r['exact']):<5}  {r['codecs']}")
+              f"{ratio:>10} {r['pack_s']:>7.2f} {r['apply_s']:>7.2f} {r['zstd_s']:>7.2f}  {r['exact']!s:<5}  {r['codecs']}")
     if any(r["zstd"] is None for r in rows):
         print("zstd is not installed: the zstd --patch-from column is empty (apt-get install zstd)")
 

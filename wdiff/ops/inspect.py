@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-
 from dataclasses import dataclass
 
 from ..codec.chunk import CODEC_NAMES

@@ -33,12 +33,13 @@ from collections.abc import Callable
 import numpy as np
 import xxhash
 
-from ..codec.chunk import RAW, decode_into, decompress_exact
+from ..codec.chunk import BITMAP, DENSE, RAW, SPARSE, decode_into, decompress_exact
 from ..codec.dtypes import uint_type
 from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL
 from ..errors import BaseMismatchError, FormatError, IntegrityError, WdiffError
 from ..format import records as fmt
 from ..format.bundle import ZERO, BundleReader, BundleWriter, Located, Record, read_frame, read_payload, walk_headers
+from ..fsutil import io_error
 from ..parallel import default_threads, ordered_map
 from ..paths import printable
 from ..progress import SILENT, Reporter
@@ -48,8 +49,6 @@ from ..store.digests import Digests
 from ..store.hashing import hexd, tensor_file_digest, tree
 from ..store.header import Header, TensorInfo, parse_header
 from ..store.units import base_source, pack_units
-from ..codec.chunk import BITMAP, DENSE, SPARSE
-from ..fsutil import io_error
 from .filedelta import FileRebuild
 from .pack import WRITER, PackResult, Tally, companion_from, encode_unit
 
