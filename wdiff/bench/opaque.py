@@ -19,6 +19,7 @@ Cases:
   gguf-insert-6M the same with 6 MiB inserted (past the dictionary window)
   append         2 MiB appended to the file
   truncate       the last 3 MiB cut off, 1% moved in what is left
+  reorder        two of the eight arrays swapped (a re-save in another key order)
   unrelated      B has nothing in common with A (the worst case)
 
 A measurement tool, not a test.
@@ -38,7 +39,7 @@ import time
 import numpy as np
 
 CASES = ("bin-fp32-1%", "bin-fp32-30%", "bin-bf16-1%", "optim-dense", "gguf-insert", "gguf-insert-6M",
-         "append", "truncate", "unrelated")
+         "append", "truncate", "reorder", "unrelated")
 
 
 def _zip_like(arrays: list[bytes], rng) -> bytes:
@@ -88,9 +89,12 @@ def _gguf_like(rng, size: int) -> tuple[bytes, bytes]:
 def make_case(case: str, size: int, seed: int = 7) -> tuple[str, bytes, bytes]:
     rng = np.random.default_rng(seed)
     n = size // 4
-    if case.startswith("bin-fp32") or case in ("append", "truncate"):
+    if case.startswith("bin-fp32") or case in ("append", "truncate", "reorder"):
         parts = [_weights(rng, n // 8) for _ in range(8)]
         a = _zip_like([p.tobytes() for p in parts], rng)
+        if case == "reorder":
+            order = [0, 6, 2, 3, 4, 5, 1, 7]
+            return "pytorch_model.bin", a, _zip_like([parts[k].tobytes() for k in order], np.random.default_rng(seed))
         if case == "append":
             return "pytorch_model.bin", a, a + rng.bytes(2 << 20)
         frac = 0.30 if case.endswith("30%") else 0.01

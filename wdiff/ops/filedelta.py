@@ -11,6 +11,7 @@ is bounded by a few ranges, whatever the file's size.
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 
@@ -75,35 +76,124 @@ def changed_ranges(a_blocks: bytes, a_size: int, b_blocks: bytes, b_size: int,
     return cut
 
 
-def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, level: int, growth: int,
-                 *, where: str) -> tuple[int, int, fd.Encoded, bytes]:
-    """The smallest encoding of target bytes [lo, hi) = ``new``, as (word,
-    codec, encoded, base digest). Candidates in tie order: XOR at the guessed width (when the base has bytes [lo, hi)), then
-    zstd against the base window around the same offsets, then (when the
-    file grew or shrank by more than the window) around the offsets shifted
-    by that growth."""
+Candidate = tuple  # (lo, hi, word, codec, encoded, base digest)
+
+
+def _best_of(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, level: int, shifts, *, where: str,
+             word_codec: bool = True):
+    """The smallest of: a word codec at the guessed width (when the base has
+    bytes [lo, hi) and ``word_codec``), then zstd against the base window
+    around [lo, hi) shifted by each of ``shifts`` in turn (a window tried
+    once); the earlier on a tie. Returns (word, codec, encoded, base digest)."""
     best = None
-    if hi <= base_size:
-        old = pread_exact(base_fd, lo, hi - lo, where=where)
+    n = hi - lo
+    if word_codec and hi <= base_size:
+        old = pread_exact(base_fd, lo, n, where=where)
         x = fd.encode_xor(np.frombuffer(old, dtype=np.uint8), np.frombuffer(new, dtype=np.uint8), level)
         if x is not None:
             best = (x[0], x[1].codec, x[1], fd.digest(old))
-    windows = [(max(0, lo - fd.WINDOW_BYTES), min(base_size, hi + fd.WINDOW_BYTES))]
-    if abs(growth) > fd.WINDOW_BYTES:
-        windows.append((min(base_size, max(0, lo - growth - fd.WINDOW_BYTES)),
-                        min(base_size, max(0, hi - growth + fd.WINDOW_BYTES))))
-    if best is not None and best[2].size * SKIP_ZSTD_BELOW <= hi - lo:
-        # a word codec left at most 1/32 of the range: the bytes moved in place
-        # and nothing shifted, so zstd (a literal and a match for every
-        # changed spot) cannot do better; it costs 2x the encoding time
-        return best
-    for dlo, dhi in windows:
-        dlo = min(dlo, dhi)
+        if best is not None and best[2].size * SKIP_ZSTD_BELOW <= n:
+            # a word codec left at most 1/32 of the range: the bytes moved in
+            # place and nothing shifted, so zstd (a literal and a match for
+            # every changed spot) cannot do better; it costs 2x the time
+            return best
+    tried: set[tuple[int, int]] = set()
+    for shift in shifts:
+        shift, margin = shift if isinstance(shift, tuple) else (shift, fd.WINDOW_BYTES)
+        dlo = min(base_size, max(0, lo - shift - margin))
+        dhi = min(base_size, max(dlo, hi - shift + margin))
+        if (dlo, dhi) in tried:
+            continue
+        tried.add((dlo, dhi))
         window = pread_exact(base_fd, dlo, dhi - dlo, where=where)
         enc = fd.encode_zstd_base(window, dlo, new, level)
         if best is None or enc.size < best[2].size:
             best = (1, fd.ZSTD_BASE, enc, fd.digest(window))
     return best
+
+
+def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, level: int, growth: int,
+                 *, where: str, base_map=None) -> list[Candidate]:
+    """The records for target bytes [lo, hi) = ``new``: one record, the
+    smallest of a word codec at the guessed width (when the base has bytes
+    [lo, hi)), zstd against the base window around the same offsets, and
+    (when the file grew or shrank by more than the window) around the
+    offsets shifted by that growth. When all of these left more than a
+    quarter of the range (the bytes are not where they were: a re-save in another
+    order, say) and probes of the range are found in the base within
+    SEARCH_BYTES (``base_map``: the base file, mapped), windows around the
+    places found are tried too, and the range is also encoded as 1 MiB
+    pieces, each the smallest of the same candidates with its own probes;
+    the pieces are kept when they are smaller together."""
+    shifts = [0] + ([growth] if abs(growth) > fd.WINDOW_BYTES else [])
+    best = _best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where)
+    if base_map is None or best[2].size * 4 <= hi - lo:
+        return [(lo, hi, *best)]
+    found = [x for x in _probe_shifts(base_map, base_size, lo, new) if x not in shifts]
+    if not found:
+        return [(lo, hi, *best)]
+    return _refine(base_fd, base_map, base_size, lo, hi, new, level, shifts, found, best, where=where)
+
+
+def _refine(base_fd: int, base_map, base_size: int, lo: int, hi: int, new: bytes, level: int, shifts, found,
+            best, *, where: str) -> list[Candidate]:
+    """A poorly matched range with probe ``found`` shifts: the best of the
+    range as one record with windows at those shifts too, and of its four
+    quarters, each refined the same way with probes of its own (down to
+    MIN_PIECE_BYTES), kept when they are smaller together. A probe's shift
+    is exact, so its window has a margin of PIECE_MARGIN only."""
+    n = hi - lo
+    near = [(x, min(fd.WINDOW_BYTES, max(PIECE_MARGIN, n))) for x in found]
+    c = _best_of(base_fd, base_size, lo, hi, new, level, near, where=where, word_codec=False)
+    if best is None or c[2].size < best[2].size:
+        best = c
+    if best[2].size * SKIP_ZSTD_BELOW <= n or n < 4 * MIN_PIECE_BYTES:
+        return [(lo, hi, *best)]
+    pieces: list[Candidate] = []
+    total = 0
+    step = -(-n // 4)
+    for plo in range(lo, hi, step):
+        phi = min(hi, plo + step)
+        part = new[plo - lo : phi - lo]
+        mine = found + [x for x in _probe_shifts(base_map, base_size, plo, part) if x not in found + shifts]
+        first = _best_of(base_fd, base_size, plo, phi, part, level, shifts, where=where)
+        got = [(plo, phi, *first)] if first[2].size * SKIP_ZSTD_BELOW <= phi - plo else _refine(
+            base_fd, base_map, base_size, plo, phi, part, level, shifts, mine, first, where=where)
+        pieces += got
+        total += sum(g[4].size + fmt.RECORD.size for g in got)
+        if total >= best[2].size:
+            return [(lo, hi, *best)]
+    return pieces
+
+
+#: the smallest piece a poorly matched range is cut into, and the margin of
+#: a window around a place a probe found
+MIN_PIECE_BYTES, PIECE_MARGIN = 16 * 1024, 256 * 1024
+
+
+#: a range that no nearby window encodes in under half its size is searched
+#: for: probes of PROBE_BYTES at PROBES places, each looked for within
+#: SEARCH_BYTES on either side of its own offset in the base
+PROBE_BYTES, PROBES, SEARCH_BYTES = 32, 2, 32 * 1024 * 1024
+
+
+def _probe_shifts(base_map, base_size: int, lo: int, new: bytes) -> list[int]:
+    """Shifts (target offset minus base offset) at which probes of ``new``
+    (the target bytes from ``lo``) occur in the base, first occurrence
+    each, in probe order; probes of fewer than 8 distinct byte values
+    (zeros, padding) are skipped: they would match anywhere."""
+    out: list[int] = []
+    n = len(new)
+    for k in range(PROBES):
+        at = (2 * k + 1) * n // (2 * PROBES)
+        probe = new[at : at + PROBE_BYTES]
+        if len(probe) < PROBE_BYTES or len(set(probe)) < 8:
+            continue
+        t = lo + at
+        p = base_map.find(probe, max(0, t - SEARCH_BYTES), min(base_size, t + SEARCH_BYTES))
+        if p >= 0 and t - p not in out:
+            out.append(t - p)
+    return out
 
 
 #: ranges encoded at once, at most (each holds about 40 MiB while it is encoded)
@@ -128,17 +218,23 @@ def write_file_delta(w: BundleWriter, i: int, base_path: str, base_size: int, a_
         os.close(bfd)
         raise io_error(target_path, e) from None
 
+    try:
+        base_map = mmap.mmap(bfd, base_size, prot=mmap.PROT_READ) if base_size else None
+    except OSError:  # a file system that cannot map: no search
+        base_map = None
+
     def encode(rng: tuple[int, int]):
         lo, hi = rng
         new = pread_exact(tfd, lo, hi - lo, where=target_path)
-        word, codec, enc, base_digest = encode_range(bfd, base_size, lo, hi, new, level, target_size - base_size,
-                                                     where=base_path)
-        return lo, hi, word, codec, enc, base_digest, fd.digest(new)
+        return [(plo, phi, word, codec, enc, base_digest, fd.digest(new[plo - lo : phi - lo]))
+                for plo, phi, word, codec, enc, base_digest in encode_range(
+                    bfd, base_size, lo, hi, new, level, target_size - base_size, where=base_path, base_map=base_map)]
 
     n = max(1, min(threads, MAX_THREADS))
     try:
         ranges = changed_ranges(a_blocks, base_size, b_blocks, target_size)
-        for lo, hi, word, codec, enc, base_digest, target in ordered_map(encode, ranges, threads=n, window=n):
+        for lo, hi, word, codec, enc, base_digest, target in (
+                rec for recs in ordered_map(encode, ranges, threads=n, window=n) for rec in recs):
             rh = w.add(fmt.RecordHeader(
                 type=fmt.DELTA, codec=codec, word=word, param=enc.param, file=i, lo=lo, hi=hi,
                 count=enc.count, lens=(0, 0, 0), base=base_digest, target=target,
@@ -148,6 +244,8 @@ def write_file_delta(w: BundleWriter, i: int, base_path: str, base_size: int, a_
             stats[name] = (r + 1, b + rh.payload_len + fmt.RECORD.size)
             reporter.advance(hi - lo)
     finally:
+        if base_map is not None:
+            base_map.close()
         os.close(bfd)
         os.close(tfd)
     return stats
