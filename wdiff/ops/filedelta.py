@@ -11,6 +11,7 @@ is bounded by a few ranges, whatever the file's size.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from collections.abc import Iterator
@@ -129,7 +130,7 @@ def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, lev
     best = _best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where)
     if base_map is None or best[2].size * 4 <= hi - lo:
         return [(lo, hi, *best)]
-    found = [x for x in _probe_shifts(base_map, base_size, lo, new) if x not in shifts]
+    found = [x for x in _probe_shifts(base_map, base_size, lo, new, probes=1) if x not in shifts]
     if not found:
         return [(lo, hi, *best)]
     return _refine(base_fd, base_map, base_size, lo, hi, new, level, shifts, found, best, where=where)
@@ -177,20 +178,26 @@ MIN_PIECE_BYTES, PIECE_MARGIN = 16 * 1024, 256 * 1024
 PROBE_BYTES, PROBES, SEARCH_BYTES = 32, 2, 32 * 1024 * 1024
 
 
-def _probe_shifts(base_map, base_size: int, lo: int, new: bytes) -> list[int]:
+def _probe_shifts(base_map, base_size: int, lo: int, new: bytes, probes: int = PROBES) -> list[int]:
     """Shifts (target offset minus base offset) at which probes of ``new``
-    (the target bytes from ``lo``) occur in the base, first occurrence
-    each, in probe order; probes of fewer than 8 distinct byte values
-    (zeros, padding) are skipped: they would match anywhere."""
+    (the target bytes from ``lo``, at (2k + 1)/(2 probes) of them) occur in
+    the base, first occurrence each, in probe order; probes of fewer than 8
+    distinct byte values (zeros, padding) are skipped: they would match
+    anywhere. The pages scanned are dropped from the mapping afterwards, so
+    the search holds no more memory than a window."""
     out: list[int] = []
     n = len(new)
-    for k in range(PROBES):
-        at = (2 * k + 1) * n // (2 * PROBES)
+    for k in range(probes):
+        at = (2 * k + 1) * n // (2 * probes)
         probe = new[at : at + PROBE_BYTES]
         if len(probe) < PROBE_BYTES or len(set(probe)) < 8:
             continue
         t = lo + at
-        p = base_map.find(probe, max(0, t - SEARCH_BYTES), min(base_size, t + SEARCH_BYTES))
+        start, end = max(0, t - SEARCH_BYTES), min(base_size, t + SEARCH_BYTES)
+        p = base_map.find(probe, start, end)
+        start &= ~(mmap.PAGESIZE - 1)
+        with contextlib.suppress(OSError, ValueError):
+            base_map.madvise(mmap.MADV_DONTNEED, start, end - start)
         if p >= 0 and t - p not in out:
             out.append(t - p)
     return out
