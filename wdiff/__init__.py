@@ -106,6 +106,7 @@ def pack(
     overwrite: bool = False,
     exclude: tuple[str, ...] | list[str] = (),
     include: tuple[str, ...] | list[str] = (),
+    format_version: int | None = None,
 ) -> PackResult:
     """Write to ``out`` the bundle that turns checkpoint ``a`` into ``b``.
 
@@ -114,13 +115,15 @@ def pack(
     same inputs and options always give the same bytes, whatever
     ``threads``. An existing ``out`` is refused unless ``overwrite``; an
     ``out`` that is, or lies inside, ``a`` or ``b`` always is. ``exclude``
-    and ``include`` are as for :func:`diff`. Returns a
-    :class:`~wdiff.ops.pack.PackResult`.
+    and ``include`` are as for :func:`diff`. ``format_version`` is the
+    newest bundle format version the bundle may use (default: the newest
+    this wdiff writes; below 3, changed companion files are stored whole).
+    Returns a :class:`~wdiff.ops.pack.PackResult`.
     """
     from .ops.pack import pack as _pack
 
     return _pack(a, b, out, level=level, threads=threads, chunk=chunk, reporter=reporter, overwrite=overwrite,
-                 exclude=exclude, include=include)
+                 exclude=exclude, include=include, format_version=format_version)
 
 
 def apply(

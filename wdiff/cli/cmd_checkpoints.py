@@ -188,7 +188,7 @@ def pack(
         f"({res.ratio:,.1f}x smaller{per})"
     )
     out.result(f"  {res.tensors_changed} of {res.tensors} tensors changed, {o.count(res.changed_elements)} elements; "
-               f"{res.files_stored} files stored whole")
+               f"{res.files_stored} files stored {_stored_how(res)}")
     if out.verbose:
         for name, c in res.codecs.items():
             out.result(f"  {name:<7} {c.records:>7} records {o.size(c.bytes):>10}  {o.count(c.changed)} elements")
@@ -260,3 +260,9 @@ def _check_apply_order(bundle: Path, base: Optional[Path]) -> None:
                          hint=f"wdiff apply {o.name(str(base))} {o.name(str(bundle))} ...")
     raise UsageError(f"{o.name(str(bundle))}: is a directory, not a bundle file",
                      hint="wdiff apply BUNDLE [BASE] (-o OUT | --in-place): the bundle file comes first")
+
+
+def _stored_how(res) -> str:
+    """How pack stored the files it stored: whole, unless some companion
+    file went as byte-level deltas (DELTA records, format version 3)."""
+    return "whole or as byte deltas" if any(k.startswith("file-") for k in res.codecs) else "whole"

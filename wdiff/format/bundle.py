@@ -102,6 +102,18 @@ class BundleWriter:
         self._done(header)
         return header
 
+    def raise_version(self, version: int) -> None:
+        """Write the bundle as format ``version`` after all (at least the one
+        it was opened with): a writer learns that a companion file needs
+        DELTA records only once it has hashed it. The preamble is in no
+        digest; the index, written last, carries the same version."""
+        if version > self.version:
+            self.version = version
+            try:
+                write_all(self._fd, fmt.pack_preamble(version), 0)
+            except OSError as e:
+                raise io_error(self.path, e) from None
+
     def _done(self, header: fmt.RecordHeader) -> None:
         self._chain.update(header.digest)
         self.count += 1
@@ -380,6 +392,8 @@ def _check_order(index: fmt.Index, h: fmt.RecordHeader, last, seen: set[int], wh
             raise FormatError(f"{where}: malformed file record")
         seen.add(h.file)
         return (h.file, 2, 0)
+    if h.type == fmt.DELTA:
+        return _check_delta(index, f, h, last, where)
     if f.kind != "safetensors":
         raise FormatError(f"{where}: tensor record for a companion file")
     if h.type == fmt.HEADER:
@@ -398,6 +412,31 @@ def _check_order(index: fmt.Index, h: fmt.RecordHeader, last, seen: set[int], wh
     if (h.hi - h.lo) % h.word or h.payload_len > 2 * (h.hi - h.lo) + 65536:
         raise FormatError(f"{where}: malformed chunk record")
     return (h.file, 1, h.hi)
+
+
+def _check_delta(index: fmt.Index, f: fmt.TargetFile, h: fmt.RecordHeader, last, where: str):
+    """DELTA records (version 3): ranges of a companion file with source
+    "delta", by offset, without overlap, each at most MAX_CHUNK_BYTES; an
+    XOR codec's range lies within the base's file (its size is the base
+    listing's) and is whole words."""
+    from ..codec import filedelta
+
+    lf, _lt, lend = last
+    if index.version < fmt.FILE_DELTAS or f.kind != "file" or f.source != "delta":
+        raise FormatError(f"{where}: unexpected file delta record")
+    start = lend if h.file == lf else 0
+    if h.lo < start or h.hi <= h.lo or h.hi > f.size or h.hi - h.lo > fmt.MAX_CHUNK_BYTES:
+        raise FormatError(f"{where}: file delta range out of order or out of bounds")
+    if h.codec not in filedelta.CODECS or h.payload_len > 2 * (h.hi - h.lo) + 65536:
+        raise FormatError(f"{where}: malformed file delta record")
+    if h.codec == filedelta.ZSTD_BASE:
+        if h.word != 1 or h.param or h.count or h.lens[0] != filedelta.DICT_RANGE.size or h.lens[2]:
+            raise FormatError(f"{where}: malformed file delta record")
+    else:
+        base_size = next((r.size for r in index.base_files if r.path == f.path), 0)
+        if h.hi > base_size or (h.hi - h.lo) % h.word:
+            raise FormatError(f"{where}: file delta range lies past the base's file or splits a word")
+    return (h.file, 3, h.hi)
 
 
 def check_records(reader: BundleReader, reporter: Reporter = SILENT) -> None:

@@ -28,9 +28,12 @@ END_MAGIC = b"WDIFFEND"
 VERSION = 1
 #: the newest version this wdiff reads and writes; it writes the lowest one
 #: whose rules give the bundle it means (see man/wdiff-format.5, CHANGES)
-MAX_VERSION = 2
+MAX_VERSION = 3
 #: from this version on, tensor names are scoped by their file's directory
 SCOPED_NAMES = 2
+#: from this version on, a companion file may be rebuilt from the base's file
+#: at the same path by DELTA records (target source "delta")
+FILE_DELTAS = 3
 FORMAT_NAME = "wdiff-bundle"
 
 PREAMBLE = struct.Struct("<8sII")
@@ -41,7 +44,9 @@ assert PREAMBLE.size == 16 and FOOTER.size == 48 and RECORD.size == 112
 
 # record types
 CHUNK, FILE, HEADER = 1, 2, 3
-RECORD_TYPES = {CHUNK: "chunk", FILE: "file", HEADER: "header"}
+#: a byte range of a companion file, rebuilt from the base's file (version 3)
+DELTA = 4
+RECORD_TYPES = {CHUNK: "chunk", FILE: "file", HEADER: "header", DELTA: "delta"}
 
 #: an index lists every target tensor's digest (~35 bytes of JSON each), so a
 #: checkpoint of ~900,000 tensors fits; with the element count checked
@@ -169,7 +174,9 @@ class TargetFile:
     kind: str  # "safetensors" or "file"
     size: int
     digest: bytes
-    #: companion file: "base" (same path and digest in the base) or "bundle";
+    #: companion file: "base" (same path and digest in the base), "bundle"
+    #: (one FILE record) or "delta" (the base's file at the same path, with
+    #: DELTA records over the ranges that changed; version 3);
     #: tensor file: where its header comes from, "base" or "bundle"
     source: str
     header_digest: bytes | None = None
@@ -324,9 +331,10 @@ def decode_index(raw: bytes, *, where: str) -> Index:
     _check_paths([f.path for f in files], where)
     if fingerprint((f.path, f.kind, f.size, f.digest) for f in files) != target_fp:
         raise FormatError(f"{where}: target fingerprint does not match its file list")
-    if base is None and any(f.source == "base" for f in files):
+    if base is None and any(f.source in ("base", "delta") for f in files):
         raise FormatError(f"{where}: a bundle without a base takes a file from the base")
     _check_taken_from_base(files, base_files, where)
+    _check_deltas(obj["version"], files, base_files, where)
     rec = _keys(obj["records"], {"count", "bytes", "digest"}, where)
     return Index(
         version=obj["version"],
@@ -363,6 +371,21 @@ def _check_taken_from_base(files, base_files, where: str) -> None:
             )
 
 
+def _check_deltas(version: int, files, base_files, where: str) -> None:
+    """A companion file rebuilt by DELTA records (source "delta", version 3
+    on) needs a companion file at the same path in the base: that file is
+    the base of its records and the source of the bytes between them."""
+    rows = {r.path: r for r in base_files}
+    for f in files:
+        if f.source != "delta":
+            continue
+        if version < FILE_DELTAS or f.kind != "file":
+            raise FormatError(f"{where}: {printable(f.path)} has source \"delta\", which this version or kind lacks")
+        r = rows.get(f.path)
+        if r is None or r.kind != "file":
+            raise FormatError(f"{where}: {printable(f.path)} is rebuilt from the base's file, which the base lacks")
+
+
 def _target_file(d: object, where: str) -> TargetFile:
     if not isinstance(d, dict):
         raise FormatError(f"{where}: malformed target file entry")
@@ -372,7 +395,7 @@ def _target_file(d: object, where: str) -> TargetFile:
     size = _get(d, "size", int, where)
     digest = unhex(_get(d, "digest", str, where), where=where)
     source = _get(d, "source", str, where)
-    if source not in ("base", "bundle"):
+    if source not in ("base", "bundle", "delta") or (source == "delta" and kind != "file"):
         raise FormatError(f"{where}: unknown source {source!r}")
     if kind == "file":
         return TargetFile(path, kind, size, digest, source)
@@ -394,4 +417,5 @@ def _target_file(d: object, where: str) -> TargetFile:
 __all__ = [
     "BLOCK_SIZE", "CHUNK", "DIGEST_SIZE", "FILE", "FOOTER", "HEADER", "Index", "MAGIC", "PREAMBLE",
     "RECORD", "RecordHeader", "TargetFile", "FileRow", "VERSION", "MAX_VERSION", "SCOPED_NAMES",
+    "DELTA", "FILE_DELTAS",
 ]

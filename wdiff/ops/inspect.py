@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from ..codec.chunk import CODEC_NAMES
+from ..codec.filedelta import CODEC_NAMES as FILE_CODEC_NAMES
 from ..format import records as fmt
 from ..format.bundle import BundleReader, decode_header_record
 from ..store.hashing import hexd
@@ -56,6 +57,8 @@ def inspect(bundle) -> BundleInfo:
             elif h.type == fmt.HEADER:
                 decode_header_record(rec, where=f"{r.path}: record {rec.index}")
                 kind = "header"
+            elif h.type == fmt.DELTA:  # a range of a companion file (version 3)
+                kind = FILE_CODEC_NAMES.get(h.codec, f"file-codec-{h.codec}")
             else:
                 kind = CODEC_NAMES.get(h.codec, f"codec-{h.codec}")
             c = records.setdefault(kind, {"records": 0, "bytes": 0, "changed": 0})

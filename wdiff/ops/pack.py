@@ -29,6 +29,7 @@ from ..store.checkpoint import KIND_TENSORS, Checkpoint, FileEntry
 from ..store.digests import Digests, hash_file
 from ..store.hashing import hexd, tensor_file_digest, tree
 from ..store.units import Unit
+from .filedelta import write_file_delta
 from .pair import Pair, UnitWork
 
 SCHEMA = "wdiff.pack/1"
@@ -103,13 +104,16 @@ def pack(
     overwrite: bool = False,
     exclude: tuple[str, ...] | list[str] = (),
     include: tuple[str, ...] | list[str] = (),
+    format_version: int | None = None,
 ) -> PackResult:
     """Write to ``out`` a bundle that turns checkpoint ``a`` into ``b``.
     With ``a=None`` the bundle is a full anchor that builds ``b`` from nothing.
     An existing ``out`` is refused unless ``overwrite``; an ``out`` that is,
     or lies inside, A or B always is. Files that match the default
     trainer-state patterns, the checkpoints' .wdiffignore or ``exclude`` (and
-    no later ``include``) are left out."""
+    no later ``include``) are left out. ``format_version``: the newest
+    format the bundle may use (None: the newest this wdiff writes); below
+    version 3, changed companion files are stored whole."""
     if not 1 <= level <= 22:
         raise UsageError(f"compression level {level} is out of range (1..22)")
     check_output(out, [("the base checkpoint", a), ("the target checkpoint", b)], overwrite=overwrite)
@@ -118,8 +122,13 @@ def pack(
     B = pair.B
     work = pair.units(chunk)
     reporter.phase("pack", sum(x.unit.nbytes for x in work) + sum(f.size for f in B.files if f.kind != KIND_TENSORS))
+    if format_version is not None and not pair.version <= format_version <= fmt.MAX_VERSION:
+        raise UsageError(f"format version {format_version} cannot hold this bundle "
+                         f"(it needs {pair.version} to {fmt.MAX_VERSION})")
     with BundleWriter(out, level=level, version=pair.version) as w, FdCache() as fds:
         tally = Tally(w, level)
+        tally.file_deltas = (format_version or fmt.MAX_VERSION) >= fmt.FILE_DELTAS
+        tally.threads = threads
         results = ordered_map(lambda x: _pack_unit(fds, level, x), work, threads=threads)
         targets = _write_records(pair, w, tally, results, reporter)
         reporter.phase("hash base", None)
@@ -128,7 +137,7 @@ def pack(
         base_rows = tuple(fmt.FileRow(d.path, d.kind, d.size, d.digest) for d in mA.files) if mA else ()
         mB = pair.db.manifest(B)
         index = fmt.Index(
-            version=pair.version,
+            version=w.version,
             writer=WRITER,
             base_fingerprint=base_fp,
             base_files=base_rows,
@@ -167,8 +176,8 @@ def _write_records(pair: Pair, w: BundleWriter, tally: Tally, results, reporter:
     pending = next(results, None)
     for i, f in enumerate(B.files):
         if f.kind != KIND_TENSORS:
-            targets.append(_companion(w, i, f, A, pair.da, pair.db, reporter))
-            tally.files_stored += targets[-1].source == "bundle"
+            targets.append(_companion(w, i, f, A, pair.da, pair.db, reporter, tally))
+            tally.files_stored += targets[-1].source != "base"
             continue
         old = A.file(f.path) if A else None
         from_base = old is not None and old.header is not None and old.header.raw == f.header.raw
@@ -206,6 +215,15 @@ class Tally:
         self.changed_tensors: set[str] = set()
         self.changed_elements = 0
         self.files_stored = 0
+        #: may a changed companion file with a base be written as DELTA records?
+        self.file_deltas = False
+        self.threads = 1  # for the ranges of one companion file
+
+    def file_stats(self, stats: dict[str, tuple[int, int]]) -> None:
+        """Count the DELTA records of one companion file."""
+        for name, (n, nbytes) in stats.items():
+            st = self.stats.get(name, CodecStat())
+            self.stats[name] = CodecStat(st.records + n, st.changed, st.bytes + nbytes)
 
     def header(self, i: int, raw: bytes) -> None:
         """The new safetensors header of target file ``i``."""
@@ -281,7 +299,8 @@ def _tensor_target(i: int, f: FileEntry, db: Digests, from_base: bool) -> fmt.Ta
     )
 
 
-def _companion(w: BundleWriter, i: int, f: FileEntry, A: Checkpoint | None, da, db, reporter) -> fmt.TargetFile:
+def _companion(w: BundleWriter, i: int, f: FileEntry, A: Checkpoint | None, da, db, reporter,
+               tally: Tally | None = None) -> fmt.TargetFile:
     blocks = hash_file(f.abspath, f.size)
     db.files[f.path] = blocks
     digest = tree(blocks)
@@ -292,6 +311,9 @@ def _companion(w: BundleWriter, i: int, f: FileEntry, A: Checkpoint | None, da, 
         if tree(da.files[old.path]) == digest and old.size == f.size:
             reporter.advance(f.size)
             return fmt.TargetFile(f.path, "file", f.size, digest, "base")
+        if tally is not None and tally.file_deltas and min(old.size, f.size) >= FILE_DELTA_MIN:
+            return companion_delta(w, tally, i, f.path, old.abspath, old.size, da.files[old.path],
+                                   f.abspath, f.size, blocks, reporter)
     rh = fmt.RecordHeader(
         type=fmt.FILE, codec=ZSTD, word=1, param=0, file=i, lo=0, hi=f.size, count=0,
         lens=(0, 0, 0), base=ZERO, target=digest,
@@ -303,4 +325,50 @@ def _companion(w: BundleWriter, i: int, f: FileEntry, A: Checkpoint | None, da, 
         raise io_error(f.abspath, e) from None
     reporter.advance(f.size)
     return fmt.TargetFile(f.path, "file", f.size, digest, "bundle")
+
+
+def companion_from(w: BundleWriter, tally: Tally, i: int, path: str, target_path: str, target_size: int,
+                   base_path: str | None, base_size: int) -> fmt.TargetFile:
+    """Target file ``i``, a companion file whose bytes are in the file at
+    ``target_path`` (a temp file squash or reverse rebuilt): taken from the
+    base when ``base_path`` holds the same bytes, else encoded against it as
+    pack would, else stored whole. Shared by squash and reverse."""
+    blocks = hash_file(target_path, target_size)
+    if base_path is not None:
+        base_blocks = hash_file(base_path, base_size)
+        if base_size == target_size and base_blocks == blocks:
+            return fmt.TargetFile(path, "file", target_size, tree(blocks), "base")
+        if tally.file_deltas and min(base_size, target_size) >= FILE_DELTA_MIN:
+            return companion_delta(w, tally, i, path, base_path, base_size, base_blocks, target_path, target_size,
+                                   blocks, SILENT)
+    rh = fmt.RecordHeader(
+        type=fmt.FILE, codec=ZSTD, word=1, param=0, file=i, lo=0, hi=target_size, count=0,
+        lens=(0, 0, 0), base=ZERO, target=tree(blocks),
+    )
+    try:
+        with open(target_path, "rb") as src:
+            w.add_stream(rh, src, target_size)
+    except OSError as e:
+        raise io_error(target_path, e) from None
+    return fmt.TargetFile(path, "file", target_size, tree(blocks), "bundle")
+
+
+#: a companion file smaller than this (on either side) is stored whole: what
+#: a delta could save on it is little, and the bundles of small edits to
+#: config files stay what they were before format version 3
+FILE_DELTA_MIN = 1 << 20
+
+
+def companion_delta(w: BundleWriter, tally: Tally, i: int, path: str, base_path: str, base_size: int,
+                    base_blocks: bytes, target_path: str, target_size: int, target_blocks: bytes,
+                    reporter: Reporter) -> fmt.TargetFile:
+    """Target file ``i``, a companion file that changed, as DELTA records
+    against the base's file at the same path (format version 3). Shared by
+    pack, squash and reverse."""
+    w.raise_version(fmt.FILE_DELTAS)
+    stats = write_file_delta(w, i, base_path, base_size, base_blocks, target_path, target_size, target_blocks,
+                             tally.level, threads=tally.threads)
+    tally.file_stats(stats)
+    reporter.advance(target_size)
+    return fmt.TargetFile(path, "file", target_size, tree(target_blocks), "delta")
 

@@ -33,12 +33,13 @@ from collections.abc import Callable
 import numpy as np
 import xxhash
 
-from ..codec.chunk import RAW, decode_into, decompress_exact
+from ..codec.chunk import BITMAP, DENSE, RAW, SPARSE, decode_into, decompress_exact
 from ..codec.dtypes import uint_type
 from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL
 from ..errors import BaseMismatchError, FormatError, IntegrityError, WdiffError
 from ..format import records as fmt
 from ..format.bundle import ZERO, BundleReader, BundleWriter, Located, Record, read_frame, read_payload, walk_headers
+from ..fsutil import io_error
 from ..parallel import default_threads, ordered_map
 from ..paths import printable
 from ..progress import SILENT, Reporter
@@ -48,7 +49,11 @@ from ..store.digests import Digests
 from ..store.hashing import hexd, tensor_file_digest, tree
 from ..store.header import Header, TensorInfo, parse_header
 from ..store.units import base_source, pack_units
-from .pack import WRITER, PackResult, Tally, encode_unit
+from .filedelta import FileRebuild
+from .pack import WRITER, PackResult, Tally, companion_from, encode_unit
+
+#: DELTA codecs that hold the XOR of A's and B's words, which runs both ways
+XOR_ONLY = (SPARSE, BITMAP, DENSE)
 from .pair import format_version
 from .squash import DecodedCache, Step
 
@@ -87,7 +92,7 @@ class Older:
                 self.headers[h.file] = rec
             elif h.type == fmt.FILE:
                 self.files[h.file] = rec
-            else:
+            elif h.type == fmt.CHUNK:
                 self.chunks.setdefault(h.file, []).append(rec)
         self._raw: dict[int, np.ndarray] = {}
         self.lock = threading.Lock()
@@ -126,6 +131,8 @@ class Older:
     def companion(self, path: str) -> tuple[fmt.RecordHeader, bytes]:
         """The FILE record of a companion file: its header and compressed payload."""
         i = self._file(path, "file")
+        if self.index.files[i].source == "delta":  # rebuilt from its own base: not whole here
+            raise NotInvertible(f"{printable(path)} is a byte-level delta in {self.where}, not a whole file")
         rec = self.files.get(i)
         if rec is None:  # kept from this bundle's base (same digest, checked by the caller)
             return self._base(f"the content of {printable(path)}").companion(path)
@@ -291,7 +298,7 @@ class _Inverse:
             results = ordered_map(run, [(i, p, u) for i, p, u in work], threads=self.threads)
             targets = self._records(w, tally, A, results)
             index = fmt.Index(
-                version=version, writer=WRITER, base_fingerprint=F.target_fingerprint,
+                version=w.version, writer=WRITER, base_fingerprint=F.target_fingerprint,
                 base_files=tuple(fmt.FileRow(f.path, f.kind, f.size, f.digest) for f in F.files),
                 target_fingerprint=F.base_fingerprint, files=tuple(targets),
                 records_count=w.count, records_bytes=w.records_bytes, records_digest=w.records_digest,
@@ -314,8 +321,8 @@ class _Inverse:
         pending = next(results, None)
         for i, (row, f) in enumerate(zip(self.F.base_files, A.files)):
             if f.kind != KIND_TENSORS:
-                targets.append(self._companion(w, i, row))
-                tally.files_stored += targets[-1].source == "bundle"
+                targets.append(self._companion(w, i, row, tally))
+                tally.files_stored += targets[-1].source != "base"
                 continue
             header = f.header
             now = self.B.file(f.path)
@@ -338,11 +345,62 @@ class _Inverse:
                                           "base" if from_base else "bundle", hd, len(header.raw), tds))
         return targets
 
-    def _companion(self, w: BundleWriter, i: int, row: fmt.FileRow) -> fmt.TargetFile:
+    def _xor_only(self, j: int, row: fmt.FileRow) -> bool:
+        """Does the forward bundle hold A's file ``row`` as B's file XOR its
+        DELTA records? (XOR word codecs only, and the same size: every byte
+        of A is then B's, XOR a record's words or as it is.)"""
+        recs = self.step.deltas.get(j, [])
+        return row.size == self.F.files[j].size and all(r.header.codec in XOR_ONLY for r in recs)
+
+    def _companion_back(self, w: BundleWriter, tally: Tally, i: int, j: int, row: fmt.FileRow) -> fmt.TargetFile:
+        """A's companion file from B's (in the directory) and the forward
+        bundle's XOR records, rebuilt into a temp file beside the output,
+        checked against A's digest, and encoded against B's file."""
+        import tempfile
+
+        b_path = self.B.file(row.path).abspath
+        fdesc, tmp = tempfile.mkstemp(prefix=".wdiff-reverse-", dir=os.path.dirname(os.path.abspath(w.path)))
+        try:
+            try:
+                bfd = os.open(b_path, os.O_RDONLY)
+            except OSError as e:
+                raise io_error(b_path, e) from None
+            try:
+                rb = FileRebuild(bfd, row.size, row.size, fdesc, where=printable(row.path))
+                for rec in self.step.deltas.get(j, []):
+                    h = rec.header
+                    # the XOR runs backwards: B's bytes are the record's target, A's its base
+                    back = fmt.RecordHeader(type=h.type, codec=h.codec, word=h.word, param=h.param, file=h.file,
+                                            lo=h.lo, hi=h.hi, count=h.count, lens=h.lens, base=h.target,
+                                            target=h.base)
+                    rb.record(back, self.step.payload(rec), where=f"{self.step.path}: record {rec.index}")
+                blocks = rb.finish()
+            finally:
+                os.close(bfd)
+            os.close(fdesc)
+            fdesc = -1
+            if tree(blocks) != row.digest:
+                raise IntegrityError(f"{printable(row.path)}: going back does not give the older version's file "
+                                     f"(digest {hexd(row.digest)[:12]}); the directory or a bundle is not what it should be")
+            tally.file_deltas, tally.threads = True, self.threads
+            return companion_from(w, tally, i, row.path, tmp, row.size, b_path, self.F.files[j].size)
+        except BaseMismatchError as e:  # B's bytes are not the records' targets: the directory is not B
+            raise IntegrityError(f"{printable(row.path)}: {e.message}") from None
+        finally:
+            if fdesc >= 0:
+                os.close(fdesc)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def _companion(self, w: BundleWriter, i: int, row: fmt.FileRow, tally: Tally | None = None) -> fmt.TargetFile:
         j = self.fpos.get(row.path)
         now = self.F.files[j] if j is not None else None
         if now is not None and now.kind == "file" and now.digest == row.digest and now.size == row.size:
             return fmt.TargetFile(row.path, "file", row.size, row.digest, "base")
+        if now is not None and now.source == "delta" and self._xor_only(j, row):
+            return self._companion_back(w, tally, i, j, row)
         h, data = self.older().companion(row.path)
         if h.target != row.digest or h.hi != row.size:
             raise IntegrityError(f"{printable(row.path)}: the older bundle's copy is not the older version's")

@@ -11,6 +11,12 @@ checked against vk's tensor digests and v0's fingerprint before the bundle
 is renamed into place.
 
 With no base (a run that starts with an anchor), v0 is empty.
+
+A companion file that a step rebuilt with DELTA records (format version 3)
+is rebuilt here too, step by step into temp files beside the output, from
+its nearest whole copy (the base directory's file or a FILE record); the
+last one is encoded against v0's file as pack would encode it (DELTA
+records, or whole), after its digest is checked against vk's.
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ from ..store.hashing import tree
 from ..store.header import Header, TensorInfo
 from ..store.units import pack_units
 from .apply.checks import check_base_listing, verify_bundle
-from .pack import WRITER, PackResult, Tally, encode_unit
+from .filedelta import rebuild_file
+from .pack import WRITER, PackResult, Tally, companion_from, encode_unit
 from .pair import format_version
 
 CACHE_BYTES = 256 * 1024 * 1024
@@ -81,6 +88,8 @@ class Step:
         self.fd = os.open(path, os.O_RDONLY)
         self.chunks: dict[int, tuple[list[int], list[Record]]] = {}
         self.files: dict[int, Record] = {}
+        #: file -> its DELTA records, in order (companion files, version 3)
+        self.deltas: dict[int, list[Record]] = {}
 
     def index_records(self, records: list[Record]) -> None:
         by_file: dict[int, list[Record]] = {}
@@ -89,6 +98,8 @@ class Step:
                 by_file.setdefault(r.header.file, []).append(r)
             elif r.header.type == fmt.FILE:
                 self.files[r.header.file] = r
+            elif r.header.type == fmt.DELTA:
+                self.deltas.setdefault(r.header.file, []).append(r)
         for i, rs in by_file.items():
             self.chunks[i] = ([r.header.lo for r in rs], rs)
 
@@ -252,11 +263,79 @@ def _next_version(prev: _Version, j: int, st: Step, headers: dict[int, Header]) 
             v.files[f.path] = _File(f.path, f.kind, None)
             if f.source == "bundle":
                 v.origin[f.path] = (j, st.files[i])
+            elif f.source == "delta":
+                if f.path not in prev.origin:
+                    raise FormatError(f"{st.path}: rebuilds {printable(f.path)} from a base that lacks it")
+                v.origin[f.path] = (j, _DeltaOrigin(prev.origin[f.path], st.deltas.get(i, []), f.size, f.digest))
             else:
                 if f.path not in prev.origin:
                     raise FormatError(f"{st.path}: takes {printable(f.path)} from a base that lacks it")
                 v.origin[f.path] = prev.origin[f.path]
     return v
+
+
+@dataclass(frozen=True)
+class _DeltaOrigin:
+    """A companion file of step j: ``prev`` (the origin of the file in
+    version j-1) with step j's DELTA records applied."""
+
+    prev: tuple
+    records: list
+    size: int
+    digest: bytes
+
+
+class _Scratch:
+    """Temp files beside the output for companion files rebuilt from deltas."""
+
+    def __init__(self, out: str) -> None:
+        self.dir = os.path.dirname(os.path.abspath(out))
+        self.paths: list[str] = []
+
+    def new(self) -> tuple[str, int]:
+        import tempfile
+
+        fdesc, path = tempfile.mkstemp(prefix=".wdiff-squash-", dir=self.dir)
+        self.paths.append(path)
+        return path, fdesc
+
+    def close(self) -> None:
+        for p in self.paths:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+
+def _materialize(origin: tuple, path: str, steps, A, scratch: _Scratch) -> str:
+    """The path of a file holding the companion file ``path`` as ``origin``
+    gives it: the base directory's, a FILE record's content, or a delta
+    rebuilt on the file of its own origin (recursively), each checked."""
+    from ..store.hashing import tree as _tree
+    from .apply.engine import _write_stream
+
+    j, rec = origin
+    if j == 0:
+        old = A.file(path) if A is not None else None
+        if old is None or old.kind == KIND_TENSORS:
+            raise FormatError(f"squash: {printable(path)} should come from the base, which lacks it")
+        return old.abspath
+    st = steps[j - 1]
+    out, fdesc = scratch.new()
+    try:
+        if isinstance(rec, _DeltaOrigin):
+            base = _materialize(rec.prev, path, steps, A, scratch)
+            pieces = ((r.header, st.payload(r)) for r in rec.records)
+            blocks = rebuild_file(base, os.path.getsize(base), rec.size, pieces, fdesc, where=f"{st.path}: {printable(path)}")
+            want = rec.digest
+        else:
+            blocks = _write_stream(st.reader.file_payload(rec), fdesc, SILENT)
+            want = rec.header.target
+        if _tree(blocks) != want:
+            raise IntegrityError(f"squash: {printable(path)} of bundle {st.path} does not match its digest")
+    finally:
+        os.close(fdesc)
+    return out
 
 
 def _same_type(a: TensorInfo, b: TensorInfo) -> bool:
@@ -322,8 +401,12 @@ def _write(steps, versions, A, out: str, *, level: int, threads: int, reporter: 
         for u in pack_units(vk.files[f.path].header, A.base_tensors_for(f.path, scoped) if A is not None else {}, DEFAULT_CHUNK)
     ]
     reporter.phase("squash", sum(u.nbytes for _, u in work))
+    scratch = _Scratch(out)
     with BundleWriter(out, level=level, version=version) as w, FdCache() as fds:
         tally = Tally(w, level)
+        tally.file_deltas = True  # only a companion file some step rebuilt from deltas can need them
+        tally.scratch = scratch
+        tally.threads = threads
 
         def run(item):
             i, unit = item
@@ -335,10 +418,13 @@ def _write(steps, versions, A, out: str, *, level: int, threads: int, reporter: 
             return encode_unit(fds, level, i, unit, bbuf)
 
         results = ordered_map(run, work, threads=threads)
-        targets = _write_records(steps, versions, A, w, tally, results, reporter)
+        try:
+            targets = _write_records(steps, versions, A, w, tally, results, reporter)
+        finally:
+            scratch.close()
         base_fp, base_rows = first.base_fingerprint, first.base_files
         index = fmt.Index(
-            version=version, writer=WRITER, base_fingerprint=base_fp, base_files=base_rows,
+            version=w.version, writer=WRITER, base_fingerprint=base_fp, base_files=base_rows,
             target_fingerprint=last.target_fingerprint, files=tuple(targets),
             records_count=w.count, records_bytes=w.records_bytes, records_digest=w.records_digest,
         )
@@ -362,8 +448,8 @@ def _write_records(steps, versions, A, w: BundleWriter, tally: Tally, results, r
     pending = next(results, None)
     for i, f in enumerate(last.files):
         if f.kind != KIND_TENSORS:
-            targets.append(_companion(w, i, f, steps, versions, A))
-            tally.files_stored += targets[-1].source == "bundle"
+            targets.append(_companion(w, i, f, steps, versions, A, tally))
+            tally.files_stored += targets[-1].source != "base"
             continue
         header = vk.files[f.path].header
         old = A.file(f.path) if A is not None else None
@@ -386,13 +472,22 @@ def _write_records(steps, versions, A, w: BundleWriter, tally: Tally, results, r
     return targets
 
 
-def _companion(w: BundleWriter, i: int, f: fmt.TargetFile, steps, versions, A) -> fmt.TargetFile:
+def _companion(w: BundleWriter, i: int, f: fmt.TargetFile, steps, versions, A, tally: Tally) -> fmt.TargetFile:
     j, rec = versions[-1].origin[f.path]
     old = A.file(f.path) if A is not None else None
     if j == 0:
         if old is None or old.kind == KIND_TENSORS or old.size != f.size:
             raise FormatError(f"squash: {printable(f.path)} should come from the base, which lacks it")
         return fmt.TargetFile(f.path, "file", f.size, f.digest, "base")
+    if isinstance(rec, _DeltaOrigin):
+        if rec.digest != f.digest or rec.size != f.size:
+            raise IntegrityError(f"squash: {printable(f.path)} of the last step is not the last bundle's")
+        built = _materialize((j, rec), f.path, steps, A, tally.scratch)
+        base = old if old is not None and old.kind != KIND_TENSORS else None
+        t = companion_from(w, tally, i, f.path, built, f.size, base.abspath if base else None, base.size if base else 0)
+        if t.digest != f.digest:
+            raise IntegrityError(f"squash: {printable(f.path)} does not come out as the last bundle says")
+        return t
     # copy the compressed bytes as they are, under this bundle's file index
     st = steps[j - 1]
     h = rec.header

@@ -29,6 +29,7 @@ from ...store.digests import Digests, hash_file
 from ...store.hashing import hexd, tree
 from ...store.header import Header, HeaderError
 from ...store.units import FileLayout, Unit
+from ..filedelta import FileRebuild
 from .checks import check_target_digests, judge_base_mismatch
 
 
@@ -66,11 +67,15 @@ class _Walk:
     data, with the gaps between records filled from the base. Companion
     files stream from the bundle, so ``on_file`` handles them inline."""
 
-    def __init__(self, reader: BundleReader, headers: dict[int, Header], A: Checkpoint | None, on_file) -> None:
+    def __init__(self, reader: BundleReader, headers: dict[int, Header], A: Checkpoint | None, on_file,
+                 on_delta=None) -> None:
         self.reader, self.index, self.headers = reader, reader.index, headers
         self.A = A
         self.scoped = reader.index.version >= fmt.SCOPED_NAMES
         self.on_file = on_file
+        #: companion files with source "delta": on_delta(i, record), then
+        #: on_delta(i, None) once the walk leaves the file
+        self.on_delta = on_delta
         self.layouts: dict[int, FileLayout] = {}
         self.done_upto: dict[int, int] = {}
         self.current = -1
@@ -87,6 +92,8 @@ class _Walk:
         c = self.current
         if c >= 0 and self.index.files[c].kind == KIND_TENSORS:
             yield from self.gaps(c, self.index.files[c].data_len)
+        elif c >= 0 and self.index.files[c].source == "delta":
+            self.on_delta(c, None)
 
     def advance_to(self, i: int) -> Iterator[OpenFile | UnitWork]:
         while self.current < i:
@@ -116,6 +123,8 @@ class _Walk:
             yield from self.advance_to(rec.header.file)
             if rec.header.type == fmt.FILE:
                 self.on_file(rec.header.file, rec)
+            elif rec.header.type == fmt.DELTA:
+                self.on_delta(rec.header.file, rec)
             elif rec.header.type == fmt.CHUNK:
                 yield from self.chunk(rec)
         yield from self.advance_to(len(self.index.files) - 1)
@@ -170,6 +179,7 @@ class _Builder:
         self.out_fds: dict[int, int] = {}
         self.written = 0
         self._modes: dict[str, int] | None = None
+        self._delta: tuple[int, int, int, FileRebuild] | None = None  # file, out fd, base fd, rebuild
 
     def open_out(self, i: int) -> int:
         path = self.outputs[i]
@@ -232,10 +242,52 @@ class _Builder:
             os.close(fd)
         self.written += f.size
 
+    def on_delta(self, i: int, rec: Record | None) -> None:
+        """Companion file ``i``, rebuilt from the base's file at its path and
+        its DELTA records: each record as it comes, then (``rec`` None) the
+        rest from the base and the whole file's digest."""
+        if i not in self.outputs:
+            return
+        f = self.index.files[i]
+        if self._delta is None or self._delta[0] != i:
+            old = self.A.file(f.path) if self.A else None
+            if old is None or old.kind == KIND_TENSORS:
+                raise BaseMismatchError(f"{printable(f.path)}: the base lacks this file")
+            out = self.open_out(i)
+            try:
+                bfd = os.open(old.abspath, os.O_RDONLY)
+            except OSError as e:
+                os.close(out)
+                raise io_error(old.abspath, e) from None
+            self._delta = (i, out, bfd, FileRebuild(bfd, old.size, f.size, out, where=printable(f.path),
+                                                    reporter=self.reporter))
+        _, out, bfd, rb = self._delta
+        try:
+            if rec is not None:
+                rb.record(rec.header, rec.payload, where=f"{self.reader.path}: record {rec.index}")
+                return
+            blocks = rb.finish()
+            self.dt.files[f.path] = blocks
+            if tree(blocks) != f.digest or rb.pos != f.size:
+                raise IntegrityError(f"{printable(f.path)}: content does not match the target digest")
+            _check_companion_kind(self.outputs[i], f)
+            os.fsync(out)
+        except BaseException:
+            self.close_delta()
+            raise
+        self.close_delta()
+        self.written += f.size
+
+    def close_delta(self) -> None:
+        if self._delta is not None:
+            os.close(self._delta[1])
+            os.close(self._delta[2])
+            self._delta = None
+
     def items(self) -> Iterator[OpenFile | UnitWork]:
         """The walk's items for the files to write; opens each tensor file and
         writes its header as the walk reaches it."""
-        for item in _Walk(self.reader, self.headers, self.A, self.on_file):
+        for item in _Walk(self.reader, self.headers, self.A, self.on_file, self.on_delta):
             if item.file not in self.outputs:
                 continue
             if isinstance(item, OpenFile):
@@ -246,6 +298,7 @@ class _Builder:
             yield item
 
     def close(self) -> None:
+        self.close_delta()
         for fd in self.out_fds.values():
             os.close(fd)
 

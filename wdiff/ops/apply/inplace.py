@@ -311,7 +311,7 @@ def restorable(index, replace) -> list[str]:
         b, t = base.get(p), target.get(p)
         if (b is not None and b.kind != "file") or (b is None and t is None):
             bad.append(p)
-        elif t is not None and t.source == "base":
+        elif t is not None and t.source in ("base", "delta"):  # "delta": built from what is there
             bad.append(p)
     return bad
 

@@ -1,0 +1,504 @@
+"""Byte-level deltas of companion (opaque) files: DELTA records, format 3.
+
+pytorch_model.bin-, GGUF- and optimizer-state-like files changed in place
+are packed and applied through the real command line, in both apply modes;
+random edits round-trip bit for bit through pack and apply; hand-made
+hostile DELTA records are refused with exit 4 and the directory untouched;
+squash and reverse go through chains that hold file deltas.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import xxhash
+import zstandard
+from factory import tree
+
+import wdiff
+from wdiff.format import records as fmt
+from wdiff.format.bundle import BundleReader
+from wdiff.ops.reverse import NotInvertible, build_inverse
+
+MiB = 1 << 20
+
+
+def cli(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "wdiff", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=300, check=False)
+
+
+def _write(root, files: dict[str, bytes]) -> str:
+    os.makedirs(root, exist_ok=True)
+    for name, data in files.items():
+        with open(os.path.join(root, name), "wb") as f:
+            f.write(data)
+    return str(root)
+
+
+def _bin_like(rng, n: int, dtype=np.float32) -> tuple[bytes, np.ndarray]:
+    """A pytorch_model.bin-like file: a zip-ish header, then arrays."""
+    a = (rng.standard_normal(n) * 0.02).astype(dtype)
+    return b"PK\x03\x04" + bytes(60), a
+
+
+def _moved(rng, a: np.ndarray, frac: float) -> np.ndarray:
+    b = a.copy()
+    idx = rng.choice(a.size, int(a.size * frac), replace=False)
+    b[idx] = np.nextafter(a[idx], np.float32(np.inf)) if frac < 1 else a[idx]
+    return b
+
+
+def _records(bundle) -> list[fmt.RecordHeader]:
+    with BundleReader(str(bundle)) as r:
+        return [rec.header for rec in r.records()]
+
+
+def _zstd_whole(data: bytes) -> int:
+    return len(zstandard.ZstdCompressor(level=3).compress(data))
+
+
+@pytest.mark.parametrize("frac", [0.01, 0.30])
+def test_torch_bin_changed_in_place_cli(tmp_path, frac):
+    rng = np.random.default_rng(1)
+    head, a = _bin_like(rng, 1_500_000)  # 6 MB of fp32
+    b = _moved(rng, a, frac)
+    A = _write(tmp_path / "A", {"pytorch_model.bin": head + a.tobytes(), "config.json": b"{}"})
+    B = _write(tmp_path / "B", {"pytorch_model.bin": head + b.tobytes(), "config.json": b"{}"})
+    r = cli("pack", A, B, "-o", tmp_path / "d.wdiff")
+    assert r.returncode == 0, r.stderr
+    assert "stored whole or as byte deltas" in r.stdout
+    size = os.path.getsize(tmp_path / "d.wdiff")
+    whole = _zstd_whole(head + b.tobytes())
+    # 1%: ~1.4 bytes per changed 4-byte word; 30%: well under the whole file's zstd
+    assert size < (a.size * frac * 3 + 4096 if frac < 0.1 else whole * 0.6), (size, whole)
+    hs = _records(tmp_path / "d.wdiff")
+    assert hs and all(h.type == fmt.DELTA for h in hs) and {h.word for h in hs} == {4}
+    info = cli("info", tmp_path / "d.wdiff", "--json")
+    doc = json.loads(info.stdout)
+    assert doc["format_version"] == fmt.FILE_DELTAS
+    assert any(k.startswith("file-") for k in doc["records"])
+    assert {f["path"]: f["source"] for f in doc["files"]}["pytorch_model.bin"] == "delta"
+    r = cli("apply", tmp_path / "d.wdiff", A, "-o", tmp_path / "OUT")
+    assert r.returncode == 0, r.stderr
+    assert tree(tmp_path / "OUT") == tree(B)
+    r = cli("apply", tmp_path / "d.wdiff", A, "--in-place")
+    assert r.returncode == 0, r.stderr
+    assert tree(A) == tree(B)
+    r = cli("apply", tmp_path / "d.wdiff", A, "--in-place")
+    assert r.returncode == 0 and "already at the target" in r.stdout
+
+
+def test_gguf_with_inserted_block_cli(tmp_path):
+    rng = np.random.default_rng(2)
+    body = rng.integers(0, 16, size=5 * MiB, dtype=np.uint8).tobytes()  # 4-bit-like, compressible a little
+    head = b"GGUF" + struct.pack("<IQQ", 3, 10, 20)
+    extra = rng.bytes(50_000)
+    A = _write(tmp_path / "A", {"model.gguf": head + body})
+    B = _write(tmp_path / "B", {"model.gguf": head + body[:MiB + 123] + extra + body[MiB + 123:]})
+    r = cli("pack", A, B, "-o", tmp_path / "d.wdiff")
+    assert r.returncode == 0, r.stderr
+    hs = _records(tmp_path / "d.wdiff")
+    assert {h.codec for h in hs} == {16}  # the zstd-against-the-base codec finds the shift
+    assert os.path.getsize(tmp_path / "d.wdiff") < len(extra) + 20_000
+    r = cli("apply", tmp_path / "d.wdiff", A, "-o", tmp_path / "OUT")
+    assert r.returncode == 0, r.stderr
+    assert tree(tmp_path / "OUT") == tree(B)
+
+
+def test_optimizer_state_dense_fp32(tmp_path):
+    rng = np.random.default_rng(3)
+    m = np.abs(rng.standard_normal(600_000)).astype(np.float32) * np.float32(1e-3)
+    m2 = (m * np.float32(0.999) + np.float32(1e-7)).astype(np.float32)
+    A = _write(tmp_path / "A", {"optimizer.pt": b"PK" + m.tobytes()})
+    B = _write(tmp_path / "B", {"optimizer.pt": b"PK" + m2.tobytes()})
+    r = cli("pack", A, B, "-o", tmp_path / "d.wdiff", "--include", "optimizer.pt")
+    assert r.returncode == 0, r.stderr
+    assert os.path.getsize(tmp_path / "d.wdiff") <= _zstd_whole(b"PK" + m2.tobytes()) * 1.01
+    r = cli("apply", tmp_path / "d.wdiff", A, "--in-place", "--include", "optimizer.pt")
+    assert r.returncode == 0, r.stderr
+    assert tree(A) == tree(B)
+
+
+def test_format_2_stores_companion_files_whole(tmp_path):
+    rng = np.random.default_rng(4)
+    data = rng.bytes(2 * MiB)
+    A = _write(tmp_path / "A", {"x.bin": data})
+    B = _write(tmp_path / "B", {"x.bin": data[:100] + b"!" + data[101:]})
+    res = wdiff.pack(A, B, tmp_path / "v2.wdiff", format_version=2)
+    with BundleReader(str(tmp_path / "v2.wdiff")) as r:
+        assert r.index.version == 1 and r.index.files[0].source == "bundle"
+    assert res.bundle_bytes > MiB
+    res = wdiff.pack(A, B, tmp_path / "v3.wdiff")
+    assert res.bundle_bytes < 2000
+
+
+def _edit(rng: random.Random, data: bytes) -> bytes:
+    kind = rng.choice(["flips", "insert", "delete", "truncate", "grow", "shrink", "rewrite"])
+    b = bytearray(data)
+    if kind == "flips":
+        for _ in range(rng.randrange(1, 2000)):
+            k = rng.randrange(len(b))
+            b[k] ^= rng.randrange(1, 256)
+    elif kind == "insert":
+        k = rng.randrange(len(b))
+        b[k:k] = os.urandom(rng.randrange(1, 300_000))
+    elif kind == "delete":
+        k = rng.randrange(len(b))
+        del b[k : k + rng.randrange(1, 300_000)]
+    elif kind == "truncate":
+        del b[rng.randrange(1, len(b)):]
+    elif kind == "grow":
+        b += os.urandom(rng.randrange(1, 3 * MiB))
+    elif kind == "shrink":
+        k = rng.randrange(len(b) // 2)
+        del b[k : k + rng.randrange(1, len(b) // 2)]
+    else:
+        k = rng.randrange(len(b))
+        b[k : k + 100_000] = os.urandom(len(b[k : k + 100_000]))
+    return bytes(b)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_edits_round_trip(tmp_path, seed):
+    rng = random.Random(seed)
+    size = rng.choice([MiB, 3 * MiB + 17, 9 * MiB + 5, 17 * MiB])  # the last two take several records
+    nrng = np.random.default_rng(seed)
+    data = (nrng.standard_normal(size // 4 + 1) * 0.02).astype(np.float32).tobytes()[:size]
+    new = data
+    for _ in range(rng.randrange(1, 4)):
+        new = _edit(rng, new)
+    if len(new) < MiB:
+        new += data[: MiB - len(new) + 1]
+    A = _write(tmp_path / "A", {"w.bin": data})
+    B = _write(tmp_path / "B", {"w.bin": new})
+    wdiff.pack(A, B, tmp_path / "d.wdiff", threads=2)
+    hs = _records(tmp_path / "d.wdiff")
+    assert all(h.type == fmt.DELTA and h.hi - h.lo <= 8 * MiB for h in hs)
+    assert all(x.hi <= y.lo for x, y in itertools.pairwise(hs))
+    wdiff.apply(tmp_path / "d.wdiff", A, tmp_path / "OUT")
+    assert tree(tmp_path / "OUT") == tree(B)
+    # the same bytes whatever the thread count
+    wdiff.pack(A, B, tmp_path / "d1.wdiff", threads=1)
+    assert (tmp_path / "d1.wdiff").read_bytes() == (tmp_path / "d.wdiff").read_bytes()
+
+
+# -- hostile DELTA records ----------------------------------------------------------
+
+
+def _rewrite(src, dst, edit) -> None:
+    """Rewrite a bundle's records with ``edit(list of [header, payload])``,
+    resealing every digest as an attacker would (record digests, the chain,
+    the index's record summary, the index digest and the footer)."""
+    with open(src, "rb") as f:
+        data = f.read()
+    with BundleReader(str(src)) as r:
+        recs = [[rec.header, data[rec.offset : rec.offset + rec.header.payload_len]] for rec in r.records()]
+        index = json.loads(r.index.encode())
+        version = r.index.version
+    edit(recs)
+    body = bytearray(fmt.pack_preamble(version))
+    chain = xxhash.xxh3_128()
+    for h, payload in recs:
+        d = {s: getattr(h, s) for s in fmt.RecordHeader.__slots__}
+        d.update(digest=b"\0" * 16)
+        h = fmt.RecordHeader(**d)
+        dig = xxhash.xxh3_128_digest(payload + h.fields())
+        body += h.fields() + dig + payload
+        chain.update(dig)
+    index["records"] = {"count": len(recs), "bytes": len(body) - fmt.PREAMBLE.size, "digest": chain.hexdigest()}
+    raw = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
+    packed = zstandard.ZstdCompressor(level=3).compress(raw)
+    footer = fmt.Footer(len(body), len(packed), len(raw), xxhash.xxh3_128_digest(packed)).pack()
+    with open(dst, "wb") as f:
+        f.write(bytes(body) + packed + footer)
+
+
+def _with(h: fmt.RecordHeader, **kw) -> fmt.RecordHeader:
+    d = {s: getattr(h, s) for s in fmt.RecordHeader.__slots__}
+    d.update(kw)
+    return fmt.RecordHeader(**d)
+
+
+@pytest.fixture(scope="module")
+def hostile_kit(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    rng = np.random.default_rng(7)
+    data = (rng.standard_normal(3 * MiB // 4) * 0.02).astype(np.float32).tobytes()
+    new = bytearray(data)
+    for k in rng.integers(0, len(new), 500):
+        new[k] ^= 1
+    g = rng.bytes(2 * MiB)
+    A = _write(root / "A", {"w.bin": data, "m.gguf": g})
+    B = _write(root / "B", {"w.bin": bytes(new), "m.gguf": g[:1000] + b"inserted" + g[1000:]})
+    wdiff.pack(A, B, root / "good.wdiff")
+    return root, A, B
+
+
+def _sparse(recs):
+    return next(i for i, (h, _) in enumerate(recs) if h.codec != 16)
+
+
+def _zst(recs):
+    return next(i for i, (h, _) in enumerate(recs) if h.codec == 16)
+
+
+def _set(pick, **kw):
+    def edit(recs):
+        i = pick(recs)
+        recs[i][0] = _with(recs[i][0], **kw)
+    return edit
+
+
+def _dict_range(dlo, dhi):
+    def edit(recs):
+        i = _zst(recs)
+        recs[i][1] = struct.pack("<QQ", dlo, dhi) + recs[i][1][16:]
+    return edit
+
+
+def _overlap(shift):
+    """A second record for the first record's file, overlapping its range."""
+    def edit(recs):
+        h, payload = recs[0]
+        recs.insert(1, [_with(h, lo=max(0, h.hi - shift), hi=h.hi + 1), payload])
+    return edit
+
+
+HOSTILE = {
+    "hi past the file": _set(_sparse, hi=10 * MiB),
+    "empty range": _set(_sparse, hi=0, lo=0),
+    "range over 64 MiB": _set(_zst, hi=70 * MiB),
+    "wrong base digest": _set(_sparse, base=b"\1" * 16),
+    "wrong base digest (zstd)": _set(_zst, base=b"\1" * 16),
+    "wrong target digest": _set(_sparse, target=b"\2" * 16),
+    "unknown codec": _set(_sparse, codec=17),
+    "chunk codec number": _set(_sparse, codec=4),
+    "word that splits the range": _set(_sparse, word=8, lo=4),
+    "zstd with a word": _set(_zst, word=4),
+    "dictionary past the base": _dict_range(0, 100 * MiB),
+    "dictionary reversed": _dict_range(10, 5),
+    "overlapping ranges": _overlap(8),
+    "same range twice": lambda recs: recs.insert(1, [recs[0][0], recs[0][1]]),
+    "record after a later file's records": lambda recs: recs.append([recs[0][0], recs[0][1]]),
+    "delta record for another file": _set(_sparse, file=0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_delta_records_exit_4_and_touch_nothing(hostile_kit, tmp_path, name):
+    root, A, _ = hostile_kit
+    bad = tmp_path / "bad.wdiff"
+    _rewrite(root / "good.wdiff", bad, HOSTILE[name])
+    work = tmp_path / "A"
+    shutil.copytree(A, work)
+    before = tree(work)
+    r = cli("apply", bad, work, "-o", tmp_path / "OUT")
+    assert r.returncode == 4, (name, r.returncode, r.stderr)
+    assert not os.path.exists(tmp_path / "OUT")
+    r = cli("apply", bad, work, "--in-place")
+    assert r.returncode == 4, (name, r.returncode, r.stderr)
+    assert tree(work) == before
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []
+
+
+def test_resealed_good_bundle_still_applies(hostile_kit, tmp_path):
+    """The rewriting helper itself is sound: a bundle resealed unchanged applies."""
+    root, A, B = hostile_kit
+    _rewrite(root / "good.wdiff", tmp_path / "same.wdiff", lambda recs: None)
+    r = cli("apply", tmp_path / "same.wdiff", A, "-o", tmp_path / "OUT")
+    assert r.returncode == 0, r.stderr
+    assert tree(tmp_path / "OUT") == tree(B)
+
+
+def test_delta_records_in_a_version_2_bundle_are_refused(hostile_kit, tmp_path):
+    root, A, _ = hostile_kit
+    data = bytearray((root / "good.wdiff").read_bytes())
+    data[8:12] = struct.pack("<I", 2)
+    (tmp_path / "v2.wdiff").write_bytes(bytes(data))
+    r = cli("apply", tmp_path / "v2.wdiff", A, "-o", tmp_path / "OUT")
+    assert r.returncode == 4 and not os.path.exists(tmp_path / "OUT")
+
+
+def test_base_file_changed_is_a_base_mismatch(hostile_kit, tmp_path):
+    root, A, _ = hostile_kit
+    work = tmp_path / "A"
+    shutil.copytree(A, work)
+    with open(work / "w.bin", "r+b") as f:
+        f.seek(12345)
+        f.write(b"\xff\xfe")
+    before = tree(work)
+    r = cli("apply", root / "good.wdiff", work, "--in-place")
+    assert r.returncode == 5, r.stderr
+    assert tree(work) == before
+
+
+# -- squash and reverse ---------------------------------------------------------------
+
+
+def test_squash_and_reverse_over_a_chain_of_file_deltas(tmp_path):
+    rng = np.random.default_rng(8)
+    v0 = (rng.standard_normal(MiB // 2) * 0.02).astype(np.float32)
+    g0 = rng.bytes(3 * MiB)
+    v1 = _moved(rng, v0, 0.01)
+    v2 = _moved(rng, v1, 0.02)
+    g1 = g0[:5000] + rng.bytes(4000) + g0[5000:]
+    dirs = [
+        _write(tmp_path / "V0", {"w.bin": v0.tobytes(), "m.gguf": g0, "c.json": b"{}"}),
+        _write(tmp_path / "V1", {"w.bin": v1.tobytes(), "m.gguf": g1, "c.json": b"{}"}),
+        _write(tmp_path / "V2", {"w.bin": v2.tobytes(), "m.gguf": g1, "c.json": b"{}"}),
+    ]
+    b1, b2 = tmp_path / "b1.wdiff", tmp_path / "b2.wdiff"
+    wdiff.pack(dirs[0], dirs[1], b1)
+    wdiff.pack(dirs[1], dirs[2], b2)
+    r = cli("squash", b1, b2, "--base", dirs[0], "-o", tmp_path / "s.wdiff")
+    assert r.returncode == 0, r.stderr
+    with BundleReader(str(tmp_path / "s.wdiff")) as rd:
+        assert {f.path: f.source for f in rd.index.files} == {"c.json": "base", "m.gguf": "delta", "w.bin": "delta"}
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".wdiff-")] == []  # temp files gone
+    r = cli("apply", tmp_path / "s.wdiff", dirs[0], "-o", tmp_path / "OUT")
+    assert r.returncode == 0, r.stderr
+    assert tree(tmp_path / "OUT") == tree(dirs[2])
+    # back one step: XOR records run backwards from V2's bytes
+    build_inverse(b2, dirs[2], tmp_path / "back.wdiff")
+    r = cli("apply", tmp_path / "back.wdiff", dirs[2], "-o", tmp_path / "BACK")
+    assert r.returncode == 0, r.stderr
+    assert tree(tmp_path / "BACK") == tree(dirs[1])
+    # a zstd-against-the-base record cannot run backwards: no wrong bundle, NotInvertible
+    with pytest.raises(NotInvertible):
+        build_inverse(b1, dirs[1], tmp_path / "back1.wdiff")
+    assert not os.path.exists(tmp_path / "back1.wdiff")
+
+
+def test_small_companion_files_stay_whole_and_version_1(tmp_path):
+    A = _write(tmp_path / "A", {"config.json": b'{"a": 1}' * 100})
+    B = _write(tmp_path / "B", {"config.json": b'{"a": 2}' * 100})
+    wdiff.pack(A, B, tmp_path / "d.wdiff")
+    with BundleReader(str(tmp_path / "d.wdiff")) as r:
+        assert r.index.version == 1 and r.index.files[0].source == "bundle"
+
+
+# -- crashes --------------------------------------------------------------------------
+
+SLOW = """
+import sys, time
+from wdiff.ops import filedelta
+real = filedelta.write_all
+def slow(fd, data, off):
+    time.sleep(0.01)
+    real(fd, data, off)
+filedelta.write_all = slow
+filedelta.PIECE = 256 * 1024
+import wdiff
+"""
+
+
+@pytest.mark.parametrize("op", ["in-place", "copy"])
+def test_sigkill_while_rebuilding_file_deltas(hostile_kit, tmp_path, op):
+    """A process killed at random moments of an apply of file deltas leaves
+    the old or the new version (or an unfinished in-place apply that a rerun
+    finishes), never a mix."""
+    import signal
+    import time
+
+    from wdiff.errors import BusyError
+
+    root, A, B = hostile_kit
+    ta, tb = tree(A), tree(B)
+    bundle = root / "good.wdiff"
+    call = ("wdiff.apply(sys.argv[1], sys.argv[2], in_place=True)" if op == "in-place"
+            else "wdiff.apply(sys.argv[1], sys.argv[2], sys.argv[3])")
+    rng = np.random.default_rng(5 if op == "copy" else 6)
+
+    def start(work, out):
+        return subprocess.Popen([sys.executable, "-c", SLOW + call, str(bundle), str(work), str(out)],
+                                stderr=subprocess.DEVNULL)
+
+    # the moment of each kill is drawn over 1.2x the duration of a probe run
+    t0 = time.monotonic()
+    shutil.copytree(A, tmp_path / "probe")
+    assert start(tmp_path / "probe", tmp_path / "probe-out").wait() == 0
+    took = time.monotonic() - t0
+    alive = 0
+    for k in range(8):
+        work, out = tmp_path / f"w{k}", tmp_path / f"o{k}"
+        shutil.copytree(A, work)
+        p = start(work, out)
+        time.sleep(float(rng.uniform(0.0, 1.2 * took)))
+        alive += p.poll() is None
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        if op == "copy":
+            assert tree(work) == ta
+            if not out.exists():
+                wdiff.apply(bundle, work, out)
+            assert tree(out) == tb
+        else:
+            try:
+                wdiff.diff(work, work)
+                assert tree(work) in (ta, tb), "a mix of versions"
+            except BusyError:
+                pass  # an unfinished apply, which the rerun below finishes
+            wdiff.apply(bundle, work, in_place=True)
+            assert tree(work) == tb
+        shutil.rmtree(work)
+        shutil.rmtree(out, ignore_errors=True)
+    assert alive  # some kills landed while it ran
+
+
+def test_pull_and_roll_back_through_file_deltas(tmp_path):
+    """A remote whose bundles hold file deltas: a pull rebuilds the head, and
+    `pull --to HEAD~1` steps back through the XOR records with nothing
+    downloaded; a zstd-against-the-base step needs the older file whole, so
+    going back over it takes it from the anchor, and comes out exact."""
+    rng = np.random.default_rng(9)
+    v0 = (rng.standard_normal(MiB // 2) * 0.02).astype(np.float32)
+    g0 = rng.bytes(2 * MiB)
+    v1 = _moved(rng, v0, 0.01)
+    v2 = _moved(rng, v1, 0.01)
+    dirs = [
+        _write(tmp_path / "V0", {"w.bin": v0.tobytes(), "m.gguf": g0}),
+        _write(tmp_path / "V1", {"w.bin": v1.tobytes(), "m.gguf": g0[:999] + b"new bytes" + g0[999:]}),
+    ]
+    dirs.append(_write(tmp_path / "V2", {"w.bin": v2.tobytes(), "m.gguf": (tmp_path / "V1" / "m.gguf").read_bytes()}))
+    remote = tmp_path / "remote"
+    assert cli("push", dirs[0], remote, "--anchor", "-q").returncode == 0
+    for k in (1, 2):
+        r = cli("push", dirs[k], remote, "--base", dirs[k - 1], "-q")
+        assert r.returncode == 0, r.stderr
+    work = tmp_path / "work"
+    r = cli("pull", remote, work, "-q")
+    assert r.returncode == 0, r.stderr
+    assert tree(work) == tree(dirs[2])
+    r = cli("pull", remote, work, "--to", "HEAD~1")
+    assert r.returncode == 0, r.stderr
+    assert "0 B downloaded" in r.stdout + r.stderr
+    assert tree(work) == tree(dirs[1])
+    r = cli("pull", remote, work, "--to", "HEAD~2")
+    assert r.returncode == 0, r.stderr
+    assert tree(work) == tree(dirs[0])
+
+
+def test_moved_content_is_found(tmp_path):
+    """A re-save in another order (two arrays swapped, 10 MiB apart, beyond
+    the window around the same offsets): the content is found where it
+    went, not stored again."""
+    rng = np.random.default_rng(10)
+    parts = [(rng.standard_normal(5 * MiB // 4) * 0.02).astype(np.float32).tobytes() for _ in range(4)]  # 5 MiB each
+    head = b"PK\x03\x04" + bytes(60)
+    A = _write(tmp_path / "A", {"model.bin": head + b"".join(parts)})
+    B = _write(tmp_path / "B", {"model.bin": head + b"".join([parts[0], parts[3], parts[2], parts[1]])})
+    res = wdiff.pack(A, B, tmp_path / "d.wdiff")
+    assert res.bundle_bytes < 64 * 1024, res.bundle_bytes  # the whole file is 20 MiB of near-random floats
+    assert any(h.codec == 16 and h.hi - h.lo < MiB for h in _records(tmp_path / "d.wdiff"))  # pieces
+    wdiff.apply(tmp_path / "d.wdiff", A, tmp_path / "OUT")
+    assert tree(tmp_path / "OUT") == tree(B)
