@@ -103,6 +103,7 @@ def pack(
     overwrite: bool = False,
     exclude: tuple[str, ...] | list[str] = (),
     include: tuple[str, ...] | list[str] = (),
+    format_version: int | None = None,
 ) -> PackResult:
     """Write to ``out`` the bundle that turns checkpoint ``a`` into ``b``.
 
@@ -111,13 +112,15 @@ def pack(
     same inputs and options always give the same bytes, whatever
     ``threads``. An existing ``out`` is refused unless ``overwrite``; an
     ``out`` that is, or lies inside, ``a`` or ``b`` always is. ``exclude``
-    and ``include`` are as for :func:`diff`. Returns a
+    and ``include`` are as for :func:`diff`. ``format_version`` is the
+    newest bundle format version the bundle may use (default: the newest
+    this wdiff writes; 1 or 2 for readers that predate codec v2). Returns a
     :class:`~wdiff.ops.pack.PackResult`.
     """
     from .ops.pack import pack as _pack
 
     return _pack(a, b, out, level=level, threads=threads, chunk=chunk, reporter=reporter, overwrite=overwrite,
-                 exclude=exclude, include=include)
+                 exclude=exclude, include=include, format_version=format_version)
 
 
 def apply(

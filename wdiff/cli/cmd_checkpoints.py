@@ -152,6 +152,11 @@ def pack(
     quiet: Quiet = False,
     verbose: Verbose = 0,
     threads: Threads = None,
+    format_version: Annotated[
+        int | None,
+        typer.Option("--format", metavar="N", help="Write at most bundle format version N (1 to 3; default: the newest). "
+                     "A bundle has the lowest version its contents need.", show_default=False),
+    ] = None,
 ) -> None:
     """Write a bundle that turns checkpoint A into checkpoint B.
 
@@ -174,7 +179,7 @@ def pack(
             raise UsageError("pack takes two checkpoint directories, A and B (or --anchor B)")
         a, b = paths
     res = run_pack(a, b, output, level=level, threads=threads, reporter=out.reporter(), overwrite=force,
-                   exclude=exclude or (), include=include or ())
+                   exclude=exclude or (), include=include or (), format_version=format_version)
     if sign is not None:
         from ..ops.signatures import sign_bundle
 

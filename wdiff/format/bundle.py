@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import xxhash
 import zstandard
 
-from ..codec.chunk import ZSTD, compressor, decompress_exact, decompressor
+from ..codec.chunk import CODEC_VERSION, ZSTD, compressor, decompress_exact, decompressor
 from ..defaults import DEFAULT_LEVEL
 from ..errors import FormatError, IntegrityError, NotFoundError, UsageError
 from ..fsutil import fsync_dir, io_error, open_regular, temp_name, write_all
@@ -117,6 +117,13 @@ class BundleWriter:
     def finish(self, index: fmt.Index) -> bytes:
         """Write index and footer, fsync, rename into place. Returns the
         bundle id (the index digest)."""
+        if index.version != self.version:  # a codec of a later version won (see ops/pack.py)
+            assert self.version <= index.version <= fmt.MAX_VERSION
+            self.version = index.version
+            try:
+                write_all(self._fd, fmt.pack_preamble(index.version), 0)
+            except OSError as e:
+                raise io_error(self.path, e) from None
         raw = index.encode()
         packed = compressor(index_level(len(raw))).compress(raw)
         digest = xxhash.xxh3_128_digest(packed)
@@ -390,6 +397,8 @@ def _check_order(index: fmt.Index, h: fmt.RecordHeader, last, seen: set[int], wh
         seen.add(h.file)
         return (h.file, 0, 0)
     # CHUNK
+    if h.codec == ZSTD or CODEC_VERSION.get(h.codec, fmt.MAX_VERSION + 1) > index.version:
+        raise FormatError(f"{where}: chunk record with codec {h.codec}, which format version {index.version} does not have")
     if f.source == "bundle" and h.file not in seen:
         raise FormatError(f"{where}: chunk record before its file's header")
     start = lend if h.file == lf else 0

@@ -28,9 +28,12 @@ END_MAGIC = b"WDIFFEND"
 VERSION = 1
 #: the newest version this wdiff reads and writes; it writes the lowest one
 #: whose rules give the bundle it means (see man/wdiff-format.5, CHANGES)
-MAX_VERSION = 2
+MAX_VERSION = 3
 #: from this version on, tensor names are scoped by their file's directory
 SCOPED_NAMES = 2
+#: from this version on, CHUNK records may use the codecs of codec v2
+#: (modular differences, base-conditioned positions: codecs 5 to 8)
+CODEC_V2 = 3
 FORMAT_NAME = "wdiff-bundle"
 
 PREAMBLE = struct.Struct("<8sII")
@@ -393,5 +396,5 @@ def _target_file(d: object, where: str) -> TargetFile:
 
 __all__ = [
     "BLOCK_SIZE", "CHUNK", "DIGEST_SIZE", "FILE", "FOOTER", "HEADER", "Index", "MAGIC", "PREAMBLE",
-    "RECORD", "RecordHeader", "TargetFile", "FileRow", "VERSION", "MAX_VERSION", "SCOPED_NAMES",
+    "RECORD", "RecordHeader", "TargetFile", "FileRow", "VERSION", "MAX_VERSION", "SCOPED_NAMES", "CODEC_V2",
 ]

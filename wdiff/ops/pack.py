@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from ..codec.chunk import CODEC_NAMES, ZSTD, Encoded, compressor, encode_delta, encode_raw
+from ..codec.chunk import CODEC_NAMES, CODEC_VERSION, ZSTD, Encoded, compressor, encode_delta, encode_raw
 from ..codec.dtypes import uint_type
 from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL, __version__
 from ..errors import UsageError
@@ -103,24 +103,35 @@ def pack(
     overwrite: bool = False,
     exclude: tuple[str, ...] | list[str] = (),
     include: tuple[str, ...] | list[str] = (),
+    format_version: int | None = None,
 ) -> PackResult:
     """Write to ``out`` a bundle that turns checkpoint ``a`` into ``b``.
     With ``a=None`` the bundle is a full anchor that builds ``b`` from nothing.
     An existing ``out`` is refused unless ``overwrite``; an ``out`` that is,
     or lies inside, A or B always is. Files that match the default
     trainer-state patterns, the checkpoints' .wdiffignore or ``exclude`` (and
-    no later ``include``) are left out."""
+    no later ``include``) are left out. ``format_version``: the newest
+    bundle format version the bundle may use (default: this wdiff's
+    newest); the bundle has the lowest version its contents need."""
     if not 1 <= level <= 22:
         raise UsageError(f"compression level {level} is out of range (1..22)")
+    cap = fmt.MAX_VERSION if format_version is None else format_version
+    if not fmt.VERSION <= cap <= fmt.MAX_VERSION:
+        raise UsageError(f"bundle format version {cap} is not one this wdiff writes ({fmt.VERSION} to {fmt.MAX_VERSION})")
     check_output(out, [("the base checkpoint", a), ("the target checkpoint", b)], overwrite=overwrite)
     threads = threads or default_threads()
     pair = Pair(a, b, reporter=reporter, rules=ignore.rules(exclude, include))
+    if pair.version > cap:
+        raise UsageError(
+            f"these checkpoints need bundle format version {pair.version} (tensor names repeat across "
+            f"directories), above --format {cap}"
+        )
     B = pair.B
     work = pair.units(chunk)
     reporter.phase("pack", sum(x.unit.nbytes for x in work) + sum(f.size for f in B.files if f.kind != KIND_TENSORS))
     with BundleWriter(out, level=level, version=pair.version) as w, FdCache() as fds:
         tally = Tally(w, level)
-        results = ordered_map(lambda x: _pack_unit(fds, level, x), work, threads=threads)
+        results = ordered_map(lambda x: _pack_unit(fds, level, x, cap), work, threads=threads)
         targets = _write_records(pair, w, tally, results, reporter)
         reporter.phase("hash base", None)
         mA = pair.complete_base(threads=threads, reporter=reporter)
@@ -128,7 +139,7 @@ def pack(
         base_rows = tuple(fmt.FileRow(d.path, d.kind, d.size, d.digest) for d in mA.files) if mA else ()
         mB = pair.db.manifest(B)
         index = fmt.Index(
-            version=pair.version,
+            version=max(pair.version, tally.version),
             writer=WRITER,
             base_fingerprint=base_fp,
             base_files=base_rows,
@@ -206,6 +217,8 @@ class Tally:
         self.changed_tensors: set[str] = set()
         self.changed_elements = 0
         self.files_stored = 0
+        #: the lowest format version that holds every codec written
+        self.version = fmt.VERSION
 
     def header(self, i: int, raw: bytes) -> None:
         """The new safetensors header of target file ``i``."""
@@ -218,24 +231,32 @@ class Tally:
             return
         rh = self.w.add(chunk_record(res.file, res.unit, res.base_digests, res.target_digests, enc), enc.parts)
         name = CODEC_NAMES[enc.codec]
+        self.version = max(self.version, CODEC_VERSION[enc.codec])
         self.stats[name] = self.stats.get(name, CodecStat()).add(enc.count, rh.payload_len + fmt.RECORD.size)
         self.changed_elements += enc.count
         self.changed_tensors.update(_changed_spans(res.unit, res.base_digests, res.target_digests))
 
 
-def _pack_unit(fds: FdCache, level: int, x: UnitWork) -> EncodedUnit:
+def _pack_unit(fds: FdCache, level: int, x: UnitWork, version: int) -> EncodedUnit:
     """B's bytes are read and hashed for every unit, A's for every unit with
     a base: a bundle encodes what is on disk now, and its digests are of the
     bytes encoded (never the manifest cache's, which may be stale)."""
     bbuf = scratch("b", x.unit.nbytes)
     read_target(fds, x.entry, x.unit, bbuf)
-    return encode_unit(fds, level, x.file, x.unit, bbuf)
+    return encode_unit(fds, level, x.file, x.unit, bbuf, version)
 
 
-def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf) -> EncodedUnit:
+def unit_dtype(unit: Unit) -> str | None:
+    """The safetensors dtype of every tensor of ``unit``, or None when they differ."""
+    d = unit.spans[0].tensor.dtype
+    return d if all(s.tensor.dtype == d for s in unit.spans) else None
+
+
+def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf, version: int = fmt.MAX_VERSION) -> EncodedUnit:
     """Encode the target bytes ``bbuf`` of a unit of file ``i`` against its
     base bytes (read here); both sides' digests are of these bytes. Shared
-    by pack and squash."""
+    by pack, squash and reverse; ``version``: the newest format version
+    whose codecs may be used."""
     b_dig = span_digests(unit, bbuf)
     ut = uint_type(unit.word)
     if not unit.delta:
@@ -245,7 +266,11 @@ def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf) -> EncodedUn
     a_dig = span_digests(unit, abuf)
     if a_dig == b_dig:
         return EncodedUnit(i, unit, a_dig, b_dig, None)
-    return EncodedUnit(i, unit, a_dig, b_dig, encode_delta(abuf.view(ut), bbuf.view(ut), level))
+    # CSPARSE only where a record lies within one tensor (squash and reverse
+    # decode it from the tensor's bytes on one side)
+    dtype = unit_dtype(unit) if len(unit.spans) == 1 else None
+    enc = encode_delta(abuf.view(ut), bbuf.view(ut), level, version=version, dtype=dtype)
+    return EncodedUnit(i, unit, a_dig, b_dig, enc)
 
 
 def _changed_spans(unit: Unit, a_dig, b_dig):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from ..codec.chunk import RAW, decode_into
+from ..codec.chunk import CSPARSE, RAW, combine, decode_into, delta_words
 from ..codec.dtypes import uint_type
 from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL
 from ..errors import BaseMismatchError, FormatError, IntegrityError, UsageError
@@ -134,7 +134,11 @@ class DecodedCache:
         self.items: OrderedDict = OrderedDict()
         self.lock = threading.Lock()
 
-    def get(self, step: Step, j: int, rec: Record) -> np.ndarray:
+    def get(self, step: Step, j: int, rec: Record, ref=None, ref_is_base: bool = True) -> np.ndarray:
+        """The decoded record: the XOR, the modular difference, or raw bytes.
+        ``ref`` gives the bytes of one side of the record's range (its base,
+        or its target when not ``ref_is_base``): a CSPARSE record's
+        positions depend on them."""
         key = (j, rec.index)
         with self.lock:
             hit = self.items.get(key)
@@ -142,8 +146,15 @@ class DecodedCache:
                 self.items.move_to_end(key)
                 return hit
         h = rec.header
-        words = np.zeros((h.hi - h.lo) // h.word, dtype=uint_type(h.word))
-        decode_into(h.codec, h.param, h.count, list(step.payload(rec)), words, where=f"{step.path}: record {rec.index}")
+        where = f"{step.path}: record {rec.index}"
+        if h.codec == CSPARSE:
+            if ref is None:
+                raise FormatError(f"{where}: a csparse record where its base is not known")
+            words = delta_words(h.codec, h.param, h.count, list(step.payload(rec)), ref().view(uint_type(h.word)),
+                                ref_is_base=ref_is_base, where=where)
+        else:
+            words = np.zeros((h.hi - h.lo) // h.word, dtype=uint_type(h.word))
+            decode_into(h.codec, h.param, h.count, list(step.payload(rec)), words, where=where)
         out = words.view(np.uint8)
         with self.lock:
             self.items[key] = out
@@ -286,7 +297,14 @@ def _bytes_of(j: int, name: str, lo: int, hi: int, steps, versions, fds, A, cach
     a0 = t.start + lo
     for rec in st.overlapping(fi, a0, t.start + hi):
         h = rec.header
-        content = cache.get(st, j, rec)
+        ref = None
+        if h.codec == CSPARSE:
+            if not based or h.lo < t.start or h.hi > t.start + t.nbytes:
+                raise FormatError(f"{st.path}: csparse record that does not lie within tensor {printable(name)}")
+
+            def ref(h=h):  # the base of the whole record
+                return _bytes_of(j - 1, src, h.lo - t.start, h.hi - t.start, steps, versions, fds, A, cache)
+        content = cache.get(st, j, rec, ref)
         a, b = max(h.lo, a0), min(h.hi, t.start + hi)
         piece = content[a - h.lo : b - h.lo]
         dst = buf[a - a0 : b - a0]
@@ -295,7 +313,7 @@ def _bytes_of(j: int, name: str, lo: int, hi: int, steps, versions, fds, A, cach
         else:
             if not based:
                 raise FormatError(f"{st.path}: delta record for tensor {printable(name)}, which has no base")
-            dst ^= piece
+            combine(h.codec, dst.view(uint_type(h.word)), piece.view(uint_type(h.word)))
         covered += b - a
     if not based and covered != hi - lo:
         raise FormatError(f"{st.path}: no data for tensor {printable(name)}")
@@ -338,7 +356,7 @@ def _write(steps, versions, A, out: str, *, level: int, threads: int, reporter: 
         targets = _write_records(steps, versions, A, w, tally, results, reporter)
         base_fp, base_rows = first.base_fingerprint, first.base_files
         index = fmt.Index(
-            version=version, writer=WRITER, base_fingerprint=base_fp, base_files=base_rows,
+            version=max(version, tally.version), writer=WRITER, base_fingerprint=base_fp, base_files=base_rows,
             target_fingerprint=last.target_fingerprint, files=tuple(targets),
             records_count=w.count, records_bytes=w.records_bytes, records_digest=w.records_digest,
         )
