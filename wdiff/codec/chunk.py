@@ -299,7 +299,7 @@ class _Trial:
             self._k = int(np.count_nonzero(z))
             return Encoded(MDENSE, 0, self._k, (_compress_planes(self.cctx, z),))
         if codec == CSPARSE:
-            table, bits, listed = conditioned.encode_positions(self.bucket, self.old, self.new)
+            table, bits, listed = conditioned.encode_positions(self.bucket, self.old, self.new, self.scan()[0])
             d = self.new[listed] - self.old[listed]
             return Encoded(CSPARSE, self.bucket, self.count, (table, bits, _mvalues(self.cctx, d)))
         if codec == DENSE:

@@ -158,41 +158,47 @@ def _bits_of(values: np.ndarray, r: int) -> np.ndarray:
     return np.unpackbits(be.view(np.uint8).reshape(-1, width // 8), axis=1)[:, width - r :].reshape(-1)
 
 
-def encode_positions(fn: int, old: np.ndarray, new: np.ndarray) -> tuple[bytes, bytes, np.ndarray]:
-    """Code the positions where ``old`` and ``new`` differ: (table, bits,
-    positions in the order the decoder lists them, which is the order the
-    values are stored in). First the *movers*, the changed words whose
-    bucket differs between old and new, as Rice-coded gaps over the chunk;
-    then, bucket by bucket, the changed words among the others (whose bucket
-    is the same on both sides, so either side can list them)."""
-    bo, bn = buckets_of(fn, old), buckets_of(fn, new)
-    changed = old != new
-    movers = np.flatnonzero(bo != bn)
+def encode_positions(fn: int, old: np.ndarray, new: np.ndarray, positions: np.ndarray) -> tuple[bytes, bytes, np.ndarray]:
+    """Code the ``positions`` where ``old`` and ``new`` differ (strictly
+    increasing): (table, bits, positions in the order the decoder lists
+    them, which is the order the values are stored in). First the *movers*,
+    the changed words whose bucket differs between old and new, as
+    Rice-coded gaps over the chunk; then, bucket by bucket, the changed
+    words among the others (whose bucket is the same on both sides, so that
+    either side can list them)."""
+    _, _, shift, mask = BUCKETS[fn]
+    nb = mask + 1
+    bk, rank, counts = kernels.bucket_ranks(old, new, shift, mask, positions)
+    positions = positions.astype(np.int64, copy=False)
+    mv = bk == nb
+    movers = positions[mv]
     table = bytearray()
     r_m, u_m, rem_m = kernels.rice_encode(movers) if movers.size else (0, b"", b"")
     _varint(movers.size, table)
     _varint(r_m, table)
     _varint(len(u_m), table)
-    bk = bo.copy()
-    bk[movers] = BUCKETS[fn][3] + 1  # past every bucket: never listed there
-    stay = changed.copy()
-    stay[movers] = False
-    order, starts = _order(fn, bk)
-    flags = stay[order]
-    unary_parts, rem_parts, listed = [], [], [movers.astype(np.int64)]
-    entries, prev = [], -1
-    for b in np.flatnonzero(np.bincount(bk[stay], minlength=1)).tolist():
-        lo, hi = int(starts[b]), int(starts[b + 1])
-        f = flags[lo:hi]
-        local = np.flatnonzero(f)
-        nb = hi - lo
-        complement = 2 * local.size > nb
-        listed.append(order[lo + local])
-        coded = np.flatnonzero(~f) if complement else local
+    keep = ~mv
+    kb, kr, kp = bk[keep], rank[keep], positions[keep]
+    o = np.argsort(kb, kind="stable")
+    kb, kr, kp = kb[o], kr[o], kp[o]
+    cuts = np.flatnonzero(np.diff(kb)) + 1
+    bounds = np.concatenate(([0], cuts, [kb.size])) if kb.size else np.zeros(1, dtype=np.int64)
+    unary_parts, rem_parts, entries, prev = [], [], [], -1
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        b = int(kb[lo])
+        local = kr[lo:hi]
+        n_b = int(counts[b])
+        complement = 2 * local.size > n_b
+        if complement:
+            f = np.ones(n_b, dtype=bool)
+            f[local] = False
+            coded = np.flatnonzero(f)
+        else:
+            coded = local
         c = coded.size
         r = 0
         if c:
-            gaps = np.diff(coded.astype(np.int64), prepend=-1) - 1
+            gaps = np.diff(coded, prepend=-1) - 1
             r = kernels.rice_param(gaps)
             q = gaps >> r
             bits = np.zeros(int(q.sum()) + c, dtype=np.uint8)
@@ -210,7 +216,7 @@ def encode_positions(fn: int, old: np.ndarray, new: np.ndarray) -> tuple[bytes, 
     unary = np.packbits(np.concatenate(unary_parts)).tobytes() if unary_parts else b""
     rem = np.packbits(np.concatenate(rem_parts)).tobytes() if rem_parts else b""
     _varint(len(unary), table)
-    return bytes(table), u_m + rem_m + unary + rem, np.concatenate(listed)
+    return bytes(table), u_m + rem_m + unary + rem, np.concatenate([movers, kp])
 
 
 def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count: int) -> tuple[np.ndarray, int]:
@@ -223,7 +229,8 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
     the listed total must be ``count``. (That the movers move and the
     others do not is checked by the caller, once the values are known.)"""
     n = ref.size
-    nbuckets = BUCKETS[fn][3] + 1
+    _, _, shift, mask = BUCKETS[fn]
+    nbuckets = mask + 1
     k_m, at = _read_varint(table, 0)
     r_m, at = _read_varint(table, at)
     ulen_m, at = _read_varint(table, at)
@@ -249,7 +256,7 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
         mode, at = _read_varint(table, at)
         b += delta + 1
         r, complement = mode >> 1, mode & 1
-        if b >= nbuckets or r > MAX_RICE or (c == 0 and not complement) or (c == 0 and r):
+        if b >= nbuckets or r > MAX_RICE or mode > 2 * MAX_RICE + 1 or (c == 0 and (not complement or r)):
             raise Malformed("bad bucket entry")
         entries.append((b, c, r, complement))
     ulen, at = _read_varint(table, at)
@@ -257,15 +264,15 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
         raise Malformed("trailing bytes in the bucket table")
     if ulen > len(bits):
         raise Malformed("unary stream longer than the position section")
-    bk = buckets_of(fn, ref)
-    bk[movers] = nbuckets
-    order, starts = _order(fn, bk)
+    counts = kernels.bucket_counts(ref, shift, mask, movers)
+    if counts is None:
+        raise Malformed("mover list out of order")
     total = k_m
     for b, c, _, complement in entries:
-        nb = int(starts[b + 1] - starts[b])
-        if c > nb or (complement and c == nb):
+        n_b = int(counts[b])
+        if c > n_b or (complement and c == n_b):
             raise Malformed("bucket entry lists more words than its bucket holds")
-        total += nb - c if complement else c
+        total += n_b - c if complement else c
     if total != count:
         raise Malformed(f"bucket table does not list {count} changed words")
     coded = sum(e[1] for e in entries)
@@ -281,13 +288,13 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
     rbits = np.unpackbits(rem)
     if rbits[rbits_total:].any():
         raise Malformed("nonzero padding in the remainder stream")
-    out, qi, ri = [movers], 0, 0
+    want, offsets, qi, ri = [], np.zeros(nbuckets + 1, dtype=np.int64), 0, 0
     for b, c, r, complement in entries:
-        lo, nb = int(starts[b]), int(starts[b + 1] - starts[b])
+        n_b = int(counts[b])
         if c:
             qb = q[qi : qi + c]
             qi += c
-            if int(qb.max()) > (nb >> r):
+            if int(qb.max()) > (n_b >> r):
                 raise Malformed("position out of range")
             gaps = qb.astype(np.int64) << r
             if r:
@@ -295,16 +302,22 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
                 ri += c * r
                 gaps |= rb @ (np.int64(1) << np.arange(r - 1, -1, -1, dtype=np.int64))
             local = np.cumsum(gaps + 1) - 1
-            if int(local[-1]) >= nb:
+            if int(local[-1]) >= n_b:
                 raise Malformed("position out of range")
         else:
             local = np.zeros(0, dtype=np.int64)
         if complement:
-            keep = np.ones(nb, dtype=bool)
-            keep[local] = False
-            local = np.flatnonzero(keep)
-        out.append(order[lo + local])
-    return np.concatenate(out), k_m
+            f = np.ones(n_b, dtype=bool)
+            f[local] = False
+            local = np.flatnonzero(f)
+        want.append(local)
+        offsets[b + 1] = local.size
+    np.cumsum(offsets, out=offsets)
+    want_all = np.concatenate(want) if want else np.zeros(0, dtype=np.int64)
+    got = kernels.bucket_select(ref, shift, mask, movers, want_all, offsets)
+    if got is None:
+        raise Malformed("position out of range")
+    return np.concatenate([movers, got]), k_m
 
 
 # -- measurement ----------------------------------------------------------------------
