@@ -1291,6 +1291,9 @@ static inline uint64_t load_8(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); 
                               uint32_t *cnt, int64_t *cur, uint32_t *next)                              \
     {                                                                                                \
         uint32_t nb = (uint32_t)mask + 1;                                                            \
+        /* cnt: four tables (word i counts in table i % 4); a word's rank is \
+           the sum of its bucket's four counts */                                                    \
+        uint32_t *c[4] = {cnt, cnt + nb, cnt + 2 * nb, cnt + 3 * nb};                                 \
         for (uint32_t b = 0; b < nb; b++) {                                                           \
             cur[b] = off[b];                                                                          \
             next[b] = off[b] < off[b + 1] ? want[off[b]] : UINT32_MAX;                                \
@@ -1303,11 +1306,12 @@ static inline uint64_t load_8(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); 
                 continue;                                                                             \
             }                                                                                         \
             uint32_t b = BUCKET_AT(W, ref, i, shift, mask);                                           \
-            uint32_t r = cnt[b]++;                                                                    \
+            uint32_t r = c[0][b] + c[1][b] + c[2][b] + c[3][b];                                       \
+            c[i & 3][b]++;                                                                            \
             if (r == next[b]) {                                                                       \
-                int64_t c = cur[b]++;                                                                 \
-                out[c] = (int64_t)i;                                                                  \
-                next[b] = c + 1 < off[b + 1] ? want[c + 1] : UINT32_MAX;                              \
+                int64_t x = cur[b]++;                                                                 \
+                out[x] = (int64_t)i;                                                                  \
+                next[b] = x + 1 < off[b + 1] ? want[x + 1] : UINT32_MAX;                              \
             }                                                                                         \
         }                                                                                             \
         for (uint32_t b = 0; b < nb; b++)                                                             \
@@ -1438,14 +1442,14 @@ static PyObject *bucket_select(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_ValueError, "bucket_select: bad offsets");
             goto done;
         }
-    scratch = PyMem_Calloc(nb, sizeof(uint32_t) * 2 + sizeof(int64_t));
+    scratch = PyMem_Calloc(nb, sizeof(uint32_t) * 5 + sizeof(int64_t));
     if (scratch == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     int err;
     int64_t *cur = scratch;
-    uint32_t *cnt = (uint32_t *)(cur + nb), *next = cnt + nb;
+    uint32_t *cnt = (uint32_t *)(cur + nb), *next = cnt + 4 * nb;
     Py_BEGIN_ALLOW_THREADS
     switch (w) {
     case 2: err = select_2(a.buf, n, shift, mask, mv.buf, km, want.buf, o, out.buf, cnt, cur, next); break;

@@ -114,16 +114,22 @@ class BundleWriter:
     def records_digest(self) -> bytes:
         return self._chain.digest()
 
+    def raise_version(self, version: int) -> None:
+        """Make the bundle one of format ``version`` (not lower than the one
+        it was opened with): the preamble is rewritten. For a writer that
+        learns only while encoding that it needs a later version (a codec
+        of that version was the smallest)."""
+        assert self.version <= version <= fmt.MAX_VERSION
+        if version != self.version:
+            self.version = version
+            try:
+                write_all(self._fd, fmt.pack_preamble(version), 0)
+            except OSError as e:
+                raise io_error(self.path, e) from None
+
     def finish(self, index: fmt.Index) -> bytes:
         """Write index and footer, fsync, rename into place. Returns the
         bundle id (the index digest)."""
-        if index.version != self.version:  # a codec of a later version won (see ops/pack.py)
-            assert self.version <= index.version <= fmt.MAX_VERSION
-            self.version = index.version
-            try:
-                write_all(self._fd, fmt.pack_preamble(index.version), 0)
-            except OSError as e:
-                raise io_error(self.path, e) from None
         raw = index.encode()
         packed = compressor(index_level(len(raw))).compress(raw)
         digest = xxhash.xxh3_128_digest(packed)

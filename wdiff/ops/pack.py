@@ -149,6 +149,7 @@ def pack(
             records_bytes=w.records_bytes,
             records_digest=w.records_digest,
         )
+        w.raise_version(index.version)
         bundle_id = w.finish(index)
     pair.remember_target()
     reporter.done()
@@ -266,10 +267,7 @@ def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf, version: int
     a_dig = span_digests(unit, abuf)
     if a_dig == b_dig:
         return EncodedUnit(i, unit, a_dig, b_dig, None)
-    # CSPARSE only where a record lies within one tensor (squash and reverse
-    # decode it from the tensor's bytes on one side)
-    dtype = unit_dtype(unit) if len(unit.spans) == 1 else None
-    enc = encode_delta(abuf.view(ut), bbuf.view(ut), level, version=version, dtype=dtype)
+    enc = encode_delta(abuf.view(ut), bbuf.view(ut), level, version=version, dtype=unit_dtype(unit))
     return EncodedUnit(i, unit, a_dig, b_dig, enc)
 
 

@@ -260,9 +260,6 @@ class _Inverse:
             else:  # the XOR of A's and B's words, or B - D, turns B back into A
                 ref = None
                 if h.codec == CSPARSE:
-                    if h.lo < bt.start or h.hi > bt.start + bt.nbytes:
-                        raise FormatError(f"{self.step.path}: csparse record that does not lie within a tensor")
-
                     def ref(h=h, fe=fe):  # B's bytes of the whole record: its positions are listed from them
                         out = np.empty(h.hi - h.lo, dtype=np.uint8)
                         read_into(fds.fd(fe.abspath), fe.header.data_start + h.lo, memoryview(out), where=fe.abspath)
@@ -307,6 +304,7 @@ class _Inverse:
                 target_fingerprint=F.base_fingerprint, files=tuple(targets),
                 records_count=w.count, records_bytes=w.records_bytes, records_digest=w.records_digest,
             )
+            w.raise_version(index.version)
             bundle_id = w.finish(index)
         self.reporter.done()
         return PackResult(

@@ -299,11 +299,8 @@ def _bytes_of(j: int, name: str, lo: int, hi: int, steps, versions, fds, A, cach
         h = rec.header
         ref = None
         if h.codec == CSPARSE:
-            if not based or h.lo < t.start or h.hi > t.start + t.nbytes:
-                raise FormatError(f"{st.path}: csparse record that does not lie within tensor {printable(name)}")
-
-            def ref(h=h):  # the base of the whole record
-                return _bytes_of(j - 1, src, h.lo - t.start, h.hi - t.start, steps, versions, fds, A, cache)
+            def ref(h=h):  # the base of the whole record: its positions depend on it
+                return _record_base(j, fi, h, steps, versions, fds, A, cache)
         content = cache.get(st, j, rec, ref)
         a, b = max(h.lo, a0), min(h.hi, t.start + hi)
         piece = content[a - h.lo : b - h.lo]
@@ -318,6 +315,30 @@ def _bytes_of(j: int, name: str, lo: int, hi: int, steps, versions, fds, A, cach
     if not based and covered != hi - lo:
         raise FormatError(f"{st.path}: no data for tensor {printable(name)}")
     return buf
+
+
+def _record_base(j: int, fi: int, h, steps, versions, fds, A, cache: DecodedCache) -> np.ndarray:
+    """The bytes of version j - 1 under the whole range of a delta record of
+    step j (file ``fi`` of version j), tensor by tensor, each from its base
+    source by the step's rule."""
+    st = steps[j - 1]
+    out = np.empty(h.hi - h.lo, dtype=np.uint8)
+    covered = 0
+    for name, (f2, t2) in versions[j].tensors.items():
+        if f2 != fi or t2.start + t2.nbytes <= h.lo or t2.start >= h.hi:
+            continue
+        src = name
+        if st.reader.index.version < fmt.SCOPED_NAMES:
+            src = versions[j - 1].bare.get(bare_name(st.reader.index.files[fi].path, name), "")
+        prev = versions[j - 1].tensors.get(src)
+        if prev is None or not _same_type(prev[1], t2):
+            raise FormatError(f"{st.path}: delta record for tensor {printable(name)}, which has no base")
+        a, b = max(h.lo, t2.start), min(h.hi, t2.start + t2.nbytes)
+        out[a - h.lo : b - h.lo] = _bytes_of(j - 1, src, a - t2.start, b - t2.start, steps, versions, fds, A, cache)
+        covered += b - a
+    if covered != h.hi - h.lo:
+        raise FormatError(f"{st.path}: a delta record covers bytes of no tensor")
+    return out
 
 
 def _write(steps, versions, A, out: str, *, level: int, threads: int, reporter: Reporter) -> PackResult:
@@ -360,6 +381,7 @@ def _write(steps, versions, A, out: str, *, level: int, threads: int, reporter: 
             target_fingerprint=last.target_fingerprint, files=tuple(targets),
             records_count=w.count, records_bytes=w.records_bytes, records_digest=w.records_digest,
         )
+        w.raise_version(index.version)
         bundle_id = w.finish(index)
     reporter.done()
     return PackResult(
