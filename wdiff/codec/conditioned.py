@@ -137,13 +137,15 @@ def _read_varint(data: bytes, at: int) -> tuple[int, int]:
     v = shift = 0
     while True:
         if at >= len(data) or shift > 63:
-            raise Malformed("truncated or overlong varint in the bucket table")
+            raise Malformed("truncated or overlong varint")
         byte = data[at]
         at += 1
         v |= (byte & 0x7F) << shift
         if not byte & 0x80:
             if byte == 0 and shift:
-                raise Malformed("non-minimal varint in the bucket table")
+                raise Malformed("non-minimal varint")
+            if v >> 64:
+                raise Malformed("varint above 64 bits")
             return v, at
         shift += 7
 
