@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from wdiff.codec import chunk, conditioned, kernels
-from wdiff.codec.chunk import CSPARSE, MBITMAP, MDENSE, MODULAR, MSPARSE
+from wdiff.codec.chunk import CDENSE, CSPARSE, MBITMAP, MDENSE, MODULAR, MSPARSE
 from wdiff.errors import FormatError
 
 LEVEL = 3
@@ -91,7 +91,7 @@ def test_every_codec_round_trips(dtype, w, fn):
                     continue
                 codecs = set(chunk.candidates(k / n, 3, chunk.bucket_function(dtype, w))) | {MSPARSE, MDENSE}
                 if fn is not None and chunk.bucket_function(dtype, w) == fn:
-                    codecs.add(CSPARSE)
+                    codecs |= {CSPARSE, CDENSE}
                 for c in sorted(codecs):
                     enc = chunk.encode_as(c, old, new, LEVEL, fn)
                     assert enc.codec == c and enc.count == (0 if c == chunk.RAW else k)
@@ -119,6 +119,13 @@ def test_modular_difference_is_exact_at_the_edges():
         neg, mag = conditioned.sign_magnitude(d)
         back = conditioned.from_sign_magnitude(np.unpackbits(neg)[: d.size].astype(bool), mag)
         assert np.array_equal(back, d)
+        d = new - old
+        neg, mag = conditioned.dense_sign_magnitude(d)
+        back = conditioned.from_dense_sign_magnitude(np.unpackbits(neg)[: d.size].astype(bool), mag)
+        assert np.array_equal(back, d)
+        # non-canonical: a sign on a zero, the top magnitude without its sign
+        assert conditioned.from_dense_sign_magnitude(np.array([True]), np.zeros(1, ut)) is None
+        assert conditioned.from_dense_sign_magnitude(np.array([False]), np.array([top // 2 + 1], ut)) is None
 
 
 def test_bucket_kernels_match_their_numpy_twins():
@@ -195,16 +202,16 @@ def _mutants(parts, rnd: random.Random, count: int):
         yield [bytes(x) for x in p]
 
 
-@pytest.mark.parametrize("codec", [CSPARSE, MSPARSE, MBITMAP, MDENSE], ids=lambda c: chunk.CODEC_NAMES[c])
+@pytest.mark.parametrize("codec", [CSPARSE, CDENSE, MSPARSE, MBITMAP, MDENSE], ids=lambda c: chunk.CODEC_NAMES[c])
 def test_hostile_records_give_a_format_error_and_nothing_else(codec):
     rng = np.random.default_rng(11)
     rnd = random.Random(codec)
     old = floats(rng, 5000, 2)
-    new = step(rng, old, 0.05 if codec != MDENSE else 0.6, "ulp")
+    new = step(rng, old, 0.6 if codec in (MDENSE, CDENSE) else 0.05, "ulp")
     new = step(rng, new, 0.002, "carry")  # some movers
     enc = chunk.encode_as(codec, old, new, LEVEL, 1)
     for parts in _mutants(enc.parts, rnd, 150):
-        for param, count in ((enc.param, enc.count), (enc.param, enc.count + 1), (9 if codec == CSPARSE else 1, enc.count)):
+        for param, count in ((enc.param, enc.count), (enc.param, enc.count + 1), (9 if codec in (CSPARSE, CDENSE) else 1, enc.count)):
             buf = old.copy()
             try:
                 chunk.decode_into(codec, param, count, parts, buf, where="h")

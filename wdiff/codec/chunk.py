@@ -34,13 +34,15 @@ from .dtypes import uint_type
 RAW, SPARSE, BITMAP, DENSE, ZSTD = 0, 1, 2, 3, 4
 #: codec v2 (bundle format version 3): modular differences instead of XOR,
 #: and positions conditioned on the base (see conditioned.py)
-MSPARSE, MBITMAP, MDENSE, CSPARSE = 5, 6, 7, 8
+MSPARSE, MBITMAP, MDENSE, CSPARSE, CDENSE = 5, 6, 7, 8, 9
 CODEC_NAMES = {
     RAW: "raw", SPARSE: "sparse", BITMAP: "bitmap", DENSE: "dense", ZSTD: "zstd",
-    MSPARSE: "msparse", MBITMAP: "mbitmap", MDENSE: "mdense", CSPARSE: "csparse",
+    MSPARSE: "msparse", MBITMAP: "mbitmap", MDENSE: "mdense", CSPARSE: "csparse", CDENSE: "cdense",
 }
 #: the codecs whose payload holds modular differences (new = old + D), not XOR
-MODULAR = frozenset({MSPARSE, MBITMAP, MDENSE, CSPARSE})
+MODULAR = frozenset({MSPARSE, MBITMAP, MDENSE, CSPARSE, CDENSE})
+#: the codecs whose decoding reads one side of the delta (the bucket order)
+CONDITIONED = frozenset({CSPARSE, CDENSE})
 #: the codecs that need bundle format version 3
 V3_CODECS = MODULAR
 #: the lowest bundle format version that may hold each codec
@@ -202,6 +204,8 @@ def candidates(density: float, version: int = 1, bucket: int | None = None) -> t
                 out.append(MBITMAP)
         if density >= 0.2:
             out.append(MDENSE)
+            if bucket is not None:
+                out.append(CDENSE)
     return tuple(out)
 
 
@@ -298,6 +302,12 @@ class _Trial:
             z = conditioned.zigzag_diff(self.old, self.new)
             self._k = int(np.count_nonzero(z))
             return Encoded(MDENSE, 0, self._k, (_compress_planes(self.cctx, z),))
+        if codec == CDENSE:
+            movers = conditioned.movers_of(self.bucket, self.old, self.new)
+            order = conditioned.dense_order(self.bucket, self.old, movers)
+            d = self.new[order] - self.old[order]
+            self._k = int(np.count_nonzero(d))
+            return Encoded(CDENSE, self.bucket, self._k, (conditioned.mover_head(movers), _dense_values(self.cctx, d)))
         if codec == CSPARSE:
             table, bits, listed = conditioned.encode_positions(self.bucket, self.old, self.new, self.scan()[0])
             d = self.new[listed] - self.old[listed]
@@ -325,8 +335,17 @@ def _mvalues(cctx: zstandard.ZstdCompressor, d: np.ndarray) -> bytes:
     return conditioned.varint(len(signs)) + signs + _compress_planes(cctx, mag)
 
 
-def _read_mvalues(data, count: int, w: int, *, where: str) -> np.ndarray:
-    """The modular differences of a value section (see :func:`_mvalues`)."""
+def _dense_values(cctx: zstandard.ZstdCompressor, d: np.ndarray) -> bytes:
+    """The value section of CDENSE: as :func:`_mvalues`, but over every word,
+    with magnitudes |D| (zero allowed)."""
+    neg, mag = conditioned.dense_sign_magnitude(d)
+    signs = cctx.compress(neg.tobytes())
+    return conditioned.varint(len(signs)) + signs + _compress_planes(cctx, mag)
+
+
+def _read_mvalues(data, count: int, w: int, *, where: str, dense: bool = False) -> np.ndarray:
+    """The modular differences of a value section (see :func:`_mvalues`;
+    with ``dense``, :func:`_dense_values`)."""
     data = bytes(data)
     try:
         slen, at = conditioned.read_varint(data)
@@ -339,7 +358,8 @@ def _read_mvalues(data, count: int, w: int, *, where: str) -> np.ndarray:
     if neg[count:].any():
         raise FormatError(f"{where}: nonzero padding in the sign bits")
     mag = unplanes(decompress_exact(data[at + slen :], count * w, where=where), count, w)
-    d = conditioned.from_sign_magnitude(neg[:count].astype(bool), mag)
+    neg = neg[:count].astype(bool)
+    d = conditioned.from_dense_sign_magnitude(neg, mag) if dense else conditioned.from_sign_magnitude(neg, mag)
     if d is None:
         raise FormatError(f"{where}: a value's magnitude is out of range")
     return d
@@ -443,13 +463,32 @@ def _modular(codec, param, count, parts, ref, ref_is_base, *, where):
     """(positions or None for every word, modular differences) of a MODULAR
     record, checked; ``ref`` is a side of the delta (read by CSPARSE only,
     and by the mover check)."""
-    used = 1 if codec == MDENSE else 2 if codec == MBITMAP else 3
+    used = 1 if codec == MDENSE else 2 if codec in (MBITMAP, CDENSE) else 3
     if any(len(p) for p in parts[used:]):
         raise FormatError(f"{where}: malformed record (unused payload section)")
     parts = list(parts[:used]) + [b""] * (used - len(parts))
     n, w = ref.size, ref.dtype.itemsize
     if not 0 < count <= n:
         raise FormatError(f"{where}: changed-word count {count} out of range")
+    if codec == CDENSE:
+        if param not in conditioned.BUCKETS or conditioned.BUCKETS[param][1] != w:
+            raise FormatError(f"{where}: cdense record with bucket function {param} for {w}-byte words")
+        try:
+            movers = conditioned.read_mover_head(bytes(parts[0]), n)
+        except conditioned.Malformed as e:
+            raise FormatError(f"{where}: {e}") from None
+        order = conditioned.dense_order(param, ref, movers)
+        if order is None:
+            raise FormatError(f"{where}: cdense mover list out of order")
+        d = np.zeros(n, dtype=ref.dtype)
+        d[order] = _read_mvalues(parts[1], n, w, where=where, dense=True)
+        if np.count_nonzero(d) != count:
+            raise FormatError(f"{where}: cdense record does not change {count} words")
+        other = ref + d if ref_is_base else ref - d
+        moved = conditioned.movers_of(param, ref, other)
+        if moved.size != movers.size or (moved != movers).any():
+            raise FormatError(f"{where}: cdense record lists a word in the wrong bucket")
+        return None, d
     if codec == MDENSE:
         if param != 0:
             raise FormatError(f"{where}: malformed mdense record")

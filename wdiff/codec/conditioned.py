@@ -322,6 +322,70 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
     return np.concatenate([movers, got]), k_m
 
 
+def movers_of(fn: int, old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """The positions whose bucket differs between old and new (int64)."""
+    _, _, shift, mask = BUCKETS[fn]
+    t = old.dtype.type
+    return np.flatnonzero(((old >> t(shift)) & t(mask)) != ((new >> t(shift)) & t(mask)))
+
+
+def dense_order(fn: int, ref: np.ndarray, movers: np.ndarray) -> np.ndarray | None:
+    """Every position of the chunk in CDENSE's listed order: the movers,
+    then bucket by bucket the subsequences S_c (None: bad mover list)."""
+    _, _, shift, mask = BUCKETS[fn]
+    counts = kernels.bucket_counts(ref, shift, mask, movers)
+    if counts is None:
+        return None
+    counts = counts[: mask + 1]
+    offsets = np.zeros(mask + 2, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    want = np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1], counts)
+    got = kernels.bucket_select(ref, shift, mask, movers, want, offsets)
+    return None if got is None else np.concatenate([movers.astype(np.int64), got])
+
+
+def mover_head(movers: np.ndarray) -> bytes:
+    """CDENSE's section 0: varints k_m, r_m, u_m, then the movers' unary
+    and remainder streams (as SPARSE codes positions)."""
+    r, u, rem = kernels.rice_encode(movers) if movers.size else (0, b"", b"")
+    return varint(movers.size) + varint(r) + varint(len(u)) + u + rem
+
+
+def read_mover_head(data: bytes, n: int) -> np.ndarray:
+    k_m, at = _read_varint(data, 0)
+    r_m, at = _read_varint(data, at)
+    u_m, at = _read_varint(data, at)
+    if k_m > n or r_m > MAX_RICE or (k_m == 0 and (r_m or u_m)):
+        raise Malformed("bad mover list")
+    rlen = (k_m * r_m + 7) // 8
+    if at + u_m + rlen != len(data):
+        raise Malformed("mover streams do not fill section 0")
+    if not k_m:
+        return np.zeros(0, dtype=np.int64)
+    got = kernels.rice_decode(r_m, data[at : at + u_m], data[at + u_m :], k_m, n)
+    if isinstance(got, str):
+        raise Malformed(f"mover list: {got}")
+    return got.astype(np.int64)
+
+
+def dense_sign_magnitude(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Any modular differences, zero included: (sign bits packed, |d|)."""
+    bits = d.dtype.itemsize * 8
+    neg = (d >> d.dtype.type(bits - 1)).astype(bool)
+    return np.packbits(neg), np.where(neg, np.zeros_like(d) - d, d)
+
+
+def from_dense_sign_magnitude(neg: np.ndarray, mag: np.ndarray) -> np.ndarray | None:
+    """Inverse of :func:`dense_sign_magnitude`; None unless canonical: a
+    magnitude at most 2^(8w-1), set there exactly when the sign is, and
+    never a sign on a zero."""
+    bits = mag.dtype.itemsize * 8
+    top = mag.dtype.type(1 << (bits - 1))
+    if (mag > top).any() or (neg & (mag == 0)).any() or ((mag == top) & ~neg).any():
+        return None
+    return np.where(neg, np.zeros_like(mag) - mag, mag)
+
+
 # -- measurement ----------------------------------------------------------------------
 
 
@@ -354,6 +418,6 @@ def conditional_entropy(fn: int | None, old: np.ndarray, new: np.ndarray) -> tup
 
 
 __all__ = [
-    "BUCKETS", "DTYPE_BUCKETS", "Malformed", "add_at", "from_sign_magnitude", "read_varint", "sign_magnitude", "varint", "bucket_order", "buckets_of", "conditional_entropy",
+    "BUCKETS", "DTYPE_BUCKETS", "Malformed", "dense_order", "mover_head", "movers_of", "read_mover_head", "add_at", "from_sign_magnitude", "read_varint", "sign_magnitude", "varint", "bucket_order", "buckets_of", "conditional_entropy",
     "decode_positions", "encode_positions", "unzigzag", "zigzag_diff",
 ]

@@ -32,7 +32,7 @@ MAX_VERSION = 3
 #: from this version on, tensor names are scoped by their file's directory
 SCOPED_NAMES = 2
 #: from this version on, CHUNK records may use the codecs of codec v2
-#: (modular differences, base-conditioned positions: codecs 5 to 8)
+#: (modular differences, base-conditioned positions: codecs 5 to 9)
 CODEC_V2 = 3
 FORMAT_NAME = "wdiff-bundle"
 

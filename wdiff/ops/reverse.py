@@ -33,7 +33,7 @@ from collections.abc import Callable
 import numpy as np
 import xxhash
 
-from ..codec.chunk import CSPARSE, RAW, combine, decode_into, decompress_exact
+from ..codec.chunk import CONDITIONED, RAW, combine, decode_into, decompress_exact
 from ..codec.dtypes import uint_type
 from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL
 from ..errors import BaseMismatchError, FormatError, IntegrityError, WdiffError
@@ -259,7 +259,7 @@ class _Inverse:
                 buf[a - a0 : b - a0] = self.older().raw(path, t.start + a - bt.start, t.start + b - bt.start)
             else:  # the XOR of A's and B's words, or B - D, turns B back into A
                 ref = None
-                if h.codec == CSPARSE:
+                if h.codec in CONDITIONED:
                     def ref(h=h, fe=fe):  # B's bytes of the whole record: its positions are listed from them
                         out = np.empty(h.hi - h.lo, dtype=np.uint8)
                         read_into(fds.fd(fe.abspath), fe.header.data_start + h.lo, memoryview(out), where=fe.abspath)

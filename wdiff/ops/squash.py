@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from ..codec.chunk import CSPARSE, RAW, combine, decode_into, delta_words
+from ..codec.chunk import CONDITIONED, RAW, combine, decode_into, delta_words
 from ..codec.dtypes import uint_type
 from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL
 from ..errors import BaseMismatchError, FormatError, IntegrityError, UsageError
@@ -137,7 +137,7 @@ class DecodedCache:
     def get(self, step: Step, j: int, rec: Record, ref=None, ref_is_base: bool = True) -> np.ndarray:
         """The decoded record: the XOR, the modular difference, or raw bytes.
         ``ref`` gives the bytes of one side of the record's range (its base,
-        or its target when not ``ref_is_base``): a CSPARSE record's
+        or its target when not ``ref_is_base``): a CSPARSE or CDENSE record's
         positions depend on them."""
         key = (j, rec.index)
         with self.lock:
@@ -147,7 +147,7 @@ class DecodedCache:
                 return hit
         h = rec.header
         where = f"{step.path}: record {rec.index}"
-        if h.codec == CSPARSE:
+        if h.codec in CONDITIONED:
             if ref is None:
                 raise FormatError(f"{where}: a csparse record where its base is not known")
             words = delta_words(h.codec, h.param, h.count, list(step.payload(rec)), ref().view(uint_type(h.word)),
@@ -298,7 +298,7 @@ def _bytes_of(j: int, name: str, lo: int, hi: int, steps, versions, fds, A, cach
     for rec in st.overlapping(fi, a0, t.start + hi):
         h = rec.header
         ref = None
-        if h.codec == CSPARSE:
+        if h.codec in CONDITIONED:
             def ref(h=h):  # the base of the whole record: its positions depend on it
                 return _record_base(j, fi, h, steps, versions, fds, A, cache)
         content = cache.get(st, j, rec, ref)
