@@ -161,8 +161,10 @@ def pack(
     """Write a bundle that turns checkpoint A into checkpoint B.
 
     Unchanged blocks are skipped by digest; changed tensors are encoded element
-    by element (positions and the XOR of old and new values), the encoding
-    chosen per chunk by density, and compressed with zstd. The bundle records
+    by element (positions and the XOR of old and new values, or, where that is
+    smaller, their modular difference with positions coded per exponent of the
+    base value: bundle format 3), the encoding chosen per chunk, and
+    compressed with zstd. The bundle records
     the fingerprints of A and B and every digest apply needs to verify its
     work. The same inputs and options always give the same bytes. The file
     appears only when complete.

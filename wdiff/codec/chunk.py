@@ -10,6 +10,13 @@ dtype and composes exactly, so chained deltas never drift. Four codecs:
 ``dense``   the XOR of every word, as byte planes, zstd
 ``raw``     the new words as byte planes, zstd (no base needed)
 
+and, from bundle format version 3 on (codec v2, see conditioned.py), the
+same with modular differences instead of XOR (``msparse``, ``mbitmap``,
+``mdense``), and two that read the base to order the words by the
+exponent bucket of their base value: ``csparse`` (positions per bucket)
+and ``cdense`` (every word, bucket by bucket). They are tried after the
+version 1 codecs and kept only when strictly smaller.
+
 "Byte planes" means all most-significant bytes first, then the next byte of
 every word, and so on: exponent bytes, which compress well, then mantissa
 bytes, which do not. The encoder tries the codecs that can win at the chunk's
