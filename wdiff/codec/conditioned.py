@@ -17,6 +17,14 @@ Base-conditioned positions
     per bucket, as Rice-coded gaps within the bucket's own subsequence of
     words, each bucket with its own Rice parameter (or, where more than
     half of a bucket changed, the unchanged words instead).
+
+Entropy coding stays zstd's, measured: with the values split into sign bits
+and magnitudes and listed bucket by bucket, zstd's per-block Huffman tables
+and its runs of zero magnitudes beat a static rANS of each whole plane
+(csparse at 0.5%: 583 bytes of magnitudes against 965; at 3%: 4,289 against
+7,379) and come within 1% of rANS with a table per 4,096 symbols; on the
+fp32 pair (CDENSE) rANS with a table per 65,536 symbols saved 3% at five
+times the CPU time. Not worth a second coder in the format.
 """
 
 from __future__ import annotations
