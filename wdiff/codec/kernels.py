@@ -341,8 +341,8 @@ def _buckets(words: np.ndarray, shift: int, mask: int) -> np.ndarray:
 
 
 def bucket_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int, positions: np.ndarray):
-    """For the changed ``positions`` (strictly increasing): (bucket of each,
-    ``mask + 1`` for a mover; rank of each among the non-mover words of its
+    """For the changed ``positions`` (strictly increasing): (bucket of each
+    as uint16, ``mask + 1`` for a mover; rank of each among the non-mover words of its
     bucket before it, or among the movers; the count of non-mover words of
     every bucket, then of the movers)."""
     nb = mask + 1
@@ -354,7 +354,7 @@ def bucket_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int, positi
         cnt = np.zeros(4 * nb + 1, dtype=np.uint32)
         if _native.bucket_ranks(old, new, old.dtype.itemsize, shift, mask, pos, ob, orank, cnt):
             raise ValueError("bucket_ranks: positions not increasing")
-        return ob.astype(np.int64), orank.astype(np.int64), cnt[: nb + 1].astype(np.int64)
+        return ob, orank.astype(np.int64), cnt[: nb + 1].astype(np.int64)
     positions = positions.astype(np.int64, copy=False)
     bk = _buckets(old, shift, mask)
     mv = positions[bk[positions] != _buckets(new[positions], shift, mask)]
@@ -364,8 +364,7 @@ def bucket_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int, positi
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     rank = np.empty(bk.size, dtype=np.int64)
     rank[order] = np.arange(bk.size, dtype=np.int64) - starts[bk[order]]
-    b = bk[positions]
-    return b, rank[positions], counts
+    return bk[positions].astype(np.uint16), rank[positions], counts
 
 
 def bucket_counts(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray) -> np.ndarray | None:
