@@ -323,3 +323,70 @@ def test_squash_and_reverse_over_v3_bundles_stay_bit_exact(tmp_path):
     r = wdiff("apply", "-q", tmp_path / "inv.wdb", dirs[2], "-o", tmp_path / "inv-out")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "inv-out" / "model.safetensors").read_bytes() == (dirs[1] / "model.safetensors").read_bytes()
+
+
+# -- test vectors -------------------------------------------------------------------
+
+
+def test_the_spec_examples_are_what_the_encoder_writes():
+    """man/wdiff-format.5, CSPARSE: both worked examples, byte for byte."""
+    old = np.array([0x3F00, 0x3F7F, 0x3E00, 0x3F10] * 2, dtype=np.uint16)
+    new = old.copy()
+    new[1] += 1
+    new[5] += 1
+    new[4] -= 1
+    enc = chunk.encode_as(CSPARSE, old, new, LEVEL, 1)
+    assert (enc.param, enc.count, enc.parts[0].hex(), enc.parts[1].hex()) == (1, 3, "0300010000", "4c")
+    assert enc.parts[2][0] == 0x0A
+    new = old.copy()
+    new[1] += 1
+    new[2] += 1
+    new[6] += 2
+    enc = chunk.encode_as(CSPARSE, old, new, LEVEL, 1)
+    assert (enc.parts[0].hex(), enc.parts[1].hex()) == ("010001017c000100", "40")
+
+
+def _vector_input(label: str, n: int, w: int):
+    """Deterministic words (SHAKE-256, integer operations only): float-like
+    bit patterns and a step of small modular moves, some across buckets."""
+    import hashlib
+
+    ut = {2: np.uint16, 4: np.uint32, 8: np.uint64}[w]
+    raw = np.frombuffer(hashlib.shake_256(f"wdiff-v2/{label}".encode()).digest(3 * n * w), dtype=ut)
+    old = raw[:n].copy()
+    exp_shift = {2: 7, 4: 23, 8: 52}[w]
+    old &= ut(~(0x7 << (exp_shift + 4)) & ((1 << (8 * w)) - 1))  # exponents in a narrow band
+    sel = raw[n : 2 * n] % ut(16) == 0
+    step = (raw[2 * n :] % ut(5)).astype(ut) + ut(1)
+    neg = (raw[2 * n :] >> ut(8 * w - 1)).astype(bool)
+    new = old.copy()
+    new[sel] = np.where(neg[sel], old[sel] - step[sel], old[sel] + step[sel])
+    return old, new
+
+
+#: sha256 of the parts of each codec's encoding of _vector_input at level 3:
+#: a change to these is a change to the format or to the writer's bytes
+VECTORS = {
+    2: {"cdense": (1, 250, "22fb29d599ba0159"), "csparse": (1, 250, "d26bd32c793d5e4f"),
+        "mbitmap": (0, 250, "a3a22c45a8f5d037"), "mdense": (0, 250, "b1c39868291df4e5"),
+        "msparse": (3, 250, "12599d7549c18788")},
+    4: {"cdense": (3, 262, "97ce70c5304ad217"), "csparse": (3, 262, "9445dc6baf3b0b97"),
+        "mbitmap": (0, 262, "94e9fdc920923023"), "mdense": (0, 262, "a505ee957e064eb9"),
+        "msparse": (3, 262, "9b2716d05decbde8")},
+    8: {"cdense": (4, 259, "b95eb672ac381389"), "csparse": (4, 259, "a3d3e0a28087c334"),
+        "mbitmap": (0, 259, "a484366cc4dc52f7"), "mdense": (0, 259, "bd789055f2d1328c"),
+        "msparse": (3, 259, "1a5f16a5e6ad5f57")},
+}
+
+
+@pytest.mark.parametrize("w,fn", [(2, 1), (4, 3), (8, 4)])
+def test_codec_vectors_are_stable(w, fn):
+    import hashlib
+
+    old, new = _vector_input(f"w{w}", 4096, w)
+    got = {}
+    for c in (MSPARSE, MBITMAP, MDENSE, CSPARSE, CDENSE):
+        enc = chunk.encode_as(c, old, new, LEVEL, fn)
+        roundtrip(old, new, enc)
+        got[chunk.CODEC_NAMES[c]] = (enc.param, enc.count, hashlib.sha256(b"|".join(enc.parts)).hexdigest()[:16])
+    assert got == VECTORS[w], got
