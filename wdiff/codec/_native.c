@@ -1287,7 +1287,7 @@ static inline uint64_t load_8(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); 
    word of rank want[x]. Returns 0, or 1 when some rank is not found. */
 #define DEFINE_SELECT(W)                                                                             \
     HOT static int select_##W(const uint8_t *ref, size_t n, int shift, uint64_t mask, const uint32_t *mv, \
-                              size_t km, const uint32_t *want, const int64_t *off, int64_t *out,        \
+                              size_t km, const uint32_t *want, const int64_t *off, uint32_t *out,       \
                               uint32_t *cnt, int64_t *cur, uint32_t *next)                              \
     {                                                                                                \
         uint32_t nb = (uint32_t)mask + 1;                                                            \
@@ -1310,7 +1310,7 @@ static inline uint64_t load_8(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); 
             c[i & 3][b]++;                                                                            \
             if (r == next[b]) {                                                                       \
                 int64_t x = cur[b]++;                                                                 \
-                out[x] = (int64_t)i;                                                                  \
+                out[x] = (uint32_t)i;                                                                 \
                 next[b] = x + 1 < off[b + 1] ? want[x + 1] : UINT32_MAX;                              \
             }                                                                                         \
         }                                                                                             \
@@ -1414,7 +1414,7 @@ done:
 
 /* bucket_select(ref, word, shift, mask, movers, want, offsets, out) -> error
    want: uint32; offsets: int64, mask + 2 entries, nondecreasing from 0 to
-   len(want) (checked); out: int64, len(want) entries */
+   len(want) (checked); out: uint32, len(want) entries */
 static PyObject *bucket_select(PyObject *self, PyObject *args)
 {
     Py_buffer a, mv, want, off, out;
@@ -1428,7 +1428,7 @@ static PyObject *bucket_select(PyObject *self, PyObject *args)
         goto done;
     size_t n = (size_t)a.len / w, km = (size_t)mv.len / 4, kw = (size_t)want.len / 4, nb = (size_t)mask + 1;
     if (a.len % w || n >= UINT32_MAX || mv.len % 4 || want.len % 4 || (size_t)off.len != 8 * (nb + 1) ||
-        (size_t)out.len < 8 * kw) {
+        (size_t)out.len < 4 * kw) {
         PyErr_SetString(PyExc_ValueError, "bucket_select: bad buffer sizes");
         goto done;
     }

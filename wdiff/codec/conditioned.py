@@ -347,9 +347,12 @@ def dense_order(fn: int, ref: np.ndarray, movers: np.ndarray) -> np.ndarray | No
     counts = counts[: mask + 1]
     offsets = np.zeros(mask + 2, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    want = np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1], counts)
+    # uint32 throughout (positions are below 2^32): a 4 MiB chunk of bf16
+    # holds 2M words, and every array here is one entry per word
+    want = np.arange(int(offsets[-1]), dtype=np.uint32)
+    want -= np.repeat(offsets[:-1].astype(np.uint32), counts)
     got = kernels.bucket_select(ref, shift, mask, movers, want, offsets)
-    return None if got is None else np.concatenate([movers.astype(np.int64), got])
+    return None if got is None else np.concatenate([movers.astype(got.dtype), got])
 
 
 def mover_head(movers: np.ndarray) -> bytes:

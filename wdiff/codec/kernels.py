@@ -388,10 +388,11 @@ def bucket_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, wa
                   offsets: np.ndarray) -> np.ndarray | None:
     """The positions of the words of ranks ``want[offsets[b]:offsets[b+1]]``
     (increasing) among the non-mover words of bucket ``b`` of ``ref``, in the
-    order of ``want``; None when a rank is not there."""
+    order of ``want`` (uint32 from the C kernel, int64 from numpy); None
+    when a rank is not there."""
     nb = mask + 1
     if _use_native and ref.size < MAX_WORDS:
-        out = np.empty(want.size, dtype=np.int64)
+        out = np.empty(want.size, dtype=np.uint32)
         err = _native.bucket_select(ref, ref.dtype.itemsize, shift, mask, np.ascontiguousarray(movers, dtype=np.uint32),
                                     np.ascontiguousarray(want, dtype=np.uint32),
                                     np.ascontiguousarray(offsets, dtype=np.int64), out)
