@@ -429,6 +429,8 @@ def conditional_entropy(fn: int | None, old: np.ndarray, new: np.ndarray) -> tup
 
 
 __all__ = [
-    "BUCKETS", "DTYPE_BUCKETS", "Malformed", "dense_order", "mover_head", "movers_of", "read_mover_head", "add_at", "from_sign_magnitude", "read_varint", "sign_magnitude", "varint", "bucket_order", "buckets_of", "conditional_entropy",
-    "decode_positions", "encode_positions", "unzigzag", "zigzag_diff",
+    "BUCKETS", "DTYPE_BUCKETS", "Malformed", "add_at", "bucket_order", "buckets_of", "conditional_entropy",
+    "decode_positions", "dense_order", "dense_sign_magnitude", "encode_positions", "from_dense_sign_magnitude",
+    "from_sign_magnitude", "mover_head", "movers_of", "read_mover_head", "read_varint", "sign_magnitude",
+    "unzigzag", "varint", "zigzag_diff",
 ]
