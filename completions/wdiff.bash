@@ -30,10 +30,10 @@ _wdiff() {
         pack)
             case "$prev" in
                 -o|--output) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-                -l|--level|--sign|--exclude|--include|-j|--threads) return ;;
+                -l|--level|--sign|--exclude|--include|-j|--threads|--format) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "-o --output --anchor -f --force -l --level --sign --exclude --include --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "-o --output --anchor -f --force -l --level --sign --exclude --include --json -q --quiet -v --verbose -j --threads --format -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

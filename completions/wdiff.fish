@@ -44,6 +44,7 @@ complete -c wdiff -n '__fish_seen_subcommand_from pack' -l json -d 'Print exactl
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -s q -l quiet -d 'Print nothing on success'
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -s v -l verbose -d 'More detail (repeatable)'
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -s j -l threads -x -d 'Worker threads [default: all cores, or WDIFF_THREADS]'
+complete -c wdiff -n '__fish_seen_subcommand_from pack' -l format -x -d 'Write at most bundle format version N (1 to 3; default: the newest)'
 complete -c wdiff -n '__fish_seen_subcommand_from pack' -s h -l help -d 'Show the help and exit'
 complete -c wdiff -n '__fish_seen_subcommand_from apply' -F
 complete -c wdiff -n '__fish_seen_subcommand_from apply' -s o -l output -r -F -d 'New directory to create (must not exist, or be empty)'

@@ -166,10 +166,11 @@ def make_scenarios(root: str, *, big: bool = True) -> list[Scenario]:
     for name, a, b, weight in out:
         sc = Scenario(name, a, b, sb.scan(a) if a else None, sb.scan(b), weight=weight)
         path = os.path.join(root, f"{name}.wdb")
+        # format version 1: the reference reader (specbundle) is one of version 1
         if a:
-            wdiff.pack(a, b, path)
+            wdiff.pack(a, b, path, format_version=1)
         else:
-            wdiff.pack(None, b, path)
+            wdiff.pack(None, b, path, format_version=1)
         with open(path, "rb") as f:
             sc.bundles.append(("wdiff", f.read()))
         for seed in range(2):

@@ -33,10 +33,13 @@ ROOT = GOLDEN.parent.parent
 #: committed bundle -> the pack arguments that made it (relative to DATA)
 BUNDLES = {
     "anchor.wdb": ["--anchor", "ckpt/base"],
-    "sparse.wdb": ["ckpt/base", "ckpt/sparse"],
-    "dense.wdb": ["ckpt/base", "ckpt/dense"],
-    "struct.wdb": ["ckpt/base", "ckpt/struct"],
-    "signed.wdb": ["ckpt/base", "ckpt/sparse", "--sign", "keys/test.key"],
+    "sparse.wdb": ["--format", "1", "ckpt/base", "ckpt/sparse"],
+    "dense.wdb": ["--format", "1", "ckpt/base", "ckpt/dense"],
+    "struct.wdb": ["--format", "1", "ckpt/base", "ckpt/struct"],
+    "signed.wdb": ["--format", "1", "ckpt/base", "ckpt/sparse", "--sign", "keys/test.key"],
+    "v3-dense.wdb": ["ckpt/base", "ckpt/dense"],
+    "v3-adam.wdb": ["ckpt/base", "ckpt/adam"],
+    "v3-struct.wdb": ["ckpt/base", "ckpt/struct"],
 }
 #: committed bundle -> (base or None, target), relative to DATA
 CHECKPOINTS = {
@@ -45,6 +48,9 @@ CHECKPOINTS = {
     "dense.wdb": ("ckpt/base", "ckpt/dense"),
     "struct.wdb": ("ckpt/base", "ckpt/struct"),
     "signed.wdb": ("ckpt/base", "ckpt/sparse"),
+    "v3-dense.wdb": ("ckpt/base", "ckpt/dense"),
+    "v3-adam.wdb": ("ckpt/base", "ckpt/adam"),
+    "v3-struct.wdb": ("ckpt/base", "ckpt/struct"),
 }
 CORRUPT = ["corrupt/sparse-truncated.wdb", "corrupt/sparse-flipped.wdb"]
 TRUSTED = ["--trusted-key", str(DATA / "keys/test.key.pub")]
@@ -171,7 +177,7 @@ def ran(tmp_path_factory):
 # kernels of the test run (the C ones where built), the numpy kernels on 4
 # threads differ in both at once
 VARIANTS = [("4", "0")]
-VARIANT_BUNDLES = ["dense.wdb", "struct.wdb"]   # between them every kind of record
+VARIANT_BUNDLES = ["dense.wdb", "struct.wdb", "v3-adam.wdb", "v3-struct.wdb"]   # between them every kind of record
 
 
 @pytest.mark.parametrize("name", sorted(BUNDLES))
@@ -210,7 +216,21 @@ RECORD_KINDS = {
     "signed.wdb": {"sparse"},
     "dense.wdb": {"dense"},
     "struct.wdb": {"header", "file", "raw", "sparse", "bitmap"},
+    "v3-dense.wdb": {"dense", "mdense"},
+    "v3-adam.wdb": {"csparse"},
+    "v3-struct.wdb": {"header", "file", "raw", "sparse", "bitmap"},
 }
+#: committed bundle -> its format version (a v3 one only where a v3 codec won)
+VERSIONS = {"v3-dense.wdb": 3, "v3-adam.wdb": 3}
+
+
+def test_versions_are_the_lowest_that_hold_the_codecs():
+    import struct as _struct
+
+    for name in BUNDLES:
+        version = _struct.unpack_from("<I", (DATA / name).read_bytes(), 8)[0]
+        assert version == VERSIONS.get(name, 1), name
+    assert (DATA / "v3-struct.wdb").read_bytes() == (DATA / "struct.wdb").read_bytes()
 
 
 @pytest.mark.parametrize("name", sorted(BUNDLES))

@@ -117,8 +117,9 @@ def pack(
     ``out`` that is, or lies inside, ``a`` or ``b`` always is. ``exclude``
     and ``include`` are as for :func:`diff`. ``format_version`` is the
     newest bundle format version the bundle may use (default: the newest
-    this wdiff writes; below 3, changed companion files are stored whole).
-    Returns a :class:`~wdiff.ops.pack.PackResult`.
+    this wdiff writes; 1 or 2 for readers that predate codec v2, which also
+    store changed companion files whole). Returns a
+    :class:`~wdiff.ops.pack.PackResult`.
     """
     from .ops.pack import pack as _pack
 

@@ -102,6 +102,21 @@ def sparse_change(label: str, a: np.ndarray, fraction: float) -> np.ndarray:
     return flat.reshape(a.shape)
 
 
+def adam_change(label: str, a: np.ndarray) -> np.ndarray:
+    """A bf16 optimizer-like step on a base made by :func:`bf16`: a word
+    moves by +-1 on its bit pattern (one ulp) with a probability that halves
+    with every step of its exponent (the rounding step doubles), from 1/4 at
+    exponent 115 down to 1/128; integer operations only."""
+    flat = a.reshape(-1).copy()
+    e = (flat >> 7 & 0xFF).astype(np.int64)
+    r = words(label + "/adam", flat.size, np.uint16).astype(np.int64)
+    moves = r < (0x4000 >> np.clip(e - 115, 0, 15))
+    up = (stream(label + "/sign", flat.size) & 1).astype(bool)
+    step = np.where(up, 1, 0xFFFF).astype(np.uint16)
+    flat[moves] = flat[moves] + step[moves]
+    return flat.reshape(a.shape)
+
+
 def run_change(label: str, a: np.ndarray, cols: int) -> np.ndarray:
     """Change the first ``cols`` elements of every row (runs of changed words,
     as when some input features were updated; a bitmap codes them best)."""
@@ -214,6 +229,9 @@ def checkpoints(out: Path):
     dense = {k: (d, dense_change(k, a)) for k, (d, a) in base.items()}
     write_checkpoint(out / "dense", split(dense, shard_of, 2), companions)
 
+    adam = {k: (d, adam_change(k, a) if d == "BF16" else a) for k, (d, a) in base.items()}
+    write_checkpoint(out / "adam", split(adam, shard_of, 2), companions)
+
     struct_t = dict(sparse)
     del struct_t["model.rotary.inv_freq"]                                      # removed
     struct_t["lm_head.weight"] = ("BF16", bf16("lm_head", (64, 64)))           # added
@@ -252,10 +270,13 @@ def wdiff(*args, cwd: Path, env: dict | None = None) -> subprocess.CompletedProc
 #: bundle file -> pack arguments (paths relative to the data directory)
 BUNDLES = {
     "anchor.wdb": ["--anchor", "ckpt/base"],
-    "sparse.wdb": ["ckpt/base", "ckpt/sparse"],
-    "dense.wdb": ["ckpt/base", "ckpt/dense"],
-    "struct.wdb": ["ckpt/base", "ckpt/struct"],
-    "signed.wdb": ["ckpt/base", "ckpt/sparse", "--sign", KEY],
+    "sparse.wdb": ["--format", "1", "ckpt/base", "ckpt/sparse"],
+    "dense.wdb": ["--format", "1", "ckpt/base", "ckpt/dense"],
+    "struct.wdb": ["--format", "1", "ckpt/base", "ckpt/struct"],
+    "signed.wdb": ["--format", "1", "ckpt/base", "ckpt/sparse", "--sign", KEY],
+    "v3-dense.wdb": ["ckpt/base", "ckpt/dense"],
+    "v3-adam.wdb": ["ckpt/base", "ckpt/adam"],
+    "v3-struct.wdb": ["ckpt/base", "ckpt/struct"],
 }
 #: corrupt copies: file -> (source bundle, what is done to it)
 CORRUPT = {
@@ -308,12 +329,16 @@ anything; `python tests/golden/make.py` rewrites this directory.
 | `ckpt/base/` | two shards + index, companion files; BF16, F32, I64, I32, a 0-d and an empty tensor |
 | `ckpt/sparse/` | base with 1% of the BF16 elements changed (low mantissa bits) |
 | `ckpt/dense/` | base with every element of every tensor changed |
+| `ckpt/adam/` | base with its BF16 words moved by one ulp with a probability that halves with each step of their exponent (an optimizer step: small weights change more often) |
 | `ckpt/struct/` | sparse, but: one BF16 tensor back to its base value, one with runs of changes (12.5%) instead of 1%, a tensor added, one removed, one retyped (F32 to BF16), one reshaped, `config.json` changed, two companion files added (one in a subdirectory), three shards instead of two |
 | `anchor.wdb` | `wdiff pack --anchor ckpt/base`: HEADER, FILE and RAW records |
-| `sparse.wdb` | `wdiff pack ckpt/base ckpt/sparse`: SPARSE records only |
-| `dense.wdb` | `wdiff pack ckpt/base ckpt/dense`: DENSE records |
-| `struct.wdb` | `wdiff pack ckpt/base ckpt/struct`: HEADER, FILE, RAW, SPARSE and BITMAP records |
-| `signed.wdb`, `signed.wdb.minisig` | `wdiff pack ckpt/base ckpt/sparse --sign keys/test.key` |
+| `sparse.wdb` | `wdiff pack --format 1 ckpt/base ckpt/sparse`: SPARSE records only |
+| `dense.wdb` | `wdiff pack --format 1 ckpt/base ckpt/dense`: DENSE records |
+| `struct.wdb` | `wdiff pack --format 1 ckpt/base ckpt/struct`: HEADER, FILE, RAW, SPARSE and BITMAP records |
+| `signed.wdb`, `signed.wdb.minisig` | `wdiff pack --format 1 ckpt/base ckpt/sparse --sign keys/test.key` |
+| `v3-dense.wdb` | `wdiff pack ckpt/base ckpt/dense`: format version 3, MDENSE records |
+| `v3-adam.wdb` | `wdiff pack ckpt/base ckpt/adam`: format version 3, CSPARSE records |
+| `v3-struct.wdb` | `wdiff pack ckpt/base ckpt/struct`: no codec of version 3 is smaller there, so it is format version 1, the same bytes as `struct.wdb` |
 | `corrupt/sparse-truncated.wdb` | `sparse.wdb` without its last 100 bytes |
 | `corrupt/sparse-flipped.wdb` | `sparse.wdb` with one bit of its first record's payload flipped |
 | `keys/test.key`, `keys/test.key.pub` | **a TEST signing key**, made once with `wdiff keygen` and published here on purpose: never trust it for anything |

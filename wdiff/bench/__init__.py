@@ -14,11 +14,29 @@ a pack of a dense or unrelated change cannot avoid) and ``zstd
 --patch-from`` per shard.
 
 Scenarios:
-  rl1     an RL step: 1% of elements moved by one ulp at random positions
+  adam0.5 .. adam20  an optimizer step: an fp32 master (A's bf16 values plus
+          a sub-ulp offset) moved by about lr per element (Adam normalises
+          the step), cast to bf16; lr set so that 0.5% .. 20% of the bf16
+          elements change. Small weights change more often than large ones
+          (the rounding step grows with 2^exponent), as in real training
+  adam-f32  the fp32 master of adam1 before and after the same step (its
+          own A, F32, about the same bytes): every element changes
+  rl1     uniform one-ulp moves at 1% of random positions (no structure: a
+          synthetic that does not stand for a training step)
   rl3     the same at 3%
   frozen  only the last two layers and the head change (50% of their elements)
   dense   every element moved by one to three ulps
   new     B unrelated to A (fresh random weights): the worst case
+
+Per scenario it also prints the order-0 information of the delta, chunk by
+chunk (the codec's unit): "given the base" counts the positions per
+exponent bucket of the base word (sum of n_b H(k_b/n_b)) and the values
+(modular differences) byte plane by byte plane within each bucket; "no
+context" counts positions and values over the whole chunk. Packs run with
+``--format 1`` (codec v1: XOR values, positions context-free) and with the
+default (codec v2), and each bundle is applied.
+
+``zstd --patch-from`` needs the zstd binary (``apt-get install zstd``).
 
 This is a measurement tool, not a test: machines are noisy, so it reports
 medians, and the ratios matter more than the absolute times.
@@ -42,9 +60,12 @@ import numpy as np
 
 from ..store import sample
 
-SCENARIOS = ("rl1", "rl3", "frozen", "dense", "new")
+ADAM = {"adam0.5": 0.005, "adam1": 0.01, "adam3": 0.03, "adam6": 0.06, "adam20": 0.20}
+SCENARIOS = (*ADAM, "adam-f32", "rl1", "rl3", "frozen", "dense", "new")
+#: scenarios with a base of their own (not A)
+OWN_BASE = {"adam-f32": "A32"}
 #: bump when the generated data changes, so that --dir regenerates it
-GENERATOR = 1
+GENERATOR = 2
 
 
 # -- data ------------------------------------------------------------------------------
@@ -72,14 +93,72 @@ def make_base(root: str, size: int, shards: int, tensors: int | None = None) -> 
     return layout
 
 
+def _master(old: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """An fp32 master whose bf16 rounding is ``old``: its bit pattern plus an
+    offset below half a bf16 ulp, in bit space (exact by construction)."""
+    j = rng.integers(-0x7F00, 0x7F01, old.size, dtype=np.int64)
+    bits = old.astype(np.int64) << 16
+    j = np.where((bits & 0x7FFF0000) == 0, np.abs(j), j)  # no wrap below a zero
+    return (bits + j).astype(np.uint32).view(np.float32)
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    u = x.view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _adam_lr(density: float) -> float:
+    """The lr at which about ``density`` of bf16 N(0, 0.02) weights change:
+    P(change) = E min(1, 2 lr / ulp) on a fixed reference sample."""
+    ref = sample.bf16_normal(np.random.default_rng(12345), 1 << 18)
+    ulp = np.ldexp(1.0, ((ref.astype(np.int64) >> 7) & 0xFF) - 127 - 7)
+    lo, hi = 1e-12, 1.0
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if float(np.minimum(1.0, mid / ulp).mean()) < density:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _adam_step(n: int, lr: float, rng: np.random.Generator) -> np.ndarray:
+    """About lr per element, random sign, magnitude 0.5 to 1.5 lr."""
+    sign = np.where(rng.random(n, dtype=np.float32) < 0.5, np.float32(-1), np.float32(1))
+    return (sign * (np.float32(0.5) + rng.random(n, dtype=np.float32)) * np.float32(lr)).astype(np.float32)
+
+
+def make_base32(root: str, size: int, shards: int) -> list[list[sample.Spec]]:
+    """The fp32 master of the adam scenarios as a checkpoint of its own."""
+    layout = f32_layout(size, shards)
+
+    def data(s: sample.Spec) -> np.ndarray:
+        n = s.nbytes // 4
+        old = sample.bf16_normal(np.random.default_rng(_seed(s.name, 0)), n)
+        return _master(old, np.random.default_rng(_seed(s.name, 2)))
+
+    sample.write_checkpoint(root, layout, data, companions=sample.companion_files(0))
+    return layout
+
+
+def f32_layout(size: int, shards: int) -> list[list[sample.Spec]]:
+    specs = [sample.Spec(s.name, "F32", s.shape) for s in specs_for(size // 2, None)]
+    return sample.shard(specs, shards)
+
+
 def make_variant(root: str, layout, scenario: str) -> None:
     names = [s.name for sh in layout for s in sh]
     layers = sorted({int(n.split(".")[2]) for n in names if n.startswith("model.layers.")}) or [0]
     hot = {f"model.layers.{i}." for i in layers[-2:]}
 
     def data(s: sample.Spec) -> np.ndarray:
-        old = sample.bf16_normal(np.random.default_rng(_seed(s.name, 0)), s.nbytes // 2)
+        wide = s.dtype == "F32"
+        old = sample.bf16_normal(np.random.default_rng(_seed(s.name, 0)), s.nbytes // (4 if wide else 2))
         rng = np.random.default_rng(_seed(s.name, 1))
+        if scenario in ADAM or scenario == "adam-f32":
+            master = _master(old, np.random.default_rng(_seed(s.name, 2)))
+            new = master + _adam_step(old.size, _adam_lr(ADAM.get(scenario, 0.01)), rng)
+            return new if wide else _bf16(new)
         if scenario == "rl1":
             return sample.rl_step(old, 0.01, rng)
         if scenario == "rl3":
@@ -130,6 +209,45 @@ def information_floor(a_dir: str, b_dir: str) -> tuple[int, float]:
     return k_total, bits / 8
 
 
+def delta_entropy(a_dir: str, b_dir: str) -> tuple[int, float, float]:
+    """(changed elements, bytes given the base, bytes with no context): the
+    order-0 information of the delta chunk by chunk (see the module doc)."""
+    from ..codec.chunk import bucket_function
+    from ..codec.conditioned import conditional_entropy
+    from ..codec.dtypes import dtype_info, uint_type
+    from ..defaults import DEFAULT_CHUNK
+    from ..store.checkpoint import scan
+
+    A, B = scan(a_dir), scan(b_dir)
+    k_total, given, free = 0, 0.0, 0.0
+    for name, (fb, tb) in B.tensors.items():
+        fa, ta = A.tensors[name]
+        w = dtype_info(tb.dtype).word
+        ut = uint_type(w)
+        fn = bucket_function(tb.dtype, w)
+        n = tb.nbytes // w
+        step = DEFAULT_CHUNK // w
+        for off in range(0, n, step):
+            m = min(step, n - off)
+            a = np.fromfile(fa.abspath, dtype=ut, count=m, offset=fa.header.data_start + ta.start + w * off)
+            b = np.fromfile(fb.abspath, dtype=ut, count=m, offset=fb.header.data_start + tb.start + w * off)
+            k = int(np.count_nonzero(a != b))
+            if not k:
+                continue
+            k_total += k
+            given += sum(conditional_entropy(fn, a, b)) if fn else sum(conditional_entropy(None, a, b))
+            free += sum(conditional_entropy(None, a, b))
+    return k_total, given / 8, free / 8
+
+
+def _child_delta_entropy(a: str, b: str):
+    return delta_entropy(a, b)
+
+
+def _child_make_base32(root: str, size: int, shards: int) -> None:
+    make_base32(root, size, shards)
+
+
 def _in_child(fn: str, *args):
     """Run a data step in a child process, so that this process stays small:
     a child's peak RSS as the kernel reports it includes what it inherited
@@ -149,7 +267,8 @@ def _child_make_base(root: str, size: int, shards: int, tensors: int | None) -> 
 
 
 def _child_make_variant(root: str, size: int, shards: int, scenario: str, tensors: int | None) -> None:
-    make_variant(root, sample.shard(specs_for(size, tensors), shards), scenario)
+    layout = f32_layout(size, shards) if scenario in OWN_BASE else sample.shard(specs_for(size, tensors), shards)
+    make_variant(root, layout, scenario)
 
 
 def _child_information_floor(a: str, b: str):
@@ -252,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = ["--threads", str(args.threads)] if args.threads else []
     zstd = None if args.no_peers else shutil.which("zstd")
     rows: list[dict] = []
+    a0_bytes = 0
     try:
         a = os.path.join(work, "A")
         if not _generated(a, size, args.shards, args.tensors, "base"):
@@ -259,15 +379,26 @@ def main(argv: list[str] | None = None) -> int:
             _unstamp(a)
             _in_child("make_base", a, size, args.shards, args.tensors)
             _stamp(a, size, args.shards, args.tensors, "base")
-        a_bytes = sum(os.path.getsize(f) for f in _files(a))
+        base_a = a
+        a0_bytes = sum(os.path.getsize(f) for f in _files(a))
         for sc in scenarios:
+            a = base_a
+            if sc in OWN_BASE:
+                a = os.path.join(work, OWN_BASE[sc])
+                if not _generated(a, size, args.shards, None, OWN_BASE[sc]):
+                    print(f"generating {OWN_BASE[sc]}", file=sys.stderr)
+                    _unstamp(a)
+                    _in_child("make_base32", a, size, args.shards)
+                    _stamp(a, size, args.shards, None, OWN_BASE[sc])
+            a_bytes = sum(os.path.getsize(f) for f in _files(a))
             b = os.path.join(work, f"B-{sc}")
             if not _generated(b, size, args.shards, args.tensors, sc):
                 print(f"generating B ({sc})", file=sys.stderr)
                 _unstamp(b)
                 _in_child("make_variant", b, size, args.shards, sc, args.tensors)
                 _stamp(b, size, args.shards, args.tensors, sc)
-            k, floor = _in_child("information_floor", a, b)
+            k, floor = _in_child("information_floor", a, b) if sc not in OWN_BASE else (None, None)
+            k, given, free = _in_child("delta_entropy", a, b)
             bundle = os.path.join(work, f"{sc}.wdb")
             out = os.path.join(work, f"C-{sc}")
 
@@ -301,16 +432,20 @@ def main(argv: list[str] | None = None) -> int:
             add("wdiff startup (--version)", t, rss, 0, note="fixed cost in every row below")
             t, rss, r = run([*wd, "diff", "--json", *threads, a, b])
             add("wdiff diff", t, rss, 2 * a_bytes)
-            t, rss, r = run([*wd, "pack", "--json", "--force", *threads, a, b, "-o", bundle])
-            if r.returncode != 0:
-                raise SystemExit(r.stderr.decode())
-            doc = json.loads(r.stdout)
-            add("wdiff pack", t, rss, 2 * a_bytes, doc["bundle_bytes"], note=_codec_note(doc["codecs"]))
-            t, rss, r = run([*wd, "apply", "-q", *threads, bundle, a, "-o", out], before=rm_out)
-            if r.returncode != 0:
-                raise SystemExit(r.stderr.decode())
-            add("wdiff apply", t, rss, a_bytes, note="verified")
-            rm_out()
+            add("entropy given the base", 0, 0, 0, int(given), note="order 0, per chunk: positions | bucket + values | bucket")
+            add("entropy, no context", 0, 0, 0, int(free), note="order 0, per chunk")
+            for label, fmt_args in (("wdiff pack --format 1", ["--format", "1"]), ("wdiff pack", [])):
+                t, rss, r = run([*wd, "pack", "--json", "--force", *fmt_args, *threads, a, b, "-o", bundle])
+                if r.returncode != 0:
+                    raise SystemExit(r.stderr.decode())
+                doc = json.loads(r.stdout)
+                vs = f"{doc['bundle_bytes'] / given:.3f}x entropy; " if given else ""
+                add(label, t, rss, 2 * a_bytes, doc["bundle_bytes"], note=vs + _codec_note(doc["codecs"]))
+                t, rss, r = run([*wd, "apply", "-q", *threads, bundle, a, "-o", out], before=rm_out)
+                if r.returncode != 0:
+                    raise SystemExit(r.stderr.decode())
+                add("wdiff apply" + (" (v1 bundle)" if fmt_args else ""), t, rss, a_bytes, note="verified")
+                rm_out()
             if zstd:
                 t, rss, r = run(["sh", "-c", f'cat "$@" | {zstd} -3 -q -c -T1 | wc -c', "zstd", *_files(b)])
                 add("zstd -3 of B", t, rss, a_bytes, int(r.stdout.strip() or 0))
@@ -341,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print_table(rows, a_bytes)
+        print_table(rows, a0_bytes)
     return 0
 
 

@@ -152,12 +152,19 @@ def pack(
     quiet: Quiet = False,
     verbose: Verbose = 0,
     threads: Threads = None,
+    format_version: Annotated[
+        int | None,
+        typer.Option("--format", metavar="N", help="Write at most bundle format version N (1 to 3; default: the newest). "
+                     "A bundle has the lowest version its contents need.", show_default=False),
+    ] = None,
 ) -> None:
     """Write a bundle that turns checkpoint A into checkpoint B.
 
     Unchanged blocks are skipped by digest; changed tensors are encoded element
-    by element (positions and the XOR of old and new values), the encoding
-    chosen per chunk by density, and compressed with zstd. The bundle records
+    by element (positions and the XOR of old and new values, or, where that is
+    smaller, their modular difference with positions coded per exponent of the
+    base value: bundle format 3), the encoding chosen per chunk, and
+    compressed with zstd. The bundle records
     the fingerprints of A and B and every digest apply needs to verify its
     work. The same inputs and options always give the same bytes. The file
     appears only when complete.
@@ -174,7 +181,7 @@ def pack(
             raise UsageError("pack takes two checkpoint directories, A and B (or --anchor B)")
         a, b = paths
     res = run_pack(a, b, output, level=level, threads=threads, reporter=out.reporter(), overwrite=force,
-                   exclude=exclude or (), include=include or ())
+                   exclude=exclude or (), include=include or (), format_version=format_version)
     if sign is not None:
         from ..ops.signatures import sign_bundle
 

@@ -1191,6 +1191,283 @@ done:
     return res;
 }
 
+/* ---- buckets of base words (codec v2: CSPARSE) -------------------------------
+   bucket(word) = (word >> shift) & mask, at most MAX_BUCKETS buckets; the
+   movers (changed words whose bucket differs between old and new) belong to
+   no bucket and are counted apart. Four interleaved count tables, so that a
+   run of words of one bucket does not wait on one counter. */
+
+#define MAX_BUCKETS 2048
+
+#define BUCKET_AT(W, p, i, shift, mask) ((uint32_t)((load_##W((p) + (size_t)(i) * (W)) >> (shift)) & (mask)))
+
+static inline uint64_t load_2(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint64_t load_4(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t load_8(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+/* the ranks: for each changed position (strictly increasing, below n) its
+   bucket (nb for a mover) and its rank among the non-mover words of its
+   bucket that come before it (for a mover: its rank among the movers);
+   counts[b]: the non-mover words of bucket b, counts[nb]: the movers.
+   Returns 0, or 1 when the positions are not strictly increasing below n. */
+#define DEFINE_RANKS(W)                                                                              \
+    HOT static int ranks_##W(const uint8_t *old, const uint8_t *new_, size_t n, int shift, uint64_t mask, \
+                             const uint32_t *pos, size_t k, uint16_t *ob, uint32_t *orank, uint32_t *t) \
+    {                                                                                                \
+        uint32_t nb = (uint32_t)mask + 1;                                                            \
+        uint32_t *c0 = t, *c1 = t + nb, *c2 = t + 2 * nb, *c3 = t + 3 * nb;                            \
+        uint32_t movers = 0;                                                                          \
+        size_t i = 0, j = 0;                                                                          \
+        while (1) {                                                                                   \
+            size_t stop = j < k ? pos[j] : n;                                                         \
+            if (stop < i || stop > n || (j < k && stop == n))                                         \
+                return 1;                                                                             \
+            for (; i + 4 <= stop; i += 4) {                                                           \
+                c0[BUCKET_AT(W, old, i, shift, mask)]++;                                              \
+                c1[BUCKET_AT(W, old, i + 1, shift, mask)]++;                                          \
+                c2[BUCKET_AT(W, old, i + 2, shift, mask)]++;                                          \
+                c3[BUCKET_AT(W, old, i + 3, shift, mask)]++;                                          \
+            }                                                                                         \
+            for (; i < stop; i++)                                                                     \
+                c0[BUCKET_AT(W, old, i, shift, mask)]++;                                              \
+            if (j >= k)                                                                               \
+                break;                                                                                \
+            uint32_t bo = BUCKET_AT(W, old, i, shift, mask), bn = BUCKET_AT(W, new_, i, shift, mask); \
+            if (bo != bn) {                                                                           \
+                ob[j] = (uint16_t)nb;                                                                 \
+                orank[j] = movers++;                                                                  \
+            } else {                                                                                  \
+                ob[j] = (uint16_t)bo;                                                                 \
+                orank[j] = c0[bo] + c1[bo] + c2[bo] + c3[bo];                                         \
+                c0[bo]++;                                                                             \
+            }                                                                                         \
+            i++;                                                                                      \
+            j++;                                                                                      \
+        }                                                                                             \
+        for (uint32_t b = 0; b < nb; b++)                                                             \
+            c0[b] += c1[b] + c2[b] + c3[b];                                                           \
+        c0[nb] = movers;                                                                              \
+        return 0;                                                                                     \
+    }
+
+/* the counts of the non-mover words of each bucket of ref, given the movers
+   (strictly increasing, below n; checked: returns 1 otherwise) */
+#define DEFINE_COUNTS(W)                                                                             \
+    HOT static int counts_##W(const uint8_t *ref, size_t n, int shift, uint64_t mask, const uint32_t *mv, \
+                              size_t km, uint32_t *t)                                                \
+    {                                                                                                \
+        uint32_t nb = (uint32_t)mask + 1;                                                            \
+        uint32_t *c0 = t, *c1 = t + nb, *c2 = t + 2 * nb, *c3 = t + 3 * nb;                            \
+        size_t i = 0, j = 0;                                                                          \
+        while (1) {                                                                                   \
+            size_t stop = j < km ? mv[j] : n;                                                         \
+            if (stop < i || stop > n || (j < km && stop == n))                                        \
+                return 1;                                                                             \
+            for (; i + 4 <= stop; i += 4) {                                                           \
+                c0[BUCKET_AT(W, ref, i, shift, mask)]++;                                              \
+                c1[BUCKET_AT(W, ref, i + 1, shift, mask)]++;                                          \
+                c2[BUCKET_AT(W, ref, i + 2, shift, mask)]++;                                          \
+                c3[BUCKET_AT(W, ref, i + 3, shift, mask)]++;                                          \
+            }                                                                                         \
+            for (; i < stop; i++)                                                                     \
+                c0[BUCKET_AT(W, ref, i, shift, mask)]++;                                              \
+            if (j >= km)                                                                              \
+                break;                                                                                \
+            i++;                                                                                      \
+            j++;                                                                                      \
+        }                                                                                             \
+        for (uint32_t b = 0; b < nb; b++)                                                             \
+            c0[b] += c1[b] + c2[b] + c3[b];                                                           \
+        c0[nb] = (uint32_t)km;                                                                        \
+        return 0;                                                                                     \
+    }
+
+/* the positions of the wanted ranks: want[off[b]:off[b+1]] are increasing
+   ranks among the non-mover words of bucket b; out[x] is the position of the
+   word of rank want[x]. Returns 0, or 1 when some rank is not found. */
+#define DEFINE_SELECT(W)                                                                             \
+    HOT static int select_##W(const uint8_t *ref, size_t n, int shift, uint64_t mask, const uint32_t *mv, \
+                              size_t km, const uint32_t *want, const int64_t *off, uint32_t *out,       \
+                              uint32_t *cnt, int64_t *cur, uint32_t *next)                              \
+    {                                                                                                \
+        uint32_t nb = (uint32_t)mask + 1;                                                            \
+        /* cnt: four tables (word i counts in table i % 4); a word's rank is \
+           the sum of its bucket's four counts */                                                    \
+        uint32_t *c[4] = {cnt, cnt + nb, cnt + 2 * nb, cnt + 3 * nb};                                 \
+        for (uint32_t b = 0; b < nb; b++) {                                                           \
+            cur[b] = off[b];                                                                          \
+            next[b] = off[b] < off[b + 1] ? want[off[b]] : UINT32_MAX;                                \
+        }                                                                                             \
+        size_t j = 0, nextm = km ? mv[0] : n;                                                         \
+        for (size_t i = 0; i < n; i++) {                                                              \
+            if (i == nextm) {                                                                         \
+                j++;                                                                                  \
+                nextm = j < km ? mv[j] : n;                                                           \
+                continue;                                                                             \
+            }                                                                                         \
+            uint32_t b = BUCKET_AT(W, ref, i, shift, mask);                                           \
+            uint32_t r = c[0][b] + c[1][b] + c[2][b] + c[3][b];                                       \
+            c[i & 3][b]++;                                                                            \
+            if (r == next[b]) {                                                                       \
+                int64_t x = cur[b]++;                                                                 \
+                out[x] = (uint32_t)i;                                                                 \
+                next[b] = x + 1 < off[b + 1] ? want[x + 1] : UINT32_MAX;                              \
+            }                                                                                         \
+        }                                                                                             \
+        for (uint32_t b = 0; b < nb; b++)                                                             \
+            if (cur[b] != off[b + 1])                                                                 \
+                return 1;                                                                             \
+        return 0;                                                                                     \
+    }
+
+DEFINE_RANKS(2)
+DEFINE_RANKS(4)
+DEFINE_RANKS(8)
+DEFINE_COUNTS(2)
+DEFINE_COUNTS(4)
+DEFINE_COUNTS(8)
+DEFINE_SELECT(2)
+DEFINE_SELECT(4)
+DEFINE_SELECT(8)
+
+static int check_bucket_fn(int w, int shift, unsigned long long mask)
+{
+    if ((w != 2 && w != 4 && w != 8) || shift < 0 || shift >= 8 * w || mask == 0 || mask >= MAX_BUCKETS ||
+        (mask & (mask + 1))) {
+        PyErr_SetString(PyExc_ValueError, "bad bucket function");
+        return -1;
+    }
+    return 0;
+}
+
+/* bucket_ranks(old, new, word, shift, mask, positions, buckets_out, ranks_out, counts_out) -> error
+   positions: uint32, k entries; buckets_out: uint16, k; ranks_out: uint32, k;
+   counts_out: uint32, at least 4 * (mask + 1) + 1 entries, zeroed by the
+   caller (the first mask + 2 hold the counts afterwards) */
+static PyObject *bucket_ranks(PyObject *self, PyObject *args)
+{
+    Py_buffer a, b, pos, ob, orank, cnt;
+    int w, shift;
+    unsigned long long mask;
+    if (!PyArg_ParseTuple(args, "y*y*iiKy*w*w*w*", &a, &b, &w, &shift, &mask, &pos, &ob, &orank, &cnt))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_bucket_fn(w, shift, mask) < 0)
+        goto done;
+    size_t n = (size_t)a.len / w, k = (size_t)pos.len / 4;
+    if (a.len != b.len || a.len % w || n >= UINT32_MAX || pos.len % 4 || (size_t)ob.len < 2 * k ||
+        (size_t)orank.len < 4 * k || (size_t)cnt.len < 4 * (4 * (mask + 1) + 1)) {
+        PyErr_SetString(PyExc_ValueError, "bucket_ranks: bad buffer sizes");
+        goto done;
+    }
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    switch (w) {
+    case 2: err = ranks_2(a.buf, b.buf, n, shift, mask, pos.buf, k, ob.buf, orank.buf, cnt.buf); break;
+    case 4: err = ranks_4(a.buf, b.buf, n, shift, mask, pos.buf, k, ob.buf, orank.buf, cnt.buf); break;
+    default: err = ranks_8(a.buf, b.buf, n, shift, mask, pos.buf, k, ob.buf, orank.buf, cnt.buf); break;
+    }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromLong(err);
+done:
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&pos);
+    PyBuffer_Release(&ob);
+    PyBuffer_Release(&orank);
+    PyBuffer_Release(&cnt);
+    return res;
+}
+
+/* bucket_counts(ref, word, shift, mask, movers, counts_out) -> error
+   counts_out as for bucket_ranks */
+static PyObject *bucket_counts(PyObject *self, PyObject *args)
+{
+    Py_buffer a, mv, cnt;
+    int w, shift;
+    unsigned long long mask;
+    if (!PyArg_ParseTuple(args, "y*iiKy*w*", &a, &w, &shift, &mask, &mv, &cnt))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_bucket_fn(w, shift, mask) < 0)
+        goto done;
+    size_t n = (size_t)a.len / w, km = (size_t)mv.len / 4;
+    if (a.len % w || n >= UINT32_MAX || mv.len % 4 || (size_t)cnt.len < 4 * (4 * (mask + 1) + 1)) {
+        PyErr_SetString(PyExc_ValueError, "bucket_counts: bad buffer sizes");
+        goto done;
+    }
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    switch (w) {
+    case 2: err = counts_2(a.buf, n, shift, mask, mv.buf, km, cnt.buf); break;
+    case 4: err = counts_4(a.buf, n, shift, mask, mv.buf, km, cnt.buf); break;
+    default: err = counts_8(a.buf, n, shift, mask, mv.buf, km, cnt.buf); break;
+    }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromLong(err);
+done:
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&mv);
+    PyBuffer_Release(&cnt);
+    return res;
+}
+
+/* bucket_select(ref, word, shift, mask, movers, want, offsets, out) -> error
+   want: uint32; offsets: int64, mask + 2 entries, nondecreasing from 0 to
+   len(want) (checked); out: uint32, len(want) entries */
+static PyObject *bucket_select(PyObject *self, PyObject *args)
+{
+    Py_buffer a, mv, want, off, out;
+    int w, shift;
+    unsigned long long mask;
+    if (!PyArg_ParseTuple(args, "y*iiKy*y*y*w*", &a, &w, &shift, &mask, &mv, &want, &off, &out))
+        return NULL;
+    PyObject *res = NULL;
+    void *scratch = NULL;
+    if (check_bucket_fn(w, shift, mask) < 0)
+        goto done;
+    size_t n = (size_t)a.len / w, km = (size_t)mv.len / 4, kw = (size_t)want.len / 4, nb = (size_t)mask + 1;
+    if (a.len % w || n >= UINT32_MAX || mv.len % 4 || want.len % 4 || (size_t)off.len != 8 * (nb + 1) ||
+        (size_t)out.len < 4 * kw) {
+        PyErr_SetString(PyExc_ValueError, "bucket_select: bad buffer sizes");
+        goto done;
+    }
+    const int64_t *o = off.buf;
+    if (o[0] != 0 || o[nb] != (int64_t)kw) {
+        PyErr_SetString(PyExc_ValueError, "bucket_select: bad offsets");
+        goto done;
+    }
+    for (size_t b = 0; b < nb; b++)
+        if (o[b + 1] < o[b]) {
+            PyErr_SetString(PyExc_ValueError, "bucket_select: bad offsets");
+            goto done;
+        }
+    scratch = PyMem_Calloc(nb, sizeof(uint32_t) * 5 + sizeof(int64_t));
+    if (scratch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int err;
+    int64_t *cur = scratch;
+    uint32_t *cnt = (uint32_t *)(cur + nb), *next = cnt + 4 * nb;
+    Py_BEGIN_ALLOW_THREADS
+    switch (w) {
+    case 2: err = select_2(a.buf, n, shift, mask, mv.buf, km, want.buf, o, out.buf, cnt, cur, next); break;
+    case 4: err = select_4(a.buf, n, shift, mask, mv.buf, km, want.buf, o, out.buf, cnt, cur, next); break;
+    default: err = select_8(a.buf, n, shift, mask, mv.buf, km, want.buf, o, out.buf, cnt, cur, next); break;
+    }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromLong(err);
+done:
+    PyMem_Free(scratch);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&mv);
+    PyBuffer_Release(&want);
+    PyBuffer_Release(&off);
+    PyBuffer_Release(&out);
+    return res;
+}
+
 /* use_simd(on) -> previous: whether the scan may use the AVX2 kernels
    where the CPU has them (for tests of the portable ones) */
 static PyObject *use_simd(PyObject *self, PyObject *args)
@@ -1219,6 +1496,9 @@ static PyMethodDef methods[] = {
     {"rice_size", rice_size, METH_VARARGS, "(positions) -> (r, unary bytes, remainder bytes)"},
     {"rice_encode", rice_encode, METH_VARARGS, "(positions) -> (r, unary, remainder)"},
     {"rice_decode", rice_decode, METH_VARARGS, "(r, unary, remainder, k, n, out) -> error code"},
+    {"bucket_ranks", bucket_ranks, METH_VARARGS, "(old, new, word, shift, mask, positions, buckets, ranks, counts) -> error"},
+    {"bucket_counts", bucket_counts, METH_VARARGS, "(ref, word, shift, mask, movers, counts) -> error"},
+    {"bucket_select", bucket_select, METH_VARARGS, "(ref, word, shift, mask, movers, want, offsets, out) -> error"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1260,6 +1540,7 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "RICE_BAD_REMAINDER_LENGTH", RICE_BAD_REMAINDER_LENGTH) < 0 ||
         PyModule_AddIntConstant(m, "RICE_OUT_OF_RANGE", RICE_OUT_OF_RANGE) < 0 ||
         PyModule_AddIntConstant(m, "RICE_BAD_PADDING", RICE_BAD_PADDING) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_BUCKETS", MAX_BUCKETS) < 0 ||
         PyModule_AddStringConstant(m, "FEATURES", features) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -10,6 +10,13 @@ dtype and composes exactly, so chained deltas never drift. Four codecs:
 ``dense``   the XOR of every word, as byte planes, zstd
 ``raw``     the new words as byte planes, zstd (no base needed)
 
+and, from bundle format version 3 on (codec v2, see conditioned.py), the
+same with modular differences instead of XOR (``msparse``, ``mbitmap``,
+``mdense``), and two that read the base to order the words by the
+exponent bucket of their base value: ``csparse`` (positions per bucket)
+and ``cdense`` (every word, bucket by bucket). They are tried after the
+version 1 codecs and kept only when strictly smaller.
+
 "Byte planes" means all most-significant bytes first, then the next byte of
 every word, and so on: exponent bytes, which compress well, then mantissa
 bytes, which do not. The encoder tries the codecs that can win at the chunk's
@@ -28,11 +35,25 @@ import numpy as np
 import zstandard
 
 from ..errors import FormatError
-from . import kernels
+from . import conditioned, kernels
 from .dtypes import uint_type
 
 RAW, SPARSE, BITMAP, DENSE, ZSTD = 0, 1, 2, 3, 4
-CODEC_NAMES = {RAW: "raw", SPARSE: "sparse", BITMAP: "bitmap", DENSE: "dense", ZSTD: "zstd"}
+#: codec v2 (bundle format version 3): modular differences instead of XOR,
+#: and positions conditioned on the base (see conditioned.py)
+MSPARSE, MBITMAP, MDENSE, CSPARSE, CDENSE = 5, 6, 7, 8, 9
+CODEC_NAMES = {
+    RAW: "raw", SPARSE: "sparse", BITMAP: "bitmap", DENSE: "dense", ZSTD: "zstd",
+    MSPARSE: "msparse", MBITMAP: "mbitmap", MDENSE: "mdense", CSPARSE: "csparse", CDENSE: "cdense",
+}
+#: the codecs whose payload holds modular differences (new = old + D), not XOR
+MODULAR = frozenset({MSPARSE, MBITMAP, MDENSE, CSPARSE, CDENSE})
+#: the codecs whose decoding reads one side of the delta (the bucket order)
+CONDITIONED = frozenset({CSPARSE, CDENSE})
+#: the codecs that need bundle format version 3
+V3_CODECS = MODULAR
+#: the lowest bundle format version that may hold each codec
+CODEC_VERSION = {c: (3 if c in V3_CODECS else 1) for c in CODEC_NAMES}
 MAX_RICE = kernels.MAX_RICE
 
 _local = threading.local()
@@ -166,9 +187,12 @@ SAMPLE_SHIFT, SAMPLE_RUNS = 4, 8
 SAMPLE_MARGIN = 1.02
 
 
-def candidates(density: float) -> tuple[int, ...]:
+def candidates(density: float, version: int = 1, bucket: int | None = None) -> tuple[int, ...]:
     """The codecs that can win at a density of changed words, in the order
-    that breaks ties."""
+    that breaks ties: those of bundle format version 1 first, so that a
+    version 3 codec is chosen only when it is strictly smaller. ``version``:
+    the newest format the bundle may use; ``bucket``: the bucket function
+    of the unit's dtype (None: it has none)."""
     out = []
     if density <= 0.6:
         out.append(SPARSE)
@@ -178,6 +202,17 @@ def candidates(density: float) -> tuple[int, ...]:
         out.append(DENSE)
     if density >= 0.5:
         out.append(RAW)
+    if version >= 3:
+        if density <= 0.6:
+            if bucket is not None:
+                out.append(CSPARSE)
+            out.append(MSPARSE)
+            if density >= 0.02:
+                out.append(MBITMAP)
+        if density >= 0.2:
+            out.append(MDENSE)
+            if bucket is not None:
+                out.append(CDENSE)
     return tuple(out)
 
 
@@ -193,9 +228,9 @@ class _Trial:
     streams two codecs share are built once, and the size of a SPARSE
     record is known without writing its Rice streams."""
 
-    def __init__(self, old: np.ndarray, new: np.ndarray, cctx: zstandard.ZstdCompressor) -> None:
-        self.old, self.new, self.cctx = old, new, cctx
-        self._scan = self._values = self._bitmap = self._rice = None
+    def __init__(self, old: np.ndarray, new: np.ndarray, cctx: zstandard.ZstdCompressor, bucket: int | None = None) -> None:
+        self.old, self.new, self.cctx, self.bucket = old, new, cctx, bucket
+        self._scan = self._values = self._bitmap = self._rice = self._mvalues = None
         self._k: int | None = None
         self._done: dict[int, Encoded] = {}
 
@@ -219,6 +254,15 @@ class _Trial:
             self._values = _compress_planes(self.cctx, self.scan()[1])
         return self._values
 
+    def mvalues(self) -> bytes:
+        """The zigzagged modular differences of the changed words, as byte
+        planes, in position order."""
+        if self._mvalues is None:
+            pos, x = self.scan()
+            o = self.old[pos]
+            self._mvalues = _mvalues(self.cctx, (o ^ x) - o)
+        return self._mvalues
+
     def bitmap(self) -> bytes:
         if self._bitmap is None:
             self._bitmap = kernels.change_bitmap(self.old, self.new)
@@ -231,9 +275,9 @@ class _Trial:
         return self._rice
 
     def size(self, codec: int) -> int:
-        if codec == SPARSE:
+        if codec in (SPARSE, MSPARSE):
             _, unary, rem = self.rice()
-            return unary + rem + len(self.values())
+            return unary + rem + len(self.values() if codec == SPARSE else self.mvalues())
         return self.encode(codec).size
 
     def encode(self, codec: int) -> Encoded:
@@ -251,8 +295,30 @@ class _Trial:
                 return Encoded(SPARSE, 0, self.count, (self.bitmap()[:ulen], b"", self.values()))
             r, unary, rem = rice_encode(self.scan()[0])
             return Encoded(SPARSE, r, self.count, (unary, rem, self.values()))
+        if codec == MSPARSE:
+            r, ulen, _ = self.rice()
+            if r == 0:
+                return Encoded(MSPARSE, 0, self.count, (self.bitmap()[:ulen], b"", self.mvalues()))
+            r, unary, rem = rice_encode(self.scan()[0])
+            return Encoded(MSPARSE, r, self.count, (unary, rem, self.mvalues()))
         if codec == BITMAP:
             return Encoded(BITMAP, 0, self.count, (self.cctx.compress(self.bitmap()), self.values()))
+        if codec == MBITMAP:
+            return Encoded(MBITMAP, 0, self.count, (self.cctx.compress(self.bitmap()), self.mvalues()))
+        if codec == MDENSE:
+            z = conditioned.zigzag_diff(self.old, self.new)
+            self._k = int(np.count_nonzero(z))
+            return Encoded(MDENSE, 0, self._k, (_compress_planes(self.cctx, z),))
+        if codec == CDENSE:
+            movers = conditioned.movers_of(self.bucket, self.old, self.new)
+            order = conditioned.dense_order(self.bucket, self.old, movers)
+            d = self.new[order] - self.old[order]
+            self._k = int(np.count_nonzero(d))
+            return Encoded(CDENSE, self.bucket, self._k, (conditioned.mover_head(movers), _dense_values(self.cctx, d)))
+        if codec == CSPARSE:
+            table, bits, listed = conditioned.encode_positions(self.bucket, self.old, self.new, self.scan()[0])
+            d = self.new[listed] - self.old[listed]
+            return Encoded(CSPARSE, self.bucket, self.count, (table, bits, _mvalues(self.cctx, d)))
         if codec == DENSE:
             data, k = kernels.xor_planes(self.old, self.new, kernels.scratch("planes", self.new.nbytes))
             self._k = k
@@ -267,13 +333,62 @@ class _Trial:
         return self.encode(codecs[sizes.index(min(sizes))])
 
 
-def encode_as(codec: int, old: np.ndarray, new: np.ndarray, level: int) -> Encoded:
+def _mvalues(cctx: zstandard.ZstdCompressor, d: np.ndarray) -> bytes:
+    """The value section of MSPARSE, MBITMAP and CSPARSE: varint length of
+    the sign frame, the sign frame (zstd of the sign bits), the magnitude
+    frame (zstd of the byte planes of |D| - 1)."""
+    neg, mag = conditioned.sign_magnitude(d)
+    signs = cctx.compress(neg.tobytes())
+    return conditioned.varint(len(signs)) + signs + _compress_planes(cctx, mag)
+
+
+def _dense_values(cctx: zstandard.ZstdCompressor, d: np.ndarray) -> bytes:
+    """The value section of CDENSE: as :func:`_mvalues`, but over every word,
+    with magnitudes |D| (zero allowed)."""
+    neg, mag = conditioned.dense_sign_magnitude(d)
+    signs = cctx.compress(neg.tobytes())
+    return conditioned.varint(len(signs)) + signs + _compress_planes(cctx, mag)
+
+
+def _read_mvalues(data, count: int, w: int, *, where: str, dense: bool = False) -> np.ndarray:
+    """The modular differences of a value section (see :func:`_mvalues`;
+    with ``dense``, :func:`_dense_values`)."""
+    data = bytes(data)
+    try:
+        slen, at = conditioned.read_varint(data)
+    except conditioned.Malformed as e:
+        raise FormatError(f"{where}: value section: {e}") from None
+    if slen > len(data) - at:
+        raise FormatError(f"{where}: value section: sign frame longer than the section")
+    signs = decompress_exact(data[at : at + slen], (count + 7) // 8, where=where)
+    neg = np.unpackbits(np.frombuffer(signs, dtype=np.uint8))
+    if neg[count:].any():
+        raise FormatError(f"{where}: nonzero padding in the sign bits")
+    mag = unplanes(decompress_exact(data[at + slen :], count * w, where=where), count, w)
+    neg = neg[:count].astype(bool)
+    d = conditioned.from_dense_sign_magnitude(neg, mag) if dense else conditioned.from_sign_magnitude(neg, mag)
+    if d is None:
+        raise FormatError(f"{where}: a value's magnitude is out of range")
+    return d
+
+
+def encode_as(codec: int, old: np.ndarray, new: np.ndarray, level: int, bucket: int | None = None) -> Encoded:
     """Encode ``new`` against ``old`` with one given codec (``old`` is not
-    read for RAW; a delta codec needs at least one changed word)."""
-    return _Trial(old, new, plane_compressor(level)).encode(codec)
+    read for RAW; a delta codec needs at least one changed word; CSPARSE
+    needs ``bucket``)."""
+    return _Trial(old, new, plane_compressor(level), bucket).encode(codec)
 
 
-def encode_delta(old: np.ndarray, new: np.ndarray, level: int) -> Encoded | None:
+def bucket_function(dtype: str | None, word: int) -> int | None:
+    """The bucket function of CSPARSE for a unit of safetensors ``dtype``
+    (None: the dtype has none, or the word width does not match)."""
+    fn = conditioned.DTYPE_BUCKETS.get(dtype or "")
+    return fn if fn is not None and conditioned.BUCKETS[fn][1] == word else None
+
+
+def encode_delta(
+    old: np.ndarray, new: np.ndarray, level: int, *, version: int = 1, dtype: str | None = None
+) -> Encoded | None:
     """Encode ``new`` against ``old`` (same length and word type); ``None``
     when they are equal.
 
@@ -285,11 +400,12 @@ def encode_delta(old: np.ndarray, new: np.ndarray, level: int) -> Encoded | None
     this is one compression instead of four. The choice depends only on the
     data, never on timing or threads."""
     cctx = plane_compressor(level)
-    full = _Trial(old, new, cctx)
+    bucket = bucket_function(dtype, new.dtype.itemsize) if version >= 3 else None
+    full = _Trial(old, new, cctx, bucket)
     if new.size >= SAMPLE_MIN_WORDS:
-        trial = _Trial(sample(old), sample(new), cctx)
+        trial = _Trial(sample(old), sample(new), cctx, bucket)
         if trial.count:
-            codecs = candidates(trial.count / trial.new.size)
+            codecs = candidates(trial.count / trial.new.size, version, bucket)
             if len(codecs) > 1:
                 sizes = [trial.size(c) for c in codecs]
                 codecs = tuple(c for c, size in zip(codecs, sizes) if size <= min(sizes) * SAMPLE_MARGIN)
@@ -297,7 +413,7 @@ def encode_delta(old: np.ndarray, new: np.ndarray, level: int) -> Encoded | None
         # no change in the sample: a sparse one, picked on the whole unit
     if full.count == 0:
         return None
-    return full.smallest(candidates(full.count / new.size))
+    return full.smallest(candidates(full.count / new.size, version, bucket))
 
 
 def decode_into(
@@ -306,6 +422,128 @@ def decode_into(
     """Apply an encoded chunk to ``buf`` (words of the base; for ``raw`` its
     contents are ignored). ``parts`` are the payload sections; sections a
     codec does not use must be empty. Every length and position is checked."""
+    if codec in MODULAR:
+        positions, d = _modular(codec, param, count, parts, buf, True, where=where)
+        if positions is None:
+            buf += d
+        else:
+            conditioned.add_at(buf, positions, d)
+        return
+    _decode_v1(codec, param, count, parts, buf, where=where)
+
+
+def delta_words(
+    codec: int, param: int, count: int, parts: list[bytes], ref: np.ndarray, *, ref_is_base: bool, where: str
+) -> np.ndarray:
+    """What a delta record holds, as a fresh array of words: the XOR of old
+    and new (v1 codecs) or the modular difference ``new - old`` (MODULAR
+    codecs), zero where nothing changes. ``ref`` is one side of the delta,
+    the base (``ref_is_base``) or the target, and is read only by CSPARSE,
+    whose positions depend on it (either side gives the same answer, the
+    format guarantees it). For composing deltas (squash) and inverting
+    them (reverse); see :func:`combine`."""
+    out = np.zeros(ref.size, dtype=ref.dtype)
+    if codec not in MODULAR:
+        _decode_v1(codec, param, count, parts, out, where=where)
+        return out
+    positions, d = _modular(codec, param, count, parts, ref, ref_is_base, where=where)
+    if positions is None:
+        out[:] = d
+    else:
+        out[positions] = d
+    return out
+
+
+def combine(codec: int, dst: np.ndarray, delta: np.ndarray, *, inverse: bool = False) -> None:
+    """Apply what :func:`delta_words` gave for a record of ``codec`` to
+    ``dst`` (words of its base; or of its target with ``inverse``, which
+    turns them back into the base): XOR both ways, or ``+ D`` / ``- D``."""
+    if codec not in MODULAR:
+        dst ^= delta
+    elif inverse:
+        dst -= delta
+    else:
+        dst += delta
+
+
+def _modular(codec, param, count, parts, ref, ref_is_base, *, where):
+    """(positions or None for every word, modular differences) of a MODULAR
+    record, checked; ``ref`` is a side of the delta (read by CSPARSE only,
+    and by the mover check)."""
+    used = 1 if codec == MDENSE else 2 if codec in (MBITMAP, CDENSE) else 3
+    if any(len(p) for p in parts[used:]):
+        raise FormatError(f"{where}: malformed record (unused payload section)")
+    parts = list(parts[:used]) + [b""] * (used - len(parts))
+    n, w = ref.size, ref.dtype.itemsize
+    if not 0 < count <= n:
+        raise FormatError(f"{where}: changed-word count {count} out of range")
+    if codec == CDENSE:
+        if param not in conditioned.BUCKETS or conditioned.BUCKETS[param][1] != w:
+            raise FormatError(f"{where}: cdense record with bucket function {param} for {w}-byte words")
+        try:
+            movers = conditioned.read_mover_head(bytes(parts[0]), n)
+        except conditioned.Malformed as e:
+            raise FormatError(f"{where}: {e}") from None
+        order = conditioned.dense_order(param, ref, movers)
+        if order is None:
+            raise FormatError(f"{where}: cdense mover list out of order")
+        d = np.zeros(n, dtype=ref.dtype)
+        d[order] = _read_mvalues(parts[1], n, w, where=where, dense=True)
+        if np.count_nonzero(d) != count:
+            raise FormatError(f"{where}: cdense record does not change {count} words")
+        other = ref + d if ref_is_base else ref - d
+        moved = conditioned.movers_of(param, ref, other)
+        if moved.size != movers.size or (moved != movers).any():
+            raise FormatError(f"{where}: cdense record lists a word in the wrong bucket")
+        return None, d
+    if codec == MDENSE:
+        if param != 0:
+            raise FormatError(f"{where}: malformed mdense record")
+        z = unplanes(decompress_exact(parts[0], n * w, where=where), n, w)
+        if np.count_nonzero(z) != count:
+            raise FormatError(f"{where}: mdense record does not change {count} words")
+        return None, conditioned.unzigzag(z)
+    if codec == MSPARSE:
+        positions = rice_decode(param, parts[0], parts[1], count, n, where=where)
+        values = parts[2]
+    elif codec == MBITMAP:
+        if param != 0:
+            raise FormatError(f"{where}: malformed mbitmap record")
+        positions = _bitmap_positions(parts[0], n, count, where=where)
+        values = parts[1]
+    else:  # CSPARSE
+        if param not in conditioned.BUCKETS or conditioned.BUCKETS[param][1] != w:
+            raise FormatError(f"{where}: csparse record with bucket function {param} for {w}-byte words")
+        try:
+            positions, movers = conditioned.decode_positions(param, ref, bytes(parts[0]), bytes(parts[1]), count)
+        except conditioned.Malformed as e:
+            raise FormatError(f"{where}: {e}") from None
+        values = parts[2]
+    d = _read_mvalues(values, count, w, where=where)
+    if codec == CSPARSE:
+        # the movers, and only they, change bucket: what makes the positions
+        # decodable from either side (a reverse lists them from the target)
+        r = ref[positions]
+        other = r + d if ref_is_base else r - d
+        moved = conditioned.buckets_of(param, r) != conditioned.buckets_of(param, other)
+        if moved[:movers].size != movers or not moved[:movers].all() or moved[movers:].any():
+            raise FormatError(f"{where}: csparse record lists a word in the wrong bucket")
+    return positions, d
+
+
+def _bitmap_positions(data, n: int, count: int, *, where: str) -> np.ndarray:
+    bits = np.unpackbits(np.frombuffer(decompress_exact(data, (n + 7) // 8, where=where), dtype=np.uint8))
+    if bits[n:].any():
+        raise FormatError(f"{where}: nonzero padding in bitmap")
+    positions = np.flatnonzero(bits[:n])
+    if positions.size != count:
+        raise FormatError(f"{where}: bitmap does not hold {count} positions")
+    return positions
+
+
+def _decode_v1(
+    codec: int, param: int, count: int, parts: list[bytes], buf: np.ndarray, *, where: str
+) -> None:
     used = {RAW: 1, DENSE: 1, BITMAP: 2, SPARSE: 3}.get(codec)
     if used is None:
         raise FormatError(f"{where}: unknown codec {codec}")
@@ -327,12 +565,7 @@ def decode_into(
     elif codec == BITMAP:
         if param != 0:
             raise FormatError(f"{where}: malformed bitmap record")
-        bits = np.unpackbits(np.frombuffer(decompress_exact(parts[0], (n + 7) // 8, where=where), dtype=np.uint8))
-        if bits[n:].any():
-            raise FormatError(f"{where}: nonzero padding in bitmap")
-        positions = np.flatnonzero(bits[:n])
-        if positions.size != count:
-            raise FormatError(f"{where}: bitmap does not hold {count} positions")
+        positions = _bitmap_positions(parts[0], n, count, where=where)
         values = parts[1]
     elif codec == DENSE:
         if param != 0:

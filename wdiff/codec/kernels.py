@@ -31,6 +31,8 @@ _KIND_NONE, _KIND_BF16, _KIND_F32, _KIND_F64, _KIND_LUT = 0, 1, 2, 3, 4
 MAX_RICE = 40
 #: word counts and positions the C kernels take: below 2^32 - 1 (positions are uint32)
 MAX_WORDS = 0xFFFFFFFF
+#: the most buckets a bucket function of codec v2 may have (f64: 11 exponent bits)
+MAX_BUCKETS = 2048
 #: what :func:`rice_decode` reports, by error code
 RICE_BAD_COUNT, RICE_BAD_REMAINDER_LENGTH, RICE_OUT_OF_RANGE, RICE_BAD_PADDING = 1, 2, 3, 4
 RICE_ERRORS = {
@@ -45,7 +47,7 @@ CONTRACT = {
     "MAX_RICE": MAX_RICE, "MAX_WORDS": MAX_WORDS, "F_NONE": _KIND_NONE, "F_BF16": _KIND_BF16,
     "F_F32": _KIND_F32, "F_F64": _KIND_F64, "F_LUT": _KIND_LUT, "RICE_BAD_COUNT": RICE_BAD_COUNT,
     "RICE_BAD_REMAINDER_LENGTH": RICE_BAD_REMAINDER_LENGTH, "RICE_OUT_OF_RANGE": RICE_OUT_OF_RANGE,
-    "RICE_BAD_PADDING": RICE_BAD_PADDING,
+    "RICE_BAD_PADDING": RICE_BAD_PADDING, "MAX_BUCKETS": MAX_BUCKETS,
 }
 
 
@@ -325,3 +327,83 @@ def rice_decode(r: int, unary, remainder, k: int, n: int) -> np.ndarray | str:
     if k and int(positions[-1]) >= n:
         return RICE_ERRORS[RICE_OUT_OF_RANGE]
     return positions
+
+
+# -- buckets of base words (codec v2) -------------------------------------------------
+#
+# bucket(word) = (word >> shift) & mask. The *movers* are the changed words
+# whose bucket differs between old and new: they belong to no bucket.
+
+
+def _buckets(words: np.ndarray, shift: int, mask: int) -> np.ndarray:
+    t = words.dtype.type
+    return ((words >> t(shift)) & t(mask)).astype(np.int64)
+
+
+def bucket_ranks(old: np.ndarray, new: np.ndarray, shift: int, mask: int, positions: np.ndarray):
+    """For the changed ``positions`` (strictly increasing): (bucket of each
+    as uint16, ``mask + 1`` for a mover; rank of each among the non-mover words of its
+    bucket before it, or among the movers; the count of non-mover words of
+    every bucket, then of the movers)."""
+    nb = mask + 1
+    if _use_native and old.size < MAX_WORDS:
+        pos = np.ascontiguousarray(positions, dtype=np.uint32)
+        k = pos.size
+        ob = np.empty(k, dtype=np.uint16)
+        orank = np.empty(k, dtype=np.uint32)
+        cnt = np.zeros(4 * nb + 1, dtype=np.uint32)
+        if _native.bucket_ranks(old, new, old.dtype.itemsize, shift, mask, pos, ob, orank, cnt):
+            raise ValueError("bucket_ranks: positions not increasing")
+        return ob, orank.astype(np.int64), cnt[: nb + 1].astype(np.int64)
+    positions = positions.astype(np.int64, copy=False)
+    bk = _buckets(old, shift, mask)
+    mv = positions[bk[positions] != _buckets(new[positions], shift, mask)]
+    bk[mv] = nb
+    order = np.argsort(bk, kind="stable")
+    counts = np.bincount(bk, minlength=nb + 1)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    rank = np.empty(bk.size, dtype=np.int64)
+    rank[order] = np.arange(bk.size, dtype=np.int64) - starts[bk[order]]
+    return bk[positions].astype(np.uint16), rank[positions], counts
+
+
+def bucket_counts(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray) -> np.ndarray | None:
+    """The count of non-mover words of every bucket of ``ref``, then of the
+    movers; None when ``movers`` is not strictly increasing below its size."""
+    nb = mask + 1
+    if _use_native and ref.size < MAX_WORDS:
+        cnt = np.zeros(4 * nb + 1, dtype=np.uint32)
+        if _native.bucket_counts(ref, ref.dtype.itemsize, shift, mask, np.ascontiguousarray(movers, dtype=np.uint32), cnt):
+            return None
+        return cnt[: nb + 1].astype(np.int64)
+    movers = movers.astype(np.int64, copy=False)
+    if movers.size and (movers[0] < 0 or movers[-1] >= ref.size or (np.diff(movers) <= 0).any()):
+        return None
+    bk = _buckets(ref, shift, mask)
+    bk[movers] = nb
+    return np.bincount(bk, minlength=nb + 1)
+
+
+def bucket_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, want: np.ndarray,
+                  offsets: np.ndarray) -> np.ndarray | None:
+    """The positions of the words of ranks ``want[offsets[b]:offsets[b+1]]``
+    (increasing) among the non-mover words of bucket ``b`` of ``ref``, in the
+    order of ``want`` (uint32 from the C kernel, int64 from numpy); None
+    when a rank is not there."""
+    nb = mask + 1
+    if _use_native and ref.size < MAX_WORDS:
+        out = np.empty(want.size, dtype=np.uint32)
+        err = _native.bucket_select(ref, ref.dtype.itemsize, shift, mask, np.ascontiguousarray(movers, dtype=np.uint32),
+                                    np.ascontiguousarray(want, dtype=np.uint32),
+                                    np.ascontiguousarray(offsets, dtype=np.int64), out)
+        return None if err else out
+    bk = _buckets(ref, shift, mask)
+    bk[movers.astype(np.int64, copy=False)] = nb
+    order = np.argsort(bk, kind="stable")
+    counts = np.bincount(bk, minlength=nb + 1)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    seg = np.repeat(np.arange(nb, dtype=np.int64), np.diff(offsets))
+    want = want.astype(np.int64, copy=False)
+    if want.size and (want >= counts[seg]).any():
+        return None
+    return order[starts[seg] + want]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import xxhash
 import zstandard
 
-from ..codec.chunk import ZSTD, compressor, decompress_exact, decompressor
+from ..codec.chunk import CODEC_VERSION, ZSTD, compressor, decompress_exact, decompressor
 from ..defaults import DEFAULT_LEVEL
 from ..errors import FormatError, IntegrityError, NotFoundError, UsageError
 from ..fsutil import fsync_dir, io_error, open_regular, temp_name, write_all
@@ -105,7 +105,8 @@ class BundleWriter:
     def raise_version(self, version: int) -> None:
         """Write the bundle as format ``version`` after all (at least the one
         it was opened with): a writer learns that a companion file needs
-        DELTA records only once it has hashed it. The preamble is in no
+        DELTA records only once it has hashed it, and that a codec v2
+        record is the smallest only once it has encoded it. The preamble is in no
         digest; the index, written last, carries the same version."""
         if version > self.version:
             self.version = version
@@ -404,6 +405,8 @@ def _check_order(index: fmt.Index, h: fmt.RecordHeader, last, seen: set[int], wh
         seen.add(h.file)
         return (h.file, 0, 0)
     # CHUNK
+    if h.codec == ZSTD or CODEC_VERSION.get(h.codec, fmt.MAX_VERSION + 1) > index.version:
+        raise FormatError(f"{where}: chunk record with codec {h.codec}, which format version {index.version} does not have")
     if f.source == "bundle" and h.file not in seen:
         raise FormatError(f"{where}: chunk record before its file's header")
     start = lend if h.file == lf else 0

@@ -34,6 +34,9 @@ SCOPED_NAMES = 2
 #: from this version on, a companion file may be rebuilt from the base's file
 #: at the same path by DELTA records (target source "delta")
 FILE_DELTAS = 3
+#: from this version on, CHUNK records may use the codecs of codec v2
+#: (modular differences, base-conditioned positions: codecs 5 to 9)
+CODEC_V2 = 3
 FORMAT_NAME = "wdiff-bundle"
 
 PREAMBLE = struct.Struct("<8sII")
@@ -416,6 +419,6 @@ def _target_file(d: object, where: str) -> TargetFile:
 
 __all__ = [
     "BLOCK_SIZE", "CHUNK", "DIGEST_SIZE", "FILE", "FOOTER", "HEADER", "Index", "MAGIC", "PREAMBLE",
-    "RECORD", "RecordHeader", "TargetFile", "FileRow", "VERSION", "MAX_VERSION", "SCOPED_NAMES",
+    "RECORD", "RecordHeader", "TargetFile", "FileRow", "VERSION", "MAX_VERSION", "SCOPED_NAMES", "CODEC_V2",
     "DELTA", "FILE_DELTAS",
 ]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from ..codec.chunk import CODEC_NAMES, ZSTD, Encoded, compressor, encode_delta, encode_raw
+from ..codec.chunk import CODEC_NAMES, CODEC_VERSION, ZSTD, Encoded, compressor, encode_delta, encode_raw
 from ..codec.dtypes import uint_type
 from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL, __version__
 from ..errors import UsageError
@@ -112,13 +112,22 @@ def pack(
     or lies inside, A or B always is. Files that match the default
     trainer-state patterns, the checkpoints' .wdiffignore or ``exclude`` (and
     no later ``include``) are left out. ``format_version``: the newest
-    format the bundle may use (None: the newest this wdiff writes); below
-    version 3, changed companion files are stored whole."""
+    bundle format version the bundle may use (default: this wdiff's
+    newest); the bundle has the lowest version its contents need, and below
+    version 3 changed companion files are stored whole."""
     if not 1 <= level <= 22:
         raise UsageError(f"compression level {level} is out of range (1..22)")
+    cap = fmt.MAX_VERSION if format_version is None else format_version
+    if not fmt.VERSION <= cap <= fmt.MAX_VERSION:
+        raise UsageError(f"bundle format version {cap} is not one this wdiff writes ({fmt.VERSION} to {fmt.MAX_VERSION})")
     check_output(out, [("the base checkpoint", a), ("the target checkpoint", b)], overwrite=overwrite)
     threads = threads or default_threads()
     pair = Pair(a, b, reporter=reporter, rules=ignore.rules(exclude, include))
+    if pair.version > cap:
+        raise UsageError(
+            f"these checkpoints need bundle format version {pair.version} (tensor names repeat across "
+            f"directories), above --format {cap}"
+        )
     B = pair.B
     work = pair.units(chunk)
     reporter.phase("pack", sum(x.unit.nbytes for x in work) + sum(f.size for f in B.files if f.kind != KIND_TENSORS))
@@ -127,9 +136,9 @@ def pack(
                          f"(it needs {pair.version} to {fmt.MAX_VERSION})")
     with BundleWriter(out, level=level, version=pair.version) as w, FdCache() as fds:
         tally = Tally(w, level)
-        tally.file_deltas = (format_version or fmt.MAX_VERSION) >= fmt.FILE_DELTAS
+        tally.file_deltas = cap >= fmt.FILE_DELTAS
         tally.threads = threads
-        results = ordered_map(lambda x: _pack_unit(fds, level, x), work, threads=threads)
+        results = ordered_map(lambda x: _pack_unit(fds, level, x, cap), work, threads=threads)
         targets = _write_records(pair, w, tally, results, reporter)
         reporter.phase("hash base", None)
         mA = pair.complete_base(threads=threads, reporter=reporter)
@@ -137,7 +146,7 @@ def pack(
         base_rows = tuple(fmt.FileRow(d.path, d.kind, d.size, d.digest) for d in mA.files) if mA else ()
         mB = pair.db.manifest(B)
         index = fmt.Index(
-            version=w.version,
+            version=max(w.version, tally.version),
             writer=WRITER,
             base_fingerprint=base_fp,
             base_files=base_rows,
@@ -147,6 +156,7 @@ def pack(
             records_bytes=w.records_bytes,
             records_digest=w.records_digest,
         )
+        w.raise_version(index.version)
         bundle_id = w.finish(index)
     pair.remember_target()
     reporter.done()
@@ -218,6 +228,8 @@ class Tally:
         #: may a changed companion file with a base be written as DELTA records?
         self.file_deltas = False
         self.threads = 1  # for the ranges of one companion file
+        #: the lowest format version that holds every codec written
+        self.version = fmt.VERSION
 
     def file_stats(self, stats: dict[str, tuple[int, int]]) -> None:
         """Count the DELTA records of one companion file."""
@@ -236,24 +248,32 @@ class Tally:
             return
         rh = self.w.add(chunk_record(res.file, res.unit, res.base_digests, res.target_digests, enc), enc.parts)
         name = CODEC_NAMES[enc.codec]
+        self.version = max(self.version, CODEC_VERSION[enc.codec])
         self.stats[name] = self.stats.get(name, CodecStat()).add(enc.count, rh.payload_len + fmt.RECORD.size)
         self.changed_elements += enc.count
         self.changed_tensors.update(_changed_spans(res.unit, res.base_digests, res.target_digests))
 
 
-def _pack_unit(fds: FdCache, level: int, x: UnitWork) -> EncodedUnit:
+def _pack_unit(fds: FdCache, level: int, x: UnitWork, version: int) -> EncodedUnit:
     """B's bytes are read and hashed for every unit, A's for every unit with
     a base: a bundle encodes what is on disk now, and its digests are of the
     bytes encoded (never the manifest cache's, which may be stale)."""
     bbuf = scratch("b", x.unit.nbytes)
     read_target(fds, x.entry, x.unit, bbuf)
-    return encode_unit(fds, level, x.file, x.unit, bbuf)
+    return encode_unit(fds, level, x.file, x.unit, bbuf, version)
 
 
-def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf) -> EncodedUnit:
+def unit_dtype(unit: Unit) -> str | None:
+    """The safetensors dtype of every tensor of ``unit``, or None when they differ."""
+    d = unit.spans[0].tensor.dtype
+    return d if all(s.tensor.dtype == d for s in unit.spans) else None
+
+
+def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf, version: int = fmt.MAX_VERSION) -> EncodedUnit:
     """Encode the target bytes ``bbuf`` of a unit of file ``i`` against its
     base bytes (read here); both sides' digests are of these bytes. Shared
-    by pack and squash."""
+    by pack, squash and reverse; ``version``: the newest format version
+    whose codecs may be used."""
     b_dig = span_digests(unit, bbuf)
     ut = uint_type(unit.word)
     if not unit.delta:
@@ -263,7 +283,8 @@ def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf) -> EncodedUn
     a_dig = span_digests(unit, abuf)
     if a_dig == b_dig:
         return EncodedUnit(i, unit, a_dig, b_dig, None)
-    return EncodedUnit(i, unit, a_dig, b_dig, encode_delta(abuf.view(ut), bbuf.view(ut), level))
+    enc = encode_delta(abuf.view(ut), bbuf.view(ut), level, version=version, dtype=unit_dtype(unit))
+    return EncodedUnit(i, unit, a_dig, b_dig, enc)
 
 
 def _changed_spans(unit: Unit, a_dig, b_dig):

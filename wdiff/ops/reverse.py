@@ -33,7 +33,7 @@ from collections.abc import Callable
 import numpy as np
 import xxhash
 
-from ..codec.chunk import BITMAP, DENSE, RAW, SPARSE, decode_into, decompress_exact
+from ..codec.chunk import BITMAP, CONDITIONED, DENSE, RAW, SPARSE, combine, decode_into, decompress_exact
 from ..codec.dtypes import uint_type
 from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL
 from ..errors import BaseMismatchError, FormatError, IntegrityError, WdiffError
@@ -264,8 +264,16 @@ class _Inverse:
             a, b = max(h.lo, a0), min(h.hi, a1)
             if h.codec == RAW:  # B's words: A's are elsewhere
                 buf[a - a0 : b - a0] = self.older().raw(path, t.start + a - bt.start, t.start + b - bt.start)
-            else:  # the XOR of A's and B's words turns B back into A
-                buf[a - a0 : b - a0] ^= self.cache.get(self.step, 1, rec)[a - h.lo : b - h.lo]
+            else:  # the XOR of A's and B's words, or B - D, turns B back into A
+                ref = None
+                if h.codec in CONDITIONED:
+                    def ref(h=h, fe=fe):  # B's bytes of the whole record: its positions are listed from them
+                        out = np.empty(h.hi - h.lo, dtype=np.uint8)
+                        read_into(fds.fd(fe.abspath), fe.header.data_start + h.lo, memoryview(out), where=fe.abspath)
+                        return out
+                content = self.cache.get(self.step, 1, rec, ref, ref_is_base=False)[a - h.lo : b - h.lo]
+                ut = uint_type(h.word)
+                combine(h.codec, buf[a - a0 : b - a0].view(ut), content.view(ut), inverse=True)
         return buf
 
     def write(self, out: str) -> PackResult:
@@ -298,11 +306,12 @@ class _Inverse:
             results = ordered_map(run, [(i, p, u) for i, p, u in work], threads=self.threads)
             targets = self._records(w, tally, A, results)
             index = fmt.Index(
-                version=w.version, writer=WRITER, base_fingerprint=F.target_fingerprint,
+                version=max(w.version, version, tally.version), writer=WRITER, base_fingerprint=F.target_fingerprint,
                 base_files=tuple(fmt.FileRow(f.path, f.kind, f.size, f.digest) for f in F.files),
                 target_fingerprint=F.base_fingerprint, files=tuple(targets),
                 records_count=w.count, records_bytes=w.records_bytes, records_digest=w.records_digest,
             )
+            w.raise_version(index.version)
             bundle_id = w.finish(index)
         self.reporter.done()
         return PackResult(

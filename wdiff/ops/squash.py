@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from ..codec.chunk import RAW, decode_into
+from ..codec.chunk import CONDITIONED, RAW, combine, decode_into, delta_words
 from ..codec.dtypes import uint_type
 from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL
 from ..errors import BaseMismatchError, FormatError, IntegrityError, UsageError
@@ -145,7 +145,11 @@ class DecodedCache:
         self.items: OrderedDict = OrderedDict()
         self.lock = threading.Lock()
 
-    def get(self, step: Step, j: int, rec: Record) -> np.ndarray:
+    def get(self, step: Step, j: int, rec: Record, ref=None, ref_is_base: bool = True) -> np.ndarray:
+        """The decoded record: the XOR, the modular difference, or raw bytes.
+        ``ref`` gives the bytes of one side of the record's range (its base,
+        or its target when not ``ref_is_base``): a CSPARSE or CDENSE record's
+        positions depend on them."""
         key = (j, rec.index)
         with self.lock:
             hit = self.items.get(key)
@@ -153,8 +157,15 @@ class DecodedCache:
                 self.items.move_to_end(key)
                 return hit
         h = rec.header
-        words = np.zeros((h.hi - h.lo) // h.word, dtype=uint_type(h.word))
-        decode_into(h.codec, h.param, h.count, list(step.payload(rec)), words, where=f"{step.path}: record {rec.index}")
+        where = f"{step.path}: record {rec.index}"
+        if h.codec in CONDITIONED:
+            if ref is None:
+                raise FormatError(f"{where}: a csparse record where its base is not known")
+            words = delta_words(h.codec, h.param, h.count, list(step.payload(rec)), ref().view(uint_type(h.word)),
+                                ref_is_base=ref_is_base, where=where)
+        else:
+            words = np.zeros((h.hi - h.lo) // h.word, dtype=uint_type(h.word))
+            decode_into(h.codec, h.param, h.count, list(step.payload(rec)), words, where=where)
         out = words.view(np.uint8)
         with self.lock:
             self.items[key] = out
@@ -365,7 +376,11 @@ def _bytes_of(j: int, name: str, lo: int, hi: int, steps, versions, fds, A, cach
     a0 = t.start + lo
     for rec in st.overlapping(fi, a0, t.start + hi):
         h = rec.header
-        content = cache.get(st, j, rec)
+        ref = None
+        if h.codec in CONDITIONED:
+            def ref(h=h):  # the base of the whole record: its positions depend on it
+                return _record_base(j, fi, h, steps, versions, fds, A, cache)
+        content = cache.get(st, j, rec, ref)
         a, b = max(h.lo, a0), min(h.hi, t.start + hi)
         piece = content[a - h.lo : b - h.lo]
         dst = buf[a - a0 : b - a0]
@@ -374,11 +389,35 @@ def _bytes_of(j: int, name: str, lo: int, hi: int, steps, versions, fds, A, cach
         else:
             if not based:
                 raise FormatError(f"{st.path}: delta record for tensor {printable(name)}, which has no base")
-            dst ^= piece
+            combine(h.codec, dst.view(uint_type(h.word)), piece.view(uint_type(h.word)))
         covered += b - a
     if not based and covered != hi - lo:
         raise FormatError(f"{st.path}: no data for tensor {printable(name)}")
     return buf
+
+
+def _record_base(j: int, fi: int, h, steps, versions, fds, A, cache: DecodedCache) -> np.ndarray:
+    """The bytes of version j - 1 under the whole range of a delta record of
+    step j (file ``fi`` of version j), tensor by tensor, each from its base
+    source by the step's rule."""
+    st = steps[j - 1]
+    out = np.empty(h.hi - h.lo, dtype=np.uint8)
+    covered = 0
+    for name, (f2, t2) in versions[j].tensors.items():
+        if f2 != fi or t2.start + t2.nbytes <= h.lo or t2.start >= h.hi:
+            continue
+        src = name
+        if st.reader.index.version < fmt.SCOPED_NAMES:
+            src = versions[j - 1].bare.get(bare_name(st.reader.index.files[fi].path, name), "")
+        prev = versions[j - 1].tensors.get(src)
+        if prev is None or not _same_type(prev[1], t2):
+            raise FormatError(f"{st.path}: delta record for tensor {printable(name)}, which has no base")
+        a, b = max(h.lo, t2.start), min(h.hi, t2.start + t2.nbytes)
+        out[a - h.lo : b - h.lo] = _bytes_of(j - 1, src, a - t2.start, b - t2.start, steps, versions, fds, A, cache)
+        covered += b - a
+    if covered != h.hi - h.lo:
+        raise FormatError(f"{st.path}: a delta record covers bytes of no tensor")
+    return out
 
 
 def _write(steps, versions, A, out: str, *, level: int, threads: int, reporter: Reporter) -> PackResult:
@@ -424,10 +463,11 @@ def _write(steps, versions, A, out: str, *, level: int, threads: int, reporter: 
             scratch.close()
         base_fp, base_rows = first.base_fingerprint, first.base_files
         index = fmt.Index(
-            version=w.version, writer=WRITER, base_fingerprint=base_fp, base_files=base_rows,
+            version=max(w.version, version, tally.version), writer=WRITER, base_fingerprint=base_fp, base_files=base_rows,
             target_fingerprint=last.target_fingerprint, files=tuple(targets),
             records_count=w.count, records_bytes=w.records_bytes, records_digest=w.records_digest,
         )
+        w.raise_version(index.version)
         bundle_id = w.finish(index)
     reporter.done()
     return PackResult(
