@@ -17,7 +17,7 @@ from wdiff.fsutil import locked
 from wdiff.ops.squash import squash
 from wdiff.remotes import open_remote
 
-KINDS = ["local", "file-url", "hub-model-xet", "hub-model-lfs", "hub-dataset", "hub-bucket"]
+KINDS = ["local", "file-url", "hub-model-xet", "hub-model-lfs", "hub-dataset", "hub-bucket", "s3"]
 
 
 class Remote(str):
@@ -26,9 +26,12 @@ class Remote(str):
     kind: str
     hub = None
     root = None
+    s3 = None  # the moto stand-in (s3fake.MotoS3)
 
     def corrupt_next_download(self, part_path: str) -> None:
-        if self.hub is None:  # flip a stored byte; the test repairs it afterwards
+        if self.s3 is not None:  # flip a stored byte; the test repairs it afterwards
+            self.s3.flip_byte(self[len("s3://"):] + "/" + part_path)
+        elif self.hub is None:  # flip a stored byte; the test repairs it afterwards
             p = self.root / part_path
             data = bytearray(p.read_bytes())
             data[len(data) // 2] ^= 1
@@ -47,6 +50,15 @@ def remote(request, tmp_path, monkeypatch):
     if kind in ("local", "file-url"):
         r = Remote(("" if kind == "local" else "file://") + str(tmp_path / "remote"))
         r.kind, r.root = kind, tmp_path / "remote"
+        yield r
+        return
+    if kind == "s3":
+        from s3fake import configure
+
+        moto = request.getfixturevalue("moto_s3")
+        configure(monkeypatch, moto.endpoint)
+        r = Remote(f"s3://{moto.new_bucket()}/run-1")
+        r.kind, r.s3 = kind, moto
         yield r
         return
     from hubfake import FakeHub, block_internet, configure_client
@@ -280,7 +292,9 @@ def test_remote_urls():
     assert parse_remote("hf://datasets/acme/d/sub")["subfolder"] == "sub"
     assert parse_remote("hf://buckets/acme/b/some/prefix") == {"kind": "bucket", "repo_id": "acme/b", "prefix": "some/prefix"}
     assert parse_remote("file:///tmp/x") == {"kind": "local", "path": "/tmp/x"}
-    for bad in ("s3://bucket/x", "hf://only-one", "hf://buckets/a/b/../c", "http://example.com/x",
+    assert parse_remote("s3://bucket/a/b/") == {"kind": "objstore", "protocol": "s3", "bucket": "bucket", "prefix": "a/b"}
+    assert parse_remote("gs://bucket")["protocol"] == "gs"
+    for bad in ("s3://", "s3://bucket/a/../b", "hf://only-one", "hf://buckets/a/b/../c", "http://example.com/x",
                 "hf://acme/m@dev/../x", "hf://acme/m/a//b"):
         with pytest.raises(UsageError):
             parse_remote(bad)
