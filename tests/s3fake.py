@@ -97,7 +97,8 @@ class FaultProxy:
     """HTTP proxy to ``upstream`` (moto) that can fail or cut requests.
 
     ``fail(method, match, status, times)``: the next ``times`` requests whose
-    method is ``method`` and whose path+query contains ``match`` are answered
+    method is ``method`` and whose ``PATH?QUERY RANGE`` (the Range header's
+    value, or nothing) contains ``match`` are answered
     with ``status`` and an S3 error body, never reaching the server.
     ``drop(method, match, after, times)``: those requests are forwarded, and
     the response's headers (full Content-Length) and its first ``after`` body
@@ -133,8 +134,8 @@ class FaultProxy:
 
             def _handle(self) -> None:
                 body = self._body()
-                fault = proxy._take(self.command, self.path)
                 rng = self.headers.get("Range")
+                fault = proxy._take(self.command, f"{self.path} {rng or ''}")
                 if fault is not None and fault["kind"] == "fail":
                     msg = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
                            b"<Message>injected by the test proxy</Message></Error>")
@@ -156,7 +157,8 @@ class FaultProxy:
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "content-length", "connection", "date", "server"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 if fault is not None:  # drop: headers, some of the body, then hang up
                     self.send_header("Connection", "close")
                     self.end_headers()

@@ -326,10 +326,12 @@ class ObjectStore(Writer):
                 found = self.fs.find(self.root, detail=True) if self.root else self.fs.find("", detail=True)
             except FileNotFoundError:
                 return []
-        cut = len(self.root) + 1 if self.root else 0
+        root = self.root.lstrip("/")  # some file systems (memory://) name everything from "/"
+        cut = len(root) + 1 if root else 0
         out = []
         for name, info in found.items():
-            if info.get("type", "file") != "file" or (self.root and not name.startswith(self.root + "/")):
+            name = name.lstrip("/")
+            if info.get("type", "file") != "file" or (root and not name.startswith(root + "/")):
                 continue
             rel = name[cut:]
             if rel and rel.startswith(prefix):
