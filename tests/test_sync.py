@@ -17,7 +17,7 @@ from wdiff.fsutil import locked
 from wdiff.ops.squash import squash
 from wdiff.remotes import open_remote
 
-KINDS = ["local", "file-url", "hub-model-xet", "hub-model-lfs", "hub-dataset", "hub-bucket", "s3"]
+KINDS = ["local", "file-url", "hub-model-xet", "hub-model-lfs", "hub-dataset", "hub-bucket", "s3", "fsspec-memory"]
 
 
 class Remote(str):
@@ -27,10 +27,16 @@ class Remote(str):
     hub = None
     root = None
     s3 = None  # the moto stand-in (s3fake.MotoS3)
+    memfs = None  # fsspec's in-memory file system
 
     def corrupt_next_download(self, part_path: str) -> None:
         if self.s3 is not None:  # flip a stored byte; the test repairs it afterwards
             self.s3.flip_byte(self[len("s3://"):] + "/" + part_path)
+        elif self.memfs is not None:
+            key = self[len("memory://"):] + "/" + part_path
+            data = bytearray(self.memfs.cat_file(key))
+            data[len(data) // 2] ^= 1
+            self.memfs.pipe_file(key, bytes(data))
         elif self.hub is None:  # flip a stored byte; the test repairs it afterwards
             p = self.root / part_path
             data = bytearray(p.read_bytes())
@@ -40,7 +46,7 @@ class Remote(str):
             self.hub.faults.corrupt_download(part_path)
 
     def repair(self, part_path: str) -> None:
-        if self.hub is None:
+        if self.hub is None:  # flip the byte back
             self.corrupt_next_download(part_path)
 
 
@@ -60,6 +66,16 @@ def remote(request, tmp_path, monkeypatch):
         r = Remote(f"s3://{moto.new_bucket()}/run-1")
         r.kind, r.s3 = kind, moto
         yield r
+        return
+    if kind == "fsspec-memory":  # the generic fsspec store (no conditional write)
+        import uuid
+
+        import fsspec
+
+        r = Remote(f"memory://wdiff-{uuid.uuid4().hex[:8]}/run-1")
+        r.kind, r.memfs = kind, fsspec.filesystem("memory")
+        yield r
+        r.memfs.rm(r[len("memory://"):].split("/")[0], recursive=True)
         return
     from hubfake import FakeHub, block_internet, configure_client
 

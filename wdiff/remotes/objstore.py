@@ -23,10 +23,10 @@ The chain index is the one mutable object, replaced by a conditional write:
   ``wdiff push`` says so (a warning) every time.
 
 Objects (bundle parts) are stored before the chain that names them. On S3 a
-part larger than one chunk goes up as a multipart upload, one chunk in
-memory at a time; a push that died halfway leaves the upload open, and the
-rerun lists its parts and sends only those missing or different (each kept
-part's ETag is checked against the MD5 of our bytes). Other stores write
+part larger than one chunk goes up as a multipart upload, UPLOADERS chunks
+in flight (and in memory) at a time; a push that died halfway leaves the
+upload open, and the rerun lists its parts and sends only those missing or
+different (each kept part's ETag is checked against the MD5 of our bytes). Other stores write
 through fsspec's buffered file (gcsfs and adlfs upload in blocks), and
 reuse a whole object already there with the right size. Downloads go in
 ranged pieces, appended to the caller's file as they arrive: a broken
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 import os
 import re
 
@@ -54,6 +55,8 @@ PIECE = 4 * 1024 * 1024
 #: S3 multipart chunk (S3 wants at least 5 MiB per part but the last, at most 10,000 parts)
 CHUNK = 8 * 1024 * 1024
 MAX_PARTS = 10_000
+#: S3 multipart chunks uploaded at once (each held in memory while it goes)
+UPLOADERS = 4
 #: protocols that are not stores one can push to (read-only, or not a store)
 _REFUSED = {"http", "https", "file", "local", "hf", "ftp", "github", "git", "zip", "tar",
             "reference", "cached", "simplecache", "filecache", "blockcache", "dir", "libarchive", "jlab",
@@ -467,8 +470,12 @@ class S3Store(ObjectStore):
                 reporter: Reporter = SILENT) -> None:
         if token is None:  # nothing under the prefix: the bucket must exist
             bucket = self.root.split("/")[0]
-            with store_errors(self.url, "bucket"):
-                self.fs.call_s3("head_bucket", Bucket=bucket)
+            try:
+                with store_errors(self.url, "bucket"):
+                    self.fs.call_s3("head_bucket", Bucket=bucket)
+            except NotFoundError:
+                raise NotFoundError(f"{self.url}: no bucket {bucket!r}",
+                                    hint="create the bucket first: a push does not create buckets") from None
         super().publish(uploads, chain, token, message=message, reporter=reporter)
 
     def _upload(self, u: Upload, reporter: Reporter) -> None:
@@ -484,18 +491,35 @@ class S3Store(ObjectStore):
             return
         upload_id, have = self._open_multipart(bucket, key, u.path)
         n = -(-u.length // chunk)
-        done = []
-        for k in range(n):
+
+        def send(k: int) -> tuple[int, str, int]:
             off = k * chunk
             data = _read_range(u.source, u.offset + off, min(chunk, u.length - off))
             etag = '"' + hashlib.md5(data, usedforsecurity=False).hexdigest() + '"'
-            kept = have.get(k + 1)
-            if kept is None or kept != (len(data), etag):
-                r = self._call("upload_part", f"upload {u.path}", Bucket=bucket, Key=key, UploadId=upload_id,
-                               PartNumber=k + 1, Body=data)
-                etag = r["ETag"]
-            done.append({"PartNumber": k + 1, "ETag": etag})
-            reporter.advance(len(data))
+            if have.get(k + 1) != (len(data), etag):  # not kept from an interrupted push
+                etag = self._call("upload_part", f"upload {u.path}", Bucket=bucket, Key=key, UploadId=upload_id,
+                                  PartNumber=k + 1, Body=data)["ETag"]
+            return k, etag, len(data)
+
+        # UPLOADERS chunks in flight (that many in memory); progress is
+        # reported from this thread as each one is done
+        etags: dict[int, str] = {}
+
+        def collect(finished) -> None:
+            for f in finished:
+                j, etag, length = f.result()
+                etags[j] = etag
+                reporter.advance(length)
+
+        with ThreadPoolExecutor(UPLOADERS, thread_name_prefix="wdiff-s3-upload") as pool:
+            running: set = set()
+            for k in range(n):
+                if len(running) >= UPLOADERS:
+                    finished, running = wait(running, return_when=FIRST_COMPLETED)
+                    collect(finished)
+                running.add(pool.submit(send, k))
+            collect(wait(running).done)
+        done = [{"PartNumber": k + 1, "ETag": etags[k]} for k in range(n)]
         self._call("complete_multipart_upload", f"upload {u.path}", Bucket=bucket, Key=key, UploadId=upload_id,
                    MultipartUpload={"Parts": done})
 
