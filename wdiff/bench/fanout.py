@@ -146,6 +146,10 @@ def run_remote(kind: str, url: str, work: str, a: str, b: str, pullers: int, env
                      "per_process": statistics.median(fetched), "total": sum(fetched), "exact": ok,
                      "vs_full": statistics.median(fetched) / b_bytes})
 
+    # the fixed cost in every row: as many interpreters starting at once on this machine
+    secs, _ = _wave([[*wd, "--version"] for _ in range(pullers)], env)
+    rows.append({"remote": kind, "what": "start-up only (--version)", "processes": pullers, "seconds": secs,
+                 "per_process": 0, "total": 0, "exact": pullers, "vs_full": 0.0})
     pull_wave("pull delta (dir at A)", a)
     code = "import json, sys; from wdiff.bench import fanout; print(fanout._child_fetch_full(*json.loads(sys.argv[1])))"
     dests = [os.path.join(work, f"{kind}-full-{k}") for k in range(pullers)]
