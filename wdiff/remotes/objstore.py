@@ -58,18 +58,13 @@ MAX_PARTS = 10_000
 #: S3 multipart chunks uploaded at once (each held in memory while it goes)
 UPLOADERS = 4
 #: protocols that are not stores one can push to (read-only, or not a store)
-_REFUSED = {"http", "https", "file", "local", "hf", "ftp", "github", "git", "zip", "tar",
+_REFUSED = {"http", "https", "file", "local", "hf", "github", "git", "zip", "tar",
             "reference", "cached", "simplecache", "filecache", "blockcache", "dir", "libarchive", "jlab",
             "jupyter", "data"}
 _ALIASES = {"gcs": "gs", "s3a": "s3", "abfss": "abfs"}
 #: the extra that installs each protocol's library
 _EXTRAS = {"s3": ("s3", "s3fs"), "gs": ("gcs", "gcsfs"), "az": ("azure", "adlfs"), "abfs": ("azure", "adlfs")}
 _SCHEME = re.compile(r"([a-z][a-z0-9+.-]*)://(.*)", re.S)
-
-
-def is_objstore_url(url: str) -> bool:
-    m = _SCHEME.fullmatch(url)
-    return bool(m) and m.group(1) not in ("file", "hf")
 
 
 def parse(url: str) -> dict:
@@ -87,7 +82,8 @@ def parse(url: str) -> dict:
     if protocol != "memory" and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._@-]*", bucket or ""):
         raise UsageError(f"{url}: expected {m.group(1)}://BUCKET[/PREFIX]")
     prefix = prefix.strip("/")
-    if prefix and any(p in ("", ".", "..") for p in prefix.split("/")):
+    if any(c in prefix for c in "?#\\") or any(ord(c) < 32 for c in prefix) or (
+            prefix and any(p in ("", ".", "..") for p in prefix.split("/"))):
         raise UsageError(f"{url}: bad prefix {prefix!r}")
     return {"kind": "objstore", "protocol": protocol, "bucket": bucket, "prefix": prefix}
 
@@ -395,17 +391,22 @@ class ObjectStore(Writer):
         if self._stored(u):
             reporter.advance(u.length)
             return
-        with store_errors(self.url, f"upload {u.path}"), open(u.source, "rb") as f:
-            f.seek(u.offset)
-            with self.fs.open(self._key(u.path), "wb", block_size=CHUNK) as out:
-                left = u.length
+        left = u.length
+        with store_errors(self.url, f"upload {u.path}"):
+            out = self.fs.open(self._key(u.path), "wb", block_size=CHUNK)
+            try:
                 while left:
-                    piece = f.read(min(CHUNK, left))
-                    if not piece:
-                        raise WdiffIOError(f"{u.source}: shorter than expected")
+                    piece = _read_range(u.source, u.offset + u.length - left, min(CHUNK, left))
                     out.write(piece)
                     left -= len(piece)
                     reporter.advance(len(piece))
+            except BaseException:
+                # never commit a part that did not arrive whole (closing would)
+                with contextlib.suppress(Exception):
+                    out.discard()
+                    out.closed = True
+                raise
+            out.close()
 
 
 # -- S3 ---------------------------------------------------------------------------------
