@@ -247,3 +247,17 @@ def test_generic_fsspec_store_works_and_push_warns_without_conditional_writes(tm
     assert tree(d) == tree(a)
     store = open_remote(url)
     assert [p for p, _ in store.list()][0] == "chain.json"
+
+
+def test_stores_whose_library_is_missing_say_which_extra_installs_it():
+    import importlib.util
+
+    for url, extra, module in (("gs://bucket/run", "gcs", "gcsfs"), ("az://container/run", "azure", "adlfs")):
+        if importlib.util.find_spec(module) is not None:
+            continue  # installed here: nothing to say
+        r = cli("log", url)
+        assert r.returncode == ExitCode.USAGE, r.stderr
+        assert f"wdiff[{extra}]" in r.stderr
+    for bad in ("http://example.com/x", "s3://b/a/../c", "s3://b/x?versionId=1", "nosuchscheme://b/x"):
+        r = cli("log", bad)
+        assert r.returncode == ExitCode.USAGE, (bad, r.stderr)

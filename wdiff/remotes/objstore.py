@@ -490,6 +490,17 @@ class S3Store(ObjectStore):
             self._call("put_object", f"upload {u.path}", Bucket=bucket, Key=key, Body=data)
             reporter.advance(u.length)
             return
+        try:
+            self._multipart(u, bucket, key, chunk, reporter)
+        except NotFoundError:
+            # the upload went away under us: another push of the same bundle
+            # completed it (then the object is there, whole) or aborted it
+            self._sizes.pop(u.path, None)
+            if not self._stored(u):
+                raise RemoteError(f"{self.url}: the multipart upload of {u.path} was completed or aborted "
+                                  "by someone else meanwhile", hint="run the push again") from None
+
+    def _multipart(self, u: Upload, bucket: str, key: str, chunk: int, reporter: Reporter) -> None:
         upload_id, have = self._open_multipart(bucket, key, u.path)
         n = -(-u.length // chunk)
 
