@@ -66,7 +66,7 @@ def test_503_on_a_part_is_retried_and_a_failed_push_resumes_its_upload(s3, proxy
     part2 = [row for row in proxy.log if row[0] == "PUT" and "partNumber=2" in row[1]]
     assert [row[3] for row in part2] == [503, 200]
     d = tmp_path / "d"
-    assert cli("pull", url, d).returncode == 0
+    wdiff.pull(url, d)
     assert tree(d) == tree(big)
 
     # the second part keeps failing: the push fails with the remote code, and
@@ -85,13 +85,13 @@ def test_503_on_a_part_is_retried_and_a_failed_push_resumes_its_upload(s3, proxy
     puts = [row[1] for row in proxy.log if row[0] == "PUT" and "partNumber=" in row[1]]
     assert len(puts) == 1 and "partNumber=2" in puts[0], puts  # part 1 was kept from the failed run
     e = tmp_path / "e"
-    assert cli("pull", url2, e).returncode == 0
+    wdiff.pull(url2, e)
     assert tree(e) == tree(big)
 
 
 def test_dropped_connection_mid_download_resumes(s3, proxy, big, tmp_path):
     url = f"s3://{s3.new_bucket()}/run"
-    assert cli("push", "--anchor", big, url).returncode == 0
+    wdiff.push(big, url, anchor=True)
     (part,) = _parts(url)
     key = part.path.rsplit("/", 1)[-1]
     # one cut in the middle of the second piece: the client asks for that piece again
@@ -123,61 +123,67 @@ def test_dropped_connection_mid_download_resumes(s3, proxy, big, tmp_path):
 
 
 RACER = textwrap.dedent("""
-    import os, sys, time
+    # one pusher for every round: the command line's main() per round, in
+    # one process (its start-up paid once); a gate before each chain write
+    import json, os, sys, time
     from wdiff.remotes import objstore
+    from wdiff.cli import main
+    side, url, gates, bundles = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     real = objstore.S3Store._write_chain
-    gate = os.environ["RACE_GATE"]
+    gate = [None]
     def raced(self, chain, token):
-        open(os.path.join(gate, str(os.getpid())), "w").close()
+        open(os.path.join(gate[0], side), "w").close()
         deadline = time.monotonic() + 30
-        while len(os.listdir(gate)) < 2 and time.monotonic() < deadline:
+        while len(os.listdir(gate[0])) < 2 and time.monotonic() < deadline:
             time.sleep(0.002)
         return real(self, chain, token)
     objstore.S3Store._write_chain = raced
-    from wdiff.cli import run
-    sys.argv = ["wdiff", *sys.argv[1:]]
-    run()
+    for k, bundle in enumerate(bundles):
+        gate[0] = os.path.join(gates, str(k))
+        os.makedirs(gate[0], exist_ok=True)
+        code = main(["push", "-q", bundle, url, "--label", f"r{k}{side}"])
+        print("ROUND", k, code, flush=True)
 """)
 
 
 def test_concurrent_pushes_one_wins_the_other_exits_with_conflict(s3, tmp_path):
-    """Both pushers read the same chain and upload their parts; then both
-    write the chain at once (a gate in each process), and the store's
-    conditional write decides."""
-    rounds = int(os.environ.get("WDIFF_S3_RACE_ROUNDS", "10"))
+    """Two pushers, each round: both read the same chain and upload their
+    parts, then both write the chain at once (a gate in each process), and
+    the store's conditional write decides; 50 rounds (WDIFF_S3_RACE_ROUNDS
+    sets another count)."""
+    rounds = int(os.environ.get("WDIFF_S3_RACE_ROUNDS", "50"))
     url = f"s3://{s3.new_bucket()}/run"
     rng = np.random.default_rng(7)
     script = tmp_path / "racer.py"
     script.write_text(RACER)
-    bundles = []
+    bundles = {"a": [], "b": []}
     for k in range(rounds):
-        pair = []
         for side in "ab":
             ck = write_ckpt(tmp_path / f"c{k}{side}", {"w": rand(rng, "F32", (256,))})
             wdiff.pack(None, ck, tmp_path / f"{k}{side}.wdb")
-            pair.append((ck, tmp_path / f"{k}{side}.wdb"))
-        bundles.append(pair)
+            bundles[side].append(str(tmp_path / f"{k}{side}.wdb"))
+    procs = {side: subprocess.Popen([sys.executable, str(script), side, url, str(tmp_path / "gates"),
+                                     json.dumps(bundles[side])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+             for side in "ab"}
+    outs = {side: p.communicate(timeout=300) for side, p in procs.items()}
+    codes = {side: {int(k): int(c) for _, k, c in (line.split() for line in out.splitlines()
+                                                    if line.startswith("ROUND "))}
+             for side, (out, _) in outs.items()}
+    assert all(p.returncode == 0 for p in procs.values()), outs
     winners = []
-    for k, pair in enumerate(bundles):
-        gate = tmp_path / f"gate{k}"
-        gate.mkdir()
-        env = dict(os.environ, RACE_GATE=str(gate))
-        procs = [subprocess.Popen([sys.executable, str(script), "push", str(b), url, "--label", f"r{k}{side}"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-                 for (_, b), side in zip(pair, "ab")]
-        outs = [p.communicate(timeout=120) for p in procs]
-        codes = sorted(p.returncode for p in procs)
-        assert codes == [ExitCode.OK, ExitCode.BUSY], (k, codes, [o[1] for o in outs])
-        loser = outs[[p.returncode for p in procs].index(ExitCode.BUSY)][1]
-        assert "changed since it was read" in loser
-        won = [p.returncode for p in procs].index(ExitCode.OK)
-        winners.append(pair[won][0])
-        raw, _ = open_remote(url).read_chain()
-        chain = Chain.decode(raw, where=url)  # never corrupt
-        assert len(chain.entries) == k + 1 and chain.entries[-1].label == f"r{k}{'ab'[won]}"
+    for k in range(rounds):
+        got = sorted((codes["a"].get(k), codes["b"].get(k)), key=str)
+        assert got == sorted([ExitCode.OK, ExitCode.BUSY]), (k, codes)
+        winners.append("a" if codes["a"][k] == ExitCode.OK else "b")
+    for side in "ab":  # each lost round said why
+        assert outs[side][1].count("changed since it was read") == winners.count("b" if side == "a" else "a")
+    raw, _ = open_remote(url).read_chain()
+    chain = Chain.decode(raw, where=url)  # every round's chain built on the one before: none corrupt
+    assert [e.label for e in chain.entries] == [f"r{k}{w}" for k, w in enumerate(winners)]
     d = tmp_path / "d"
     wdiff.pull(url, d)
-    assert tree(d) == tree(winners[-1])
+    assert tree(d) == tree(tmp_path / f"c{rounds - 1}{winners[-1]}")
 
 
 def test_refused_credentials_exit_with_the_auth_code_and_never_print_the_secret(s3, monkeypatch, tmp_path):
@@ -185,7 +191,7 @@ def test_refused_credentials_exit_with_the_auth_code_and_never_print_the_secret(
 
     url = f"s3://{s3.new_bucket()}/run"
     ck = write_ckpt(tmp_path / "c", {"w": rand(np.random.default_rng(3), "F32", (64,))})
-    assert cli("push", "--anchor", ck, url).returncode == 0
+    wdiff.push(ck, url, anchor=True)
     monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # moto checks every key from now on
     secret = "wdiff-SECRET-do-not-print-4f2a9c"
     env = dict(os.environ, AWS_ACCESS_KEY_ID="AKIAUNKNOWNKEY000000", AWS_SECRET_ACCESS_KEY=secret)
