@@ -267,3 +267,27 @@ def test_stores_whose_library_is_missing_say_which_extra_installs_it():
     for bad in ("http://example.com/x", "s3://b/a/../c", "s3://b/x?versionId=1", "nosuchscheme://b/x"):
         r = cli("log", bad)
         assert r.returncode == ExitCode.USAGE, (bad, r.stderr)
+
+
+def test_signed_chain_on_s3(s3, tmp_path):
+    """A signed push and a trusting pull: signatures are small objects of
+    unknown size (fetched with a bound), and the remote's record is kept
+    under its s3:// name."""
+    from factory import simple_pair
+
+    from wdiff.errors import IntegrityError
+    from wdiff.format import signature as signing
+    from wdiff.ops.trust import remote_key
+
+    signing.generate(str(tmp_path / "key"))
+    signing.generate(str(tmp_path / "other"))
+    url = f"s3://{s3.new_bucket()}/signed/"
+    assert remote_key(url) == url.rstrip("/")
+    A, B = simple_pair(tmp_path)
+    wdiff.push(A, url, anchor=True, sign_key=tmp_path / "key")
+    wdiff.push(B, url, base=A, sign_key=tmp_path / "key")
+    wdiff.pull(url, tmp_path / "d", trusted_keys=[tmp_path / "key.pub"])
+    assert tree(tmp_path / "d") == tree(B)
+    with pytest.raises(IntegrityError):
+        wdiff.pull(url, tmp_path / "e", trusted_keys=[tmp_path / "other.pub"])
+    assert not (tmp_path / "e").exists()
