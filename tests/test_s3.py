@@ -264,9 +264,11 @@ def test_stores_whose_library_is_missing_say_which_extra_installs_it():
         r = cli("log", url)
         assert r.returncode == ExitCode.USAGE, r.stderr
         assert f"wdiff[{extra}]" in r.stderr
-    for bad in ("http://example.com/x", "s3://b/a/../c", "s3://b/x?versionId=1", "nosuchscheme://b/x"):
+    for bad in ("http://example.com/x", "s3://b/a/../c", "s3://b/x?versionId=1", "nosuchscheme://b/x",
+                "s3://AKIDEXAMPLE:wdiff-url-secret@bucket/run"):
         r = cli("log", bad)
         assert r.returncode == ExitCode.USAGE, (bad, r.stderr)
+        assert "wdiff-url-secret" not in r.stdout + r.stderr
 
 
 def test_signed_chain_on_s3(s3, tmp_path):

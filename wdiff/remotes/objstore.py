@@ -71,21 +71,30 @@ def parse(url: str) -> dict:
     """``{"kind": "objstore", "protocol", "bucket", "prefix"}``; UsageError
     when the URL is malformed or names no store wdiff can push to."""
     m = _SCHEME.fullmatch(url)
+    shown = _shown(url)
     if not m:
-        raise UsageError(f"{url}: not a store URL")
+        raise UsageError(f"{shown}: not a store URL")
     protocol = _ALIASES.get(m.group(1), m.group(1))
     if protocol in _REFUSED or not _known(protocol):
-        raise UsageError(f"{url}: unsupported remote (use a directory, file://, hf://, s3://, gs://, az:// "
+        raise UsageError(f"{shown}: unsupported remote (use a directory, file://, hf://, s3://, gs://, az:// "
                          "or another fsspec store URL)")
     rest = m.group(2)
     bucket, _, prefix = rest.partition("/")
-    if protocol != "memory" and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._@-]*", bucket or ""):
-        raise UsageError(f"{url}: expected {m.group(1)}://BUCKET[/PREFIX]")
+    # a bucket name; Azure's may name the account (CONTAINER@ACCOUNT.dfs.core.windows.net)
+    name = r"[A-Za-z0-9][A-Za-z0-9._@-]*" if protocol in ("az", "abfs") else r"[A-Za-z0-9][A-Za-z0-9._-]*"
+    if protocol != "memory" and not re.fullmatch(name, bucket or ""):
+        raise UsageError(f"{shown}: expected {m.group(1)}://BUCKET[/PREFIX]",
+                         hint="credentials go in the store's own configuration, never in the URL")
     prefix = prefix.strip("/")
     if any(c in prefix for c in "?#\\") or any(ord(c) < 32 for c in prefix) or (
             prefix and any(p in ("", ".", "..") for p in prefix.split("/"))):
-        raise UsageError(f"{url}: bad prefix {prefix!r}")
+        raise UsageError(f"{shown}: bad prefix {prefix!r}")
     return {"kind": "objstore", "protocol": protocol, "bucket": bucket, "prefix": prefix}
+
+
+def _shown(url: str) -> str:
+    """``url`` for a message, with anything like ``user:secret@`` masked."""
+    return re.sub(r"(://)[^/@]*:[^/@]*@", r"\1***@", url)
 
 
 def _known(protocol: str) -> bool:
