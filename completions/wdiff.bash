@@ -13,7 +13,7 @@ _wdiff() {
         esac
     done
     if [[ -z "$cmd" ]]; then
-        COMPREPLY=($(compgen -W "diff pack apply push pull log status squash verify keygen sign info demo man completion --version --help -h" -- "$cur"))
+        COMPREPLY=($(compgen -W "diff pack apply push pull log status squash gc commit verify keygen sign info demo man completion --version --help -h" -- "$cur"))
         return
     fi
     case "$cmd" in
@@ -52,10 +52,10 @@ _wdiff() {
         push)
             case "$prev" in
                 --base) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-                --label|--part-size|-l|--level|--sign|--commit-message|--token|-j|--threads) return ;;
+                --label|--part-size|-l|--level|--sign|--commit-message|--token|--anchor-every|--anchor-when|--stage|--only|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--base --anchor --label --part-size --fork -l --level --sign --public --commit-message --token --adopt --allow-opaque --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--base --anchor --label --part-size --fork -l --level --sign --public --commit-message --token --adopt --allow-opaque --anchor-every --anchor-when --stage --only --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi
@@ -97,6 +97,26 @@ _wdiff() {
             esac
             if [[ "$cur" == -* ]]; then
                 COMPREPLY=($(compgen -W "-o --output --remote --from --to --base -f --force -l --level --sign --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+            else
+                COMPREPLY=($(compgen -f -- "$cur"))
+            fi
+            ;;
+        gc)
+            case "$prev" in
+                --keep-last|--keep|--grace|--sign|--token|--work|-j|--threads) return ;;
+            esac
+            if [[ "$cur" == -* ]]; then
+                COMPREPLY=($(compgen -W "--keep-last --keep -n --dry-run --grace --sign --token --work --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+            else
+                COMPREPLY=($(compgen -f -- "$cur"))
+            fi
+            ;;
+        commit)
+            case "$prev" in
+                --stage|--expect|--label|--sign|--token|-j|--threads) return ;;
+            esac
+            if [[ "$cur" == -* ]]; then
+                COMPREPLY=($(compgen -W "--stage --expect --label --sign --token --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

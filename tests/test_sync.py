@@ -11,7 +11,7 @@ import pytest
 from factory import mutate, rand, tree, write_ckpt
 
 import wdiff
-from wdiff.errors import BaseMismatchError, BusyError, ConflictError, IntegrityError, NotFoundError, UsageError
+from wdiff.errors import BaseMismatchError, BusyError, ConflictError, IntegrityError, LocalChangesError, NotFoundError, UsageError
 from wdiff.format.chain import Chain
 from wdiff.fsutil import locked
 from wdiff.ops.squash import squash
@@ -149,7 +149,10 @@ def test_pull_replaces_unknown_content(versions, remote, tmp_path):
     d = tmp_path / "d"
     d.mkdir()
     (d / "stray.bin").write_bytes(b"unknown")
-    r = wdiff.pull(remote, d)
+    with pytest.raises(LocalChangesError):  # nothing says stray.bin is not someone's work
+        wdiff.pull(remote, d)
+    assert tree(d) == {"stray.bin": b"unknown"}
+    r = wdiff.pull(remote, d, force=True)
     assert r.from_anchor and r.before is None
     assert tree(d) == tree(versions[2])
     assert [p.name for p in tmp_path.iterdir() if ".wdiff-old" in p.name or ".wdiff-new" in p.name] == []
@@ -352,3 +355,98 @@ def test_squash_on_the_remote(versions, remote, tmp_path):
     assert wdiff.pull(remote, d).bundles == (r2.bundle_id,)
     assert tree(d) == tree(versions[2])
     assert not wdiff.squash_remote(remote).uploaded  # idempotent: it is one bundle now
+
+
+def test_list_store_delete(remote, versions, tmp_path):
+    """The object interface below the chain (gc, staged parts): store puts
+    objects without touching the chain, list sees them with their sizes,
+    delete removes them, never the chain, and a missing path is no error."""
+    wdiff.push(versions[0], remote, anchor=True)
+    store = open_remote(remote)
+    raw, _ = store.read_chain()
+    before = dict(store.list())
+    assert "chain.json" in before and before["chain.json"] == len(raw)
+    chain = Chain.decode(raw, where=remote)
+    for p in chain.entries[0].parts:
+        assert before[p.path] == p.size
+    assert store.list("objects") == sorted((k, v) for k, v in before.items() if k.startswith("objects/"))
+    assert store.list("nothing-here") == []
+    src = tmp_path / "blob"
+    src.write_bytes(b"0123456789" * 1000)
+    from wdiff.remotes import Upload
+
+    ups = [Upload("stage/x/a.bin", str(src), 0, 10_000), Upload("stage/x/b.bin", str(src), 100, 500)]
+    store = open_remote(remote)
+    store.store(ups)
+    store = open_remote(remote)
+    assert store.list("stage") == [("stage/x/a.bin", 10_000), ("stage/x/b.bin", 500)]
+    assert store.read_chain()[0] == raw  # the chain is untouched
+    got = tmp_path / "got"
+    store.fetch("stage/x/b.bin", str(got), size=500)
+    assert got.read_bytes() == src.read_bytes()[100:600]
+    with pytest.raises(ValueError):
+        store.delete(["chain.json"])
+    with pytest.raises(ValueError):
+        store.delete(["../outside"])
+    store.delete(["stage/x/a.bin", "stage/x/never-was"])
+    store = open_remote(remote)
+    assert store.list("stage") == [("stage/x/b.bin", 500)]
+    store.delete(["stage/x/b.bin"])
+    store = open_remote(remote)
+    assert store.list("stage") == []
+    assert store.read_chain()[0] == raw
+    # a push after object-only writes still goes through (the Hub's branch moved meanwhile)
+    wdiff.push(versions[1], remote, base=versions[0])
+    assert len(wdiff.log(remote).entries) == 2
+    wdiff.pull(remote, tmp_path / "out")
+    assert tree(tmp_path / "out") == tree(versions[1])
+
+
+@pytest.mark.parametrize("remote", ["local", "hub-model-xet", "hub-model-lfs", "hub-bucket"], indirect=True)
+def test_push_after_a_store_by_someone_else(remote, versions, tmp_path):
+    """A store between a push's chain read and its publish changes no chain:
+    the push still wins (on the Hub it builds on the store's commit)."""
+    wdiff.push(versions[0], remote, anchor=True)
+    from wdiff.remotes import Upload
+
+    src = tmp_path / "blob"
+    src.write_bytes(b"x" * 100)
+    other = open_remote(remote)
+    store = open_remote(remote, create=True)
+    raw, token = store.read_chain()
+    other.store([Upload("stage/y/z.bin", str(src), 0, 100)])
+    store.publish([], raw, token, message="same chain again")
+    assert open_remote(remote).read_chain()[0] == raw
+
+
+@pytest.mark.parametrize("remote", ["local", "hub-model-xet", "hub-bucket"], indirect=True)
+def test_gc_and_staged_commit(remote, versions, tmp_path):
+    """gc (bridge, phase 1, phase 2) and many-writers staging through every
+    kind of remote."""
+    from wdiff.ops.stage import commit, push_part
+
+    wdiff.push(versions[0], remote, anchor=True, label="a")
+    wdiff.push(versions[1], remote, base=versions[0], label="b")
+    wdiff.push(versions[2], remote, base=versions[1], label="c")
+    r = wdiff.gc(remote, keep_last=1, keep=["b"])  # default grace: nothing is deleted yet
+    assert len(r.bridges) == 1 and r.bridges[0].start is None and r.published and not r.deleted
+    store = open_remote(remote)
+    chain = Chain.decode(store.read_chain()[0], where=remote)
+    assert {e.label for e in chain.entries} == {"b", "c"} and len(chain.garbage) == len(r.pending) > 0
+    r = wdiff.gc(remote, keep_last=1, keep=["b"], grace=0)
+    assert r.deleted and not r.pending and not r.dropped
+    store = open_remote(remote)
+    named = {p.path for e in Chain.decode(store.read_chain()[0], where=remote).entries for p in e.parts}
+    assert {p for p, _ in store.list("objects")} == named
+    for spec, d in (("b", versions[1]), ("c", versions[2])):
+        wdiff.pull(remote, tmp_path / spec, to=spec)
+        assert tree(tmp_path / spec) == tree(d)
+    # two writers, one version (back to v1's bytes, from the head v2)
+    push_part(versions[1], remote, base=versions[2], only=["model-00001-*", "*.json"], stage="s")
+    push_part(versions[1], remote, base=versions[2], only=["model-00002-*"], stage="s")
+    assert len(wdiff.log(remote).entries) == 2
+    res = commit(remote, stage="s", expect=2, label="d")
+    assert res.parts == 2 and res.push.uploaded
+    assert open_remote(remote).list("stage") == []
+    wdiff.pull(remote, tmp_path / "c")
+    assert tree(tmp_path / "c") == tree(versions[1])

@@ -51,12 +51,15 @@ __all__ = [
     "WdiffError",
     "__version__",
     "apply",
+    "commit",
     "diff",
+    "gc",
     "inspect",
     "log",
     "pack",
     "pull",
     "push",
+    "push_part",
     "squash",
     "squash_remote",
     "status",
@@ -214,6 +217,8 @@ def push(
     adopt: bool = False,
     allow_opaque: bool = False,
     threads: int | None = None,
+    anchor_every: int | None = None,
+    anchor_when: float | None = None,
     reporter: Reporter = SILENT,
 ) -> PushResult:
     """Publish ``source`` on ``remote`` as the new head of its chain.
@@ -234,12 +239,18 @@ def push(
     default branch), and a model card when the repository has none.
     ``token`` is handed to huggingface_hub (default: ``HF_TOKEN`` or the
     stored login); ``commit_message`` replaces wdiff's own.
+
+    For a directory pushed with ``base``, ``anchor_every=N`` also publishes
+    it whole as an anchor (in the same chain write) every N pushes since the
+    newest anchor, and ``anchor_when=FRACTION`` when catching up from the
+    newest anchor would cost more than that fraction of its size.
     """
     from .ops.push import push as _push
 
     return _push(source, remote, base=base, anchor=anchor, label=label, part_size=part_size, fork=fork,
                  level=level, sign_key=sign_key, token=token, private=private, commit_message=commit_message,
-                 adopt=adopt, allow_opaque=allow_opaque, threads=threads, reporter=reporter)
+                 adopt=adopt, allow_opaque=allow_opaque, threads=threads, anchor_every=anchor_every,
+                 anchor_when=anchor_when, reporter=reporter)
 
 
 def squash_remote(
@@ -323,3 +334,81 @@ def log(remote: str, *, trusted_keys: list | None = None, require_signature: boo
 
     return _log(remote, trusted_keys=trusted_keys, require_signature=require_signature, max_age=max_age,
                 reporter=reporter)
+
+
+def gc(
+    remote: str,
+    *,
+    keep_last: int,
+    keep: list[str] | None = None,
+    dry_run: bool = False,
+    grace: float = 24 * 3600.0,
+    sign_key: PathLike | None = None,
+    token: str | None = None,
+    work: str | None = None,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+):
+    """Retention on ``remote``: keep the newest ``keep_last`` versions, the
+    versions ``keep`` names (labels, fingerprints, HEAD~N) and the head, and
+    drop every other entry of the chain; kept versions that would become
+    unreachable get a squashed bundle first. In two phases: a new chain
+    index (conditional: :class:`~wdiff.errors.ConflictError` when the chain
+    moved) lists the objects it no longer names as garbage; only garbage
+    that a gc listed at least ``grace`` seconds ago is deleted, so that a
+    pull that read the old chain keeps working. ``dry_run`` changes nothing
+    and says what would go. A signed chain needs ``sign_key`` (it is signed
+    again). Returns a :class:`wdiff.ops.gc.GcResult`."""
+    from .ops.gc import gc as _gc
+
+    return _gc(remote, keep_last=keep_last, keep=keep, dry_run=dry_run, grace=grace, sign_key=sign_key,
+               token=token, work=work, threads=threads, reporter=reporter)
+
+
+def push_part(
+    source: PathLike,
+    remote: str,
+    *,
+    base: PathLike | None,
+    only: list[str],
+    stage: str,
+    level: int = DEFAULT_LEVEL,
+    token: str | None = None,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+):
+    """One writer's part of a version many writers publish together: pack
+    the files of ``source`` that ``only`` names (patterns as in
+    .wdiffignore) against the same files of ``base`` (the remote's head),
+    and store the bundle and its manifest under the remote's stage
+    ``stage``. Nothing becomes visible; :func:`commit` publishes the parts.
+    A rerun stores the same part again. Returns a
+    :class:`wdiff.ops.stage.StagedPart`."""
+    from .ops.stage import push_part as _push_part
+
+    return _push_part(source, remote, base=base, only=only, stage=stage, level=level, token=token,
+                      threads=threads, reporter=reporter)
+
+
+def commit(
+    remote: str,
+    *,
+    stage: str,
+    expect: int,
+    label: str | None = None,
+    sign_key: PathLike | None = None,
+    part_size: int = DEFAULT_PART_SIZE,
+    token: str | None = None,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+):
+    """Publish the ``expect`` parts staged under ``stage`` as one version,
+    atomically: they must cover disjoint files, their bases together must be
+    the remote's head, and each must be intact; they are merged into one
+    bundle and pushed with one conditional chain write, then the stage is
+    deleted. A missing part raises :class:`~wdiff.errors.NotFoundError` and
+    changes nothing. Returns a :class:`wdiff.ops.stage.CommitResult`."""
+    from .ops.stage import commit as _commit
+
+    return _commit(remote, stage=stage, expect=expect, label=label, sign_key=sign_key, part_size=part_size,
+                   token=token, threads=threads, reporter=reporter)

@@ -293,7 +293,7 @@ def test_pull_into_a_mount_point(world, tmp_path):
     W = parent / "W"
     W.mkdir(parents=True)
     d = in_namespace({"size": "64m", "mount": str(W), "dir": str(W), "fill_from": str(world.C),
-                      "argv": [*WD, "pull", str(world.remote), str(W)]})
+                      "argv": [*WD, "pull", "--force", str(world.remote), str(W)]})
     r = NS(d)
     problems = documented(r, {0, 9})
     if r.returncode == 0 and d["digests"] != world.tb:
@@ -475,7 +475,7 @@ def test_rebuild_beside_pull_holds_the_directory_lock(world, tmp_path):
     fd = os.open(W / ".wdiff" / "lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        r = wd("pull", world.remote, W)
+        r = wd("pull", "--force", world.remote, W)
     finally:
         os.close(fd)
     problems = documented(r, {8})
@@ -497,7 +497,8 @@ def test_later_pull_removes_debris_of_a_killed_pull(world, tmp_path):
         for n in debris(tmp_path, "W"):
             shutil.rmtree(tmp_path / n)
         shutil.copytree(world.C, W)
-        p = subprocess.Popen([*WD, "pull", "-q", str(world.remote), str(W)], env=dict(ENV, WDIFF_THREADS="1"),
+        p = subprocess.Popen([*WD, "pull", "-q", "--force", str(world.remote), str(W)],
+                             env=dict(ENV, WDIFF_THREADS="1"),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while p.poll() is None:
             if debris(tmp_path, "W"):
@@ -509,7 +510,7 @@ def test_later_pull_removes_debris_of_a_killed_pull(world, tmp_path):
     else:
         raise AssertionError("could not kill a real pull while it rebuilt DIR")
     killed = debris(tmp_path, "W")
-    r = wd("pull", world.remote, W)
+    r = wd("pull", "--force", world.remote, W)
     problems = documented(r, {0})
     if not W.is_dir() or digests(W) != world.tb:
         problems.append("DIR is not the head")

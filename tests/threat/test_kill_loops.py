@@ -176,8 +176,8 @@ def test_signed_push_killed_anywhere_leaves_a_verifiable_old_or_new_chain(versio
 
 
 def test_rebuild_beside_pull_killed_anywhere_leaves_old_or_new_and_no_debris(versions, tmp_path, env):
-    """A directory at a version the remote does not know is rebuilt from the
-    anchor beside itself and swapped in: killed anywhere, DIR is the old
+    """A directory at a version the remote does not know is rebuilt (--force)
+    from the anchor beside itself and swapped in: killed anywhere, DIR is the old
     bytes or the new, and the next pull leaves nothing beside it."""
     A, B, C = versions
     remote = tmp_path / "remote"
@@ -188,14 +188,14 @@ def test_rebuild_beside_pull_killed_anywhere_leaves_old_or_new_and_no_debris(ver
     live = parent / "live"
     probe = tmp_path / "probe"
     shutil.copytree(C, probe)  # C is not on the remote: a pull rebuilds from the anchor
-    t = duration(["pull", "-q", remote, probe], env=env)
+    t = duration(["pull", "-q", "--force", remote, probe], env=env)
     old, new = tree(C), tree(B)
     rng = np.random.default_rng(3)
     outcomes = {"old": 0, "new": 0, "empty": 0}
     for k in range(KILLS):
         shutil.rmtree(live, ignore_errors=True)
         shutil.copytree(C, live)
-        killed_at(["pull", "-q", remote, live], float(rng.uniform(0, 1.5 * t)), env=env)
+        killed_at(["pull", "-q", "--force", remote, live], float(rng.uniform(0, 1.5 * t)), env=env)
         if live.exists():
             now = tree(live)
             if now == old:
@@ -207,7 +207,7 @@ def test_rebuild_beside_pull_killed_anywhere_leaves_old_or_new_and_no_debris(ver
                 outcomes["empty"] += 1
         else:  # killed between the two renames: no directory, which the next pull treats as empty
             outcomes["empty"] += 1
-        run("pull", "-q", remote, live, env=env)
+        run("pull", "-q", "--force", remote, live, env=env)
         assert tree(live) == new
         assert sorted(p.name for p in parent.iterdir()) == ["live"], f"kill {k}: debris beside DIR"
     assert sum(outcomes.values()) == KILLS and outcomes["new"], outcomes

@@ -230,3 +230,30 @@ def test_no_debris_after_pull_push_or_failure(chain):
         p.check(not staged, f"no staged downloads are left after the failure: {staged}", r)
         p.check(not {n for n in listing(site2) if n != "model"},
                 f"nothing is left beside the target: {sorted(listing(site2))}", r)
+
+
+def test_a_directory_the_remote_does_not_know_is_refused_unless_forced(chain):
+    """No record of a pull and a version the remote does not know: nothing
+    says which files are the checkpoint, so a pull would replace the user's
+    work. It refuses, names the files and changes nothing; --force replaces
+    it, keeping .git/ and .cache/."""
+    d = copy_ckpt(chain.A, chain.tmp / "mine")  # a copy by hand: no record
+    (d / "config.json").write_bytes(b'{"my": "fine-tune"}')
+    (d / "NOTES.md").write_bytes(b"three weeks of GPU time")
+    (d / ".git").mkdir()
+    (d / ".git" / "HEAD").write_bytes(b"ref: refs/heads/main\n")
+    before = tree(d)
+    with Promises() as p:
+        r = wdiff("pull", chain.R, d)
+        p.check(r.rc == 5, "a pull into a directory at an unknown version is refused (exit 5)", r)
+        p.check("does not know" in r.err and "NOTES.md" in r.err and "--force" in r.err,
+                "the message says why, names the files and how to proceed", r)
+        p.check(tree(d) == before and not (d / ".wdiff" / "pull").exists(),
+                "and nothing was changed or downloaded", r)
+        r = wdiff("pull", "--json", chain.R, d)
+        doc = one_json_doc(r.out) or {}
+        p.check(r.rc == 5 and (doc.get("error") or {}).get("kind") == "local-changes",
+                "under --json the error document says local-changes", r)
+        r = wdiff("pull", "--force", chain.R, d)
+        p.check(r.rc == 0 and weights_tree(d) == tree(chain.B), "--force replaces it with the head", r)
+        p.check((d / ".git" / "HEAD").read_bytes() == b"ref: refs/heads/main\n", "and keeps .git/", r)

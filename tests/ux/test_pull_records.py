@@ -124,3 +124,37 @@ def test_atomic_needs_a_link_and_keeps_the_old_target(chain):
     assert set(os.listdir(site)) == {"current", "v1", "v2"}
     r = wdiff("pull", "--atomic", chain.R, site / "current")
     assert r.rc == 0 and "already" in r.out, r
+
+
+def test_status_reads_the_record_as_pull_does(chain):
+    """Files a pull did not put there are not part of the checkpoint for
+    status either; a changed tracked file is named, as pull names it."""
+    d = chain.pull("d", to="v1")
+    (d / "NOTES.md").write_bytes(b"my notes")
+    (d / ".git").mkdir()
+    (d / ".git" / "HEAD").write_bytes(b"ref: refs/heads/main\n")
+    with Promises() as p:
+        r = wdiff("status", "--json", d, chain.R)
+        doc = one_json_doc(r.out) or {}
+        p.check(r.rc == 0 and doc.get("recorded") is True and doc.get("known") is True
+                and doc.get("behind") == 1 and not doc.get("from_anchor") and doc.get("local_changes") == [],
+                "untracked files leave DIR at its recorded version, one delta behind", r)
+        r = wdiff("status", d, chain.R)
+        p.check(r.rc == 0 and "1 bundle behind" in r.out and "local changes" not in r.out,
+                "and the human answer says so", r)
+        ok_pull = wdiff("pull", "-q", chain.R, d)
+        p.check(ok_pull.rc == 0, "the pull goes through", ok_pull)
+        r = wdiff("status", "--json", "--exit-code", d, chain.R)
+        p.check(r.rc == 0 and (one_json_doc(r.out) or {}).get("up_to_date") is True,
+                "after the pull, up to date though NOTES.md and .git/ are still there", r)
+        (d / "config.json").write_bytes(b'{"hand": "edited"}')
+        r = wdiff("status", "--json", "--exit-code", d, chain.R)
+        doc = one_json_doc(r.out) or {}
+        p.check(r.rc == 1 and doc.get("up_to_date") is False and doc.get("local_changes") == ["config.json"]
+                and doc.get("current") == doc.get("target"),
+                "a hand-edited tracked file is a local change of the recorded version, named, exit 1", r)
+        r = wdiff("status", d, chain.R)
+        p.check("local changes" in r.out and "config.json" in r.out and "--force" in r.out,
+                "the human answer names the file and how pull treats it", r)
+        r = wdiff("pull", chain.R, d)
+        p.check(r.rc == 5 and "config.json" in r.err, "and pull refuses it as status said", r)

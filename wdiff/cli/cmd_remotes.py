@@ -49,6 +49,10 @@ def push(
     token: HubToken = None,
     adopt: Annotated[bool, typer.Option("--adopt", help="With --sign: sign a remote whose chain is not signed yet (after checking it).")] = False,
     allow_opaque: Annotated[bool, typer.Option("--allow-opaque", help="Push DIR even if a loader could not open it (a safetensors file that does not parse, an index that does not match).")] = False,
+    anchor_every: Annotated[Optional[int], typer.Option("--anchor-every", metavar="N", help="With --base: also publish DIR whole as an anchor every N pushes (counting from the newest anchor).", show_default=False)] = None,
+    anchor_when: Annotated[Optional[float], typer.Option("--anchor-when", metavar="FRACTION", help="With --base: also publish an anchor when catching up from the newest anchor would cost more than FRACTION of its size.", show_default=False)] = None,
+    stage: Annotated[Optional[str], typer.Option("--stage", metavar="NAME", help="Store a part of a version (the files --only names) under the remote's stage NAME, not yet visible; `wdiff commit` publishes the parts as one version.", show_default=False)] = None,
+    only: Annotated[Optional[list[str]], typer.Option("--only", metavar="PATTERN", help="With --stage: the files this writer holds (a pattern as in .wdiffignore; repeatable).", show_default=False)] = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -67,14 +71,37 @@ def push(
     unless the repository has one already. hf://ORG/NAME@BRANCH creates the
     branch from the default branch when it does not exist, and
     hf://ORG/NAME@BRANCH/FOLDER keeps the chain in FOLDER instead of wdiff/.
+
+    --anchor-every N and --anchor-when FRACTION keep the chain cheap for new
+    machines: when either says so, DIR is also packed whole and that anchor
+    is published with the delta, in the same chain write (pullers that are
+    one version behind still download the delta).
+
+    Many writers, one version: each host runs push DIR REMOTE --base PREV
+    --only PATTERN --stage NAME for the files it holds, then one host runs
+    wdiff commit REMOTE --stage NAME --expect N.
     """
     from ..ops.push import push as run_push
 
     out = _setup(json_mode, quiet, verbose)
+    if stage is not None or only:
+        if stage is None or anchor or fork or label or sign or anchor_every or anchor_when:
+            raise UsageError("--only goes with --stage; a staged part takes DIR, --base and --only only "
+                             "(label and sign the version at wdiff commit)")
+        from ..ops.stage import push_part
+
+        part = push_part(source, remote, base=base, only=only or [], stage=stage, level=level, token=token,
+                         threads=threads, reporter=out.reporter())
+        if out.json:
+            out.document(part.to_json())
+            return
+        out.result(f"staged {o.size(part.bytes)} ({part.files} file{'s' if part.files != 1 else ''}) in stage "
+                   f"{o.name(part.stage)} of {o.name(part.remote)}: not visible until `wdiff commit`")
+        return
     res = run_push(source, remote, base=base, anchor=anchor, label=label, part_size=_size_arg(part_size),
                    fork=fork, level=level, sign_key=sign, token=token, private=not public,
                    commit_message=commit_message, adopt=adopt, allow_opaque=allow_opaque, threads=threads,
-                   reporter=out.reporter())
+                   anchor_every=anchor_every, anchor_when=anchor_when, reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return
@@ -82,7 +109,8 @@ def push(
     verb = "pushed" if res.uploaded else "already on the remote:"
     lab = f" ({o.name(res.label, 80)})" if res.label else ""
     out.result(f"{verb} {res.version.hex()[:12]}{lab}, {what}: {o.size(res.bytes)} in {res.parts} part"
-               f"{'s' if res.parts != 1 else ''} to {o.name(res.remote)}")
+               f"{'s' if res.parts != 1 else ''} to {o.name(res.remote)}"
+               + (f", with an anchor ({res.anchored.hex()[:12]})" if res.anchored else ""))
 
 
 # -- pull ---------------------------------------------------------------------------------
@@ -97,7 +125,7 @@ def pull(
     require_signature: RequireSig = False,
     token: HubToken = None,
     max_age: MaxAge = None,
-    force: Annotated[bool, typer.Option("--force", help="Discard local changes to the checkpoint's own files (restored from the remote); files that are not part of it are kept.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Discard local changes to the checkpoint's own files (restored from the remote); files that are not part of it are kept. A DIR with no record, at a version the remote does not know, is replaced (its .git/ and .cache/ are kept).")] = False,
     atomic: Annotated[bool, typer.Option("--atomic", help="DIR is a symbolic link: build the new version beside its target, then switch the link to it in one rename.")] = False,
     json_mode: Json = False,
     quiet: Quiet = False,
@@ -119,6 +147,8 @@ def pull(
     .cache/) are untracked: kept and never read. A file of that version that
     was changed here makes the pull refuse (status 5) and name it; --force
     restores it, from the deltas when they carry it, else from an anchor. A
+    DIR with no record at a version the remote does not know is refused too
+    (status 5), and replaced with --force. A
     symbolic link DIR is followed and its target updated; with --atomic the
     new version is built beside the target and the link switched to it.
     """
@@ -221,6 +251,13 @@ def status(
         out.document(res.to_json())
     elif res.up_to_date:
         out.result(f"{o.name(res.directory)} is up to date at {res.target.hex()[:12]}")
+    elif res.changed:
+        n = len(res.changed)
+        names = ", ".join(o.name(p) for p in res.changed[:5]) + (f" and {n - 5} more" if n > 5 else "")
+        where = "at the target" if res.current == res.target else f"behind {res.target.hex()[:12]}"
+        out.result(f"{o.name(res.directory)} is at {res.current.hex()[:12]} ({where}) with local changes to "
+                   f"{n} file{'s' if n != 1 else ''}: {names}; `wdiff pull` refuses to discard them "
+                   f"(--force restores them; {o.size(res.download)} to download)")
     elif not res.exists:
         out.result(f"{o.name(res.directory)} does not exist; `wdiff pull` would create it at {res.target.hex()[:12]} "
                    f"from an anchor ({res.behind} bundle{'s' if res.behind != 1 else ''}, {o.size(res.download)} to download)")
@@ -230,6 +267,10 @@ def status(
                    f"{res.target.hex()[:12]}, at {res.current.hex()[:12]} ({back})")
     elif res.behind < 0:
         out.result(f"{o.name(res.directory)} is at {res.current.hex()[:12]}; the remote cannot rebuild {res.target.hex()[:12]}")
+    elif not res.known:
+        out.result(f"{o.name(res.directory)} holds a version the remote does not know ({res.current.hex()[:12]}); "
+                   f"`wdiff pull` refuses to replace it, --force rebuilds it at {res.target.hex()[:12]} from an anchor "
+                   f"({res.behind} bundle{'s' if res.behind != 1 else ''}, {o.size(res.download)} to download)")
     else:
         how = "from an anchor" if res.from_anchor else f"from {res.current.hex()[:12]}"
         out.result(f"{o.name(res.directory)} is {res.behind} bundle{'s' if res.behind != 1 else ''} behind "
@@ -299,3 +340,111 @@ def squash(
         return
     out.result(f"wrote {o.name(str(output))}: {len(bundles)} bundles as one, {o.size(res.bundle_bytes)} "
                f"({res.target_fingerprint.hex()[:12]} from {res.base_fingerprint.hex()[:12] if res.base_fingerprint else 'nothing'})")
+
+
+# -- gc -----------------------------------------------------------------------------------
+
+
+def _grace_arg(text: str) -> float:
+    return 0.0 if text.strip() in ("0", "0s", "0m", "0h", "0d") else _age_arg(text)
+
+
+@app.command(epilog=epilog("gc"))
+def gc(
+    remote: Remote,
+    keep_last: Annotated[int, typer.Option("--keep-last", metavar="N", help="Keep the N newest versions (in push order); the head is always kept.", show_default=False)],
+    keep: Annotated[Optional[list[str]], typer.Option("--keep", metavar="VERSION", help="Also keep this version: a label, a fingerprint (or prefix) or HEAD~N (repeatable).", show_default=False)] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Say what would go and how many bytes it frees; change nothing.")] = False,
+    grace: Annotated[str, typer.Option("--grace", metavar="AGE", help="Delete an unreferenced object only once an earlier gc listed it this long ago (0: at once, only when no pull is running).")] = "24h",
+    sign: SignKey = None,
+    token: HubToken = None,
+    work: Annotated[Optional[Path], typer.Option("--work", metavar="DIR", help="Where a kept checkpoint is rebuilt when a new delta must be squashed from it [default: a temporary directory].", show_default=False)] = None,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Remove the versions a remote no longer needs to keep, and their objects.
+
+    Keeps the newest --keep-last N versions, every --keep VERSION and the
+    head. First every kept version is made reachable without the others: a
+    kept version whose only way from an anchor runs through removed versions
+    gets a squashed bundle (an anchor for the oldest kept version, a delta from
+    the kept version before it for the others). Then, in two phases as
+    restic's prune does: phase 1 publishes a chain index without the removed
+    entries (one conditional write; status 8 if the chain moved meanwhile),
+    which lists every object it no longer names as garbage, with the time it
+    was found; phase 2 deletes only the garbage that a gc listed at least
+    --grace ago (default 24h). A pull that read the old chain therefore never
+    finds its objects gone within the grace period; a later gc frees them.
+    A signed chain is re-signed with --sign KEY, and refused without it. On a
+    Hub repository the deletion is a commit: the bytes stay in the git history
+    until the history is squashed.
+    """
+    from ..ops.gc import gc as run_gc
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_gc(remote, keep_last=keep_last, keep=keep or [], dry_run=dry_run, grace=_grace_arg(grace),
+                 sign_key=sign, token=token, work=str(work) if work is not None else None, threads=threads,
+                 reporter=out.reporter())
+    if out.json:
+        out.document(res.to_json())
+        return
+    dry = res.dry_run
+    for b in res.bridges:
+        what = f"an anchor of {b.version.hex()[:12]}" if b.start is None else \
+            f"a delta {b.start.hex()[:12]} -> {b.version.hex()[:12]}"
+        size = f" ({o.size(b.bytes)})" if b.bytes is not None else ""
+        out.result(f"{'would squash' if dry else 'squashed'} {b.bundles} bundle{'s' if b.bundles != 1 else ''} into "
+                   f"{what}{size}, to keep it reachable")
+    dropped = sum(e.size for e in res.dropped)
+    pend = sum(s for _, s in res.pending)
+    n = len(res.dropped)
+    out.result(f"{o.name(res.remote)}: {'would keep' if dry else 'kept'} {len(res.kept)} version"
+               f"{'s' if len(res.kept) != 1 else ''}, {'would drop' if dry else 'dropped'} {n} bundle"
+               f"{'s' if n != 1 else ''} ({o.size(dropped)}); {'would delete' if dry else 'deleted'} "
+               f"{len(res.deleted)} object{'s' if len(res.deleted) != 1 else ''} ({o.size(res.freed)} freed)")
+    if res.pending:
+        out.result(f"{len(res.pending)} unreferenced object{'s' if len(res.pending) != 1 else ''} ({o.size(pend)}) "
+                   f"{'would wait' if dry else 'wait'} for a gc after the grace period ({grace})")
+
+
+# -- commit -------------------------------------------------------------------------------
+
+
+@app.command(epilog=epilog("commit"))
+def commit(
+    remote: Remote,
+    stage: Annotated[str, typer.Option("--stage", metavar="NAME", help="The stage the writers pushed their parts to.", show_default=False)],
+    expect: Annotated[int, typer.Option("--expect", metavar="N", help="How many parts make the version (one per writer).", show_default=False)],
+    label: Annotated[Optional[str], typer.Option("--label", help="A name for the version, such as the training step.", show_default=False)] = None,
+    sign: SignKey = None,
+    token: HubToken = None,
+    json_mode: Json = False,
+    quiet: Quiet = False,
+    verbose: Verbose = 0,
+    threads: Threads = None,
+) -> None:
+    """Publish the parts staged by many writers as one version.
+
+    Checks that the stage holds exactly --expect parts, that no file is in
+    two of them, that their bases together are exactly the remote's head and
+    that every part is intact; then merges them into one bundle and pushes it
+    as the new head with one conditional chain write, so a reader sees the
+    whole version or none of it. The stage is deleted afterwards. A missing
+    part (a writer that died) exits with status 3 and changes nothing: rerun
+    the writer, then commit again.
+    """
+    from ..ops.stage import commit as run_commit
+
+    out = _setup(json_mode, quiet, verbose)
+    res = run_commit(remote, stage=stage, expect=expect, label=label, sign_key=sign, token=token, threads=threads,
+                     reporter=out.reporter())
+    if out.json:
+        out.document(res.to_json())
+        return
+    p = res.push
+    verb = "committed" if p.uploaded else "already on the remote:"
+    lab = f" ({o.name(p.label, 80)})" if p.label else ""
+    out.result(f"{verb} {p.version.hex()[:12]}{lab} from {res.parts} part{'s' if res.parts != 1 else ''}: "
+               f"{o.size(p.bytes)} to {o.name(p.remote)}")

@@ -29,6 +29,19 @@ EXAMPLES: dict[str, list[str]] = {
         "wdiff push step-101.wdb /mnt/shared/deltas",
         "# at the end of every training step:",
         'wdiff push -q "ckpt/$STEP" "$REMOTE" --base "ckpt/$PREV" --label "$STEP"',
+        "# an anchor beside every 10th delta: new machines replay at most 9",
+        'wdiff push "ckpt/$STEP" "$REMOTE" --base "ckpt/$PREV" --anchor-every 10',
+    ],
+    "commit": [
+        "# on each of 8 hosts, for the shards it holds:",
+        'wdiff push ckpt/102 "$REMOTE" --base ckpt/101 --only "$MINE" --stage s102',
+        "# then once, on any host:",
+        'wdiff commit "$REMOTE" --stage s102 --expect 8 --label step-102',
+    ],
+    "gc": [
+        "wdiff gc hf://acme/policy --keep-last 20 --keep step-1000 --dry-run",
+        "# nightly: keep a week of hourly versions and the releases",
+        "wdiff gc /mnt/shared/deltas --keep-last 168 --keep v1.0 --keep v2.0",
     ],
     "pull": [
         "wdiff pull hf://acme/policy /models/policy",
@@ -104,6 +117,10 @@ EXIT_NOTES: dict[str, str] = {
     "pull": "0 the directory is at the version (nothing to do counts); 8 another pull holds the "
     "directory; 4 a download was damaged (run again); 3 no such remote or version.",
     "log": "0 listed; 3 the remote does not exist.",
+    "commit": "0 published (or already there); 3 a part is missing (rerun its writer); 5 two parts "
+    "hold one file, or the parts are not against the head; 8 another push won the race.",
+    "gc": "0 done (or nothing to do); 8 the chain moved while gc ran (run it again); 4 the chain is "
+    "signed and no --sign KEY was given; 3 no such remote or version to --keep; 6 and 7 remote errors.",
     "status": "0 done (and, with --exit-code, up to date); 1 only with --exit-code when DIR is "
     "not at the version (behind it, ahead of it, or not there at all); 3 the remote or the version does not "
     "exist.",

@@ -23,7 +23,13 @@ none, which means a chain written before 1.1)::
      "signer": "<minisign key id, 16 hex digits>" | null   # who signs this chain
 
 A chain signature covers these (ops/signatures.py), which is what lets a
-reader refuse a replayed, frozen or transplanted chain. The layout is
+reader refuse a replayed, frozen or transplanted chain.
+
+Since format 1.2 a chain may carry the objects a gc unreferenced and when
+(ops/gc.py; readers ignore it, writers keep it)::
+
+     "garbage": [{"path": "objects/ab/<id>.wdb", "size": 1234,
+                  "since": "2026-12-01T02:50:00Z"}, ...] The layout is
 specified in man/wdiff-format.5 (section REMOTES).
 """
 
@@ -59,6 +65,9 @@ _TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
 #: the part paths wdiff writes; anything else goes through the full path check
 _PART = re.compile(r"objects/([0-9a-f]{2})/\1[0-9a-f]{30}\.wdb(?:\.[0-9]{5})?")
 MAX_SEQ = 2**53  # exact in every JSON reader
+#: the folders whose objects gc may remove (everything wdiff writes but chain.json)
+GC_FOLDERS = (OBJECTS, "signatures", "stage")
+MAX_GARBAGE = 1_000_000
 
 
 def chain_digest(raw: bytes) -> str:
@@ -134,10 +143,24 @@ class Lineage:
 
 
 @dataclass(frozen=True)
+class Garbage:
+    """An object no entry of the chain names since ``since`` (a gc marked
+    it); it may be deleted once a grace period has passed."""
+
+    path: str
+    size: int
+    since: str  # UTC, YYYY-MM-DDTHH:MM:SSZ
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "size": self.size, "since": self.since}
+
+
+@dataclass(frozen=True)
 class Chain:
     head: bytes | None
     entries: tuple[Entry, ...] = ()
     lineage: Lineage | None = None  # None: written before format 1.1
+    garbage: tuple[Garbage, ...] = ()  # since 1.2: objects a gc unreferenced, awaiting deletion
 
     @cached_property
     def versions(self) -> frozenset[bytes]:
@@ -177,6 +200,8 @@ class Chain:
         }
         if self.lineage is not None:
             obj.update(self.lineage.to_json())
+        if self.garbage:
+            obj["garbage"] = [g.to_json() for g in self.garbage]
         return canonical_json(obj) + b"\n"
 
     @classmethod
@@ -207,7 +232,7 @@ class Chain:
             raise FormatError(f"{where}: chain head is not one of its versions")
         if len({e.bundle for e in out}) != len(out):
             raise FormatError(f"{where}: a bundle is listed twice")
-        return cls(head=head, entries=out, lineage=_lineage(obj, where))
+        return cls(head=head, entries=out, lineage=_lineage(obj, where), garbage=_garbage(obj, where))
 
     # -- queries ---------------------------------------------------------------------
 
@@ -283,6 +308,26 @@ class Chain:
                     heapq.heappush(heap, (cost[0], cost[1], tie, e.version))
                     tie += 1
         return None
+
+
+def _garbage(obj: dict, where: str) -> tuple[Garbage, ...]:
+    items = obj.get("garbage", [])
+    if not isinstance(items, list) or len(items) > MAX_GARBAGE:
+        raise FormatError(f"{where}: malformed garbage list")
+    out = []
+    for g in items:
+        if not isinstance(g, dict) or set(g) != {"path", "size", "since"}:
+            raise FormatError(f"{where}: malformed garbage item")
+        path, size, since = g["path"], g["size"], g["since"]
+        path = validate_relpath(path, where=where) if isinstance(path, str) else None
+        if path is None or path.split("/")[0] not in GC_FOLDERS:
+            raise FormatError(f"{where}: garbage item outside {', '.join(GC_FOLDERS)}")
+        if type(size) is not int or size < 0:
+            raise FormatError(f"{where}: garbage size is not a size")
+        if not isinstance(since, str) or not _TIME.fullmatch(since):
+            raise FormatError(f"{where}: malformed garbage time")
+        out.append(Garbage(path, size, since))
+    return tuple(out)
 
 
 def _lineage(obj: dict, where: str) -> Lineage | None:

@@ -9,19 +9,17 @@ from dataclasses import dataclass, field
 
 from ..errors import NotFoundError, UsageError
 from ..format import signature as signing
-from ..format.chain import Chain, Entry
+from ..format.chain import Entry
 from ..parallel import default_threads
 from ..progress import SILENT, Reporter
 from ..remotes import open_remote
-from ..store import manifest
-from ..store.checkpoint import scan
-from ..store.hashing import fingerprint, hexd, short
+from ..statedir import StateDir
+from ..store import record
+from ..store.hashing import hexd
 from . import trust
 from .fetch import read_verified
 from .places import refuse_checkpoint_as_remote
-
-EMPTY_FINGERPRINT = fingerprint([])
-
+from .tracked import EMPTY_FINGERPRINT, fingerprint_of, local_state, plan, plan_recorded
 
 @dataclass(frozen=True)
 class LogResult:
@@ -63,10 +61,12 @@ class StatusResult:
     labels: dict = field(default_factory=dict)
     ahead: int = 0  # versions the directory is past ``target`` along the chain
     exists: bool = True  # False: no such directory yet (a pull creates it)
+    recorded: bool = False  # ``current`` is the version DIR's record names (untracked files not counted)
+    changed: tuple[str, ...] = ()  # with a record: its files that differ here (or are gone)
 
     @property
     def up_to_date(self) -> bool:
-        return self.current == self.target
+        return self.current == self.target and not self.changed
 
     def to_json(self) -> dict:
         return {
@@ -78,36 +78,13 @@ class StatusResult:
             "target": hexd(self.target),
             "up_to_date": self.up_to_date,
             "exists": self.exists,
+            "recorded": self.recorded,
+            "local_changes": list(self.changed),
             "ahead": self.ahead,
             "behind": self.behind,
             "download_bytes": self.download,
             "from_anchor": self.from_anchor,
         }
-
-
-def fingerprint_of(directory: str, threads: int, reporter: Reporter, *, guess: bool = False) -> bytes:
-    """The fingerprint of ``directory``, read and hashed; with ``guess``,
-    taken from the manifest cache where it holds the files' digests: a
-    guess, to be confirmed by reading before anything rests on it."""
-    if not os.path.isdir(directory):
-        return EMPTY_FINGERPRINT
-    ckpt = scan(directory)
-    if not ckpt.files:
-        return EMPTY_FINGERPRINT
-    reporter.phase("fingerprint", ckpt.total_bytes)
-    return manifest.compute(ckpt, threads=threads, reporter=reporter, use_cache=guess).fingerprint
-
-
-def plan(chain: Chain, current: bytes, goal: bytes) -> tuple[list[Entry], bool]:
-    if current == goal:
-        return [], False
-    run = chain.path(current, goal) if current in chain.versions else None
-    if run is not None:
-        return run, False
-    run = chain.path(None, goal)
-    if run is None:
-        raise NotFoundError(f"no anchor leads to version {short(goal)}; the remote cannot rebuild it")
-    return run, True
 
 
 def status(directory, remote, *, to: str | None = None, trusted_keys: list | None = None,
@@ -126,9 +103,16 @@ def status(directory, remote, *, to: str | None = None, trusted_keys: list | Non
     goal = chain.resolve(to)
     if os.path.lexists(directory) and not os.path.isdir(directory):
         raise UsageError(f"{directory}: not a directory (a checkpoint is a directory)")
-    current = fingerprint_of(directory, threads, reporter)
+    recorded = _record_of(directory)
+    if recorded is not None:
+        # the record says which files are the checkpoint: untracked ones
+        # (notes, .git/, caches) do not make DIR an unknown version
+        local = local_state(directory, recorded, threads, reporter, guess=False)
+        current, changed = recorded.version, local.changed
+    else:
+        local, current, changed = None, fingerprint_of(directory, threads, reporter), ()
     try:
-        run, from_anchor = plan(chain, current, goal)
+        run, from_anchor = plan_recorded(chain, local, goal) if local is not None else plan(chain, current, goal)
         behind, download = len(run), sum(e.size for e in run)
     except NotFoundError:
         behind, download, from_anchor = -1, 0, True
@@ -138,5 +122,17 @@ def status(directory, remote, *, to: str | None = None, trusted_keys: list | Non
     reporter.done()
     return StatusResult(store.url, directory, current, current in chain.versions or current == EMPTY_FINGERPRINT,
                         goal, behind, download, from_anchor, ahead=len(back) if back else 0,
-                        exists=os.path.isdir(directory))
+                        exists=os.path.isdir(directory), recorded=recorded is not None, changed=changed)
+
+
+def _record_of(directory: str) -> record.Record | None:
+    """DIR's record, read strictly (a planted one is refused); None when DIR
+    or its record does not exist. Nothing is created."""
+    if not os.path.isdir(directory):
+        return None
+    state = StateDir.open(directory, create=False)
+    if state is None:
+        return None
+    with state:
+        return record.read(state)
 

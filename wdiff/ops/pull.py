@@ -31,7 +31,7 @@ from ..progress import SILENT, Reporter
 from ..remotes import open_remote
 from ..statedir import StateDir
 from ..store import manifest, record
-from ..store.checkpoint import Checkpoint, scan
+from ..store.checkpoint import scan
 from ..store.ignore import DEFAULT_RULES
 from ..store.hashing import hexd, short
 from .apply import apply
@@ -39,7 +39,7 @@ from .apply.copy import apply_copy
 from .apply.inplace import apply_in_place, restorable
 from . import trust
 from .fetch import accept, download, read_verified
-from .history import EMPTY_FINGERPRINT, fingerprint_of, plan
+from .tracked import EMPTY_FINGERPRINT, LocalState, fingerprint_of, local_state, plan, plan_recorded
 from .places import refuse_remote_as_checkpoint
 from .rollback import finish_interrupted, plan_back, step_back
 from .signatures import verify_bundle_signature
@@ -180,14 +180,16 @@ def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter:
                 if not guessed and current != EMPTY_FINGERPRINT:
                     current = fingerprint_of(directory, threads, reporter)
                 try:
-                    return _bring(store, chain, keys, directory, work, state, current, goal, guessed, threads, reporter)
+                    return _bring(store, chain, keys, directory, work, state, current, goal, guessed, threads, reporter,
+                                  force)
                 except BaseMismatchError:
                     if not guessed:
                         raise
                     # the guess was stale (a file changed behind the cache's back):
                     # nothing was written; plan again from what DIR holds
                     current = fingerprint_of(directory, threads, reporter)
-                    return _bring(store, chain, keys, directory, work, state, current, goal, False, threads, reporter)
+                    return _bring(store, chain, keys, directory, work, state, current, goal, False, threads, reporter,
+                                  force)
             finally:
                 work.close()
         except (Interrupted, KeyboardInterrupt, RemoteError):
@@ -202,10 +204,12 @@ def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter:
 
 
 def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, current: bytes, goal: bytes,
-           guessed: bool, threads: int, reporter: Reporter) -> PullResult:
+           guessed: bool, threads: int, reporter: Reporter, force: bool = False) -> PullResult:
     """Bring ``directory``, at version ``current``, to ``goal``. An apply
     reads and checks the whole base, so a ``guessed`` current that is wrong
-    ends in a BaseMismatchError before anything is written."""
+    ends in a BaseMismatchError before anything is written. A directory at a
+    version the remote does not know, with no record of a pull, is replaced
+    only with ``force``: what it holds may be someone's work."""
     run, from_anchor = plan(chain, current, goal)
     before = current if current in chain.versions else None
     if not run:
@@ -216,7 +220,7 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
     if back:  # a rollback: undoing the bundles between costs less than the anchor
         if guessed:  # the inverses are built from DIR's bytes: plan from them, not from a guess
             return _bring(store, chain, keys, directory, work, state, fingerprint_of(directory, threads, reporter),
-                          goal, False, threads, reporter)
+                          goal, False, threads, reporter, force)
         _check_space(work, back)
         got = step_back(store, chain, keys, directory, work, back, budget=sum(e.size for e in run),
                         threads=threads, reporter=reporter)
@@ -229,6 +233,8 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
         run, from_anchor = plan(chain, current, goal)
     empty = current == EMPTY_FINGERPRINT
     rebuild = from_anchor and not empty
+    if rebuild and current not in chain.versions and not force:
+        _refuse_unknown(directory, chain)  # before anything is downloaded
     if rebuild and os.stat(directory).st_dev != os.stat(os.path.dirname(directory)).st_dev:
         raise WdiffIOError(
             f"{directory}: holds a version the remote does not know, and is a mount point, "
@@ -280,38 +286,6 @@ def _record_target(state: StateDir, index) -> None:
         record.write(state, rec)
 
 
-@dataclass(frozen=True)
-class LocalState:
-    """DIR against the version its record names."""
-
-    recorded: record.Record
-    changed: tuple[str, ...]  # files of that version that differ here (or are gone)
-    guessed: bool  # "unchanged" rests on the manifest cache; an apply confirms it by reading
-
-    @property
-    def version(self) -> bytes:
-        return self.recorded.version
-
-
-def local_state(directory: str, recorded: record.Record, threads: int, reporter: Reporter, *,
-                guess: bool) -> LocalState:
-    """Which files of the recorded version changed in DIR. Only the files
-    the record lists are read (untracked ones never are); with ``guess``,
-    the manifest cache's digests stand for unchanged files, and every file
-    it says changed is read to confirm it."""
-    rules = DEFAULT_RULES.tracking(recorded.paths)
-    ckpt = scan(directory, rules=rules, keep=recorded.paths)
-    reporter.phase("fingerprint", ckpt.total_bytes)
-    m = manifest.compute(ckpt, threads=threads, reporter=reporter, use_cache=guess)
-    have = {d.path: (d.kind, d.size, d.digest) for d in m.files}
-    changed = [r.path for r in recorded.files if have.get(r.path) != (r.kind, r.size, r.digest)]
-    if guess and changed:
-        sub = Checkpoint(root=ckpt.root, files=tuple(f for f in ckpt.files if f.path in set(changed)))
-        have.update({d.path: (d.kind, d.size, d.digest) for d in manifest.compute(sub, threads=threads).files})
-        changed = [r.path for r in recorded.files if have.get(r.path) != (r.kind, r.size, r.digest)]
-    return LocalState(recorded, tuple(changed), guess)
-
-
 def _refuse_local_changes(directory: str, local: LocalState, clashes=()) -> None:
     lines = [f"{printable(p)} differs from {short(local.version)}" if os.path.lexists(os.path.join(directory, p))
              else f"{printable(p)} of {short(local.version)} is missing" for p in local.changed]
@@ -324,25 +298,22 @@ def _refuse_local_changes(directory: str, local: LocalState, clashes=()) -> None
     )
 
 
+def _refuse_unknown(directory: str, chain) -> None:
+    names = [printable(f.path) for f in scan(directory).files]
+    more = f" (and {len(names) - 10} more)" if len(names) > 10 else ""
+    raise LocalChangesError(
+        f"{directory}: holds a version the remote does not know ({len(names)} file{'s' if len(names) != 1 else ''}: "
+        + ", ".join(names[:10]) + more + "), and no record of a pull says which of them are the checkpoint; "
+        "a pull would replace them all",
+        hint="--force replaces the directory with the remote's version (its .git/ and .cache/ are kept); "
+             "or pull into another directory",
+    )
+
+
 def _clashes(directory: str, index, recorded: record.Record) -> list[str]:
     """Untracked files where ``index``'s target puts a file of its own."""
     return [f.path for f in index.files if f.path not in recorded.paths
             and os.path.lexists(os.path.join(directory, f.path))]
-
-
-def plan_recorded(chain, local: LocalState, goal: bytes) -> tuple[list, bool]:
-    """The run of bundles for a directory at its recorded version: deltas
-    from that version where the chain has them; to restore changed files of
-    the goal itself, or from a version the chain cannot leave by deltas, an
-    anchor run."""
-    if local.version == goal:
-        if not local.changed:
-            return [], False
-        run = chain.path(None, goal)
-        if run is None:
-            raise NotFoundError(f"no anchor leads to version {short(goal)}; the remote cannot restore it")
-        return run, True
-    return plan(chain, local.version, goal)
 
 
 def _bring_recorded(store, chain, keys, directory: str, work: StateDir, recorded: record.Record, goal: bytes,

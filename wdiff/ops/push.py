@@ -40,6 +40,7 @@ class PushResult:
     bytes: int
     uploaded: bool  # False when the remote already had this bundle
     label: str | None = None
+    anchored: bytes | None = None  # an anchor of the same version published with it (anchor policy)
 
     def to_json(self) -> dict:
         return {
@@ -53,6 +54,7 @@ class PushResult:
             "bytes": self.bytes,
             "uploaded": self.uploaded,
             "label": self.label,
+            "anchored": hexd(self.anchored) if self.anchored else None,
         }
 
 
@@ -73,6 +75,8 @@ def push(
     adopt: bool = False,
     allow_opaque: bool = False,
     threads: int | None = None,
+    anchor_every: int | None = None,
+    anchor_when: float | None = None,
     reporter: Reporter = SILENT,
 ) -> PushResult:
     """Push a bundle file, or a checkpoint directory packed against ``base``
@@ -83,10 +87,21 @@ def push(
     time). A checkpoint directory must be one a loader can open, unless
     ``allow_opaque``. On the Hub: ``token`` (default: huggingface_hub's
     own), ``private`` for a repository the push creates, ``commit_message``
-    instead of wdiff's own."""
+    instead of wdiff's own.
+
+    Anchor policy, for a checkpoint directory pushed with ``base``: the push
+    also publishes an anchor of the same version, in the same chain write,
+    when ``anchor_every`` (N >= 1) says so (N pushes since the newest anchor,
+    counting this one) or when the cheapest catch-up from the newest anchor
+    to this version would be more than ``anchor_when`` (a fraction > 0) of
+    that anchor's size."""
     source = os.fspath(source)
     if part_size < 1024 * 1024:
         raise UsageError("the part size must be at least 1 MiB")
+    policy = _policy(anchor_every, anchor_when)
+    if policy is not None and not (os.path.isdir(source) and base is not None):
+        raise UsageError("--anchor-every and --anchor-when apply to a checkpoint directory pushed with --base",
+                         hint="an anchor is made from the directory itself")
     _refuse_confusion(source, remote)
     if os.path.isdir(source):
         if anchor == (base is not None):
@@ -98,17 +113,60 @@ def push(
         os.close(fd)
         try:
             pack(None if anchor else base, source, tmp, level=level, threads=threads, reporter=reporter, overwrite=True)
+            also = None
+            if policy is not None:
+                also = (policy, lambda out: pack(None, source, out, level=level, threads=threads, reporter=reporter,
+                                                 overwrite=True))
             return push_bundle(tmp, remote, label=label, part_size=part_size, fork=fork, sign_key=sign_key,
                                 adopt=adopt, reporter=reporter, token=token, private=private,
-                                commit_message=commit_message)
+                                commit_message=commit_message, also_anchor=also)
         finally:
-            for p in (tmp, tmp + signing.SUFFIX):
+            for p in (tmp, tmp + signing.SUFFIX, tmp + ".anchor.wdb", tmp + ".anchor.wdb" + signing.SUFFIX):
                 if os.path.exists(p):
                     os.unlink(p)
     if base is not None or anchor:
         raise UsageError("--base and --anchor apply to a checkpoint directory, not to a bundle file")
     return push_bundle(source, remote, label=label, part_size=part_size, fork=fork, sign_key=sign_key,
                         adopt=adopt, reporter=reporter, token=token, private=private, commit_message=commit_message)
+
+
+@dataclass(frozen=True)
+class AnchorPolicy:
+    every: int | None
+    when: float | None
+
+    def wants(self, chain: Chain, delta_size: int) -> bool:
+        """Whether a delta of ``delta_size`` bytes pushed onto ``chain``'s
+        head should come with an anchor of the same version."""
+        last = next((k for k in range(len(chain.entries) - 1, -1, -1) if chain.entries[k].anchor), None)
+        if last is None:
+            return True
+        a = chain.entries[last]
+        if self.every is not None:
+            seen = {e.version for e in chain.entries[: last + 1]}
+            pushes = 0
+            for e in chain.entries[last + 1 :]:
+                if e.version not in seen:
+                    seen.add(e.version)
+                    pushes += 1
+            if pushes + 1 >= self.every:
+                return True
+        if self.when is not None and chain.head is not None:
+            run = chain.path(a.version, chain.head)
+            cost = (sum(e.size for e in run) if run is not None else a.size) + delta_size
+            if cost > self.when * a.size:
+                return True
+        return False
+
+
+def _policy(every: int | None, when: float | None) -> AnchorPolicy | None:
+    if every is None and when is None:
+        return None
+    if every is not None and every < 1:
+        raise UsageError("--anchor-every must be 1 or more")
+    if when is not None and not when > 0:
+        raise UsageError("--anchor-when must be a fraction above 0 (0.5: when catching up costs half an anchor)")
+    return AnchorPolicy(every, when)
 
 
 def _refuse_confusion(source: str, remote) -> None:
@@ -142,18 +200,22 @@ def _refuse_unloadable(source: str) -> None:
 
 def push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_key, reporter: Reporter,
                  shortcut: bool = False, adopt: bool = False, token: str | None = None, private: bool = True,
-                 commit_message: str | None = None) -> PushResult:
+                 commit_message: str | None = None, also_anchor=None) -> PushResult:
     """Publish a bundle file. A ``shortcut`` (a squash of versions the chain
     has) may start anywhere and must end at a version the chain has; it
     leaves the head alone.
 
-    The chain being extended is checked first (:func:`_check_extended`): a
+    The chain being extended is checked first (:func:`check_extended`): a
     signed chain is verified (with the signing key, or a key in
     WDIFF_TRUSTED_KEYS, for a rotation) and must not go back on this
     user's records; an unsigned push onto a signed chain, and a signed push
     onto an unsigned one without ``adopt``, are refused. The new chain
     carries the remote's identity, the next sequence number and the digest
-    of the chain it replaces, and is recorded as this user's newest."""
+    of the chain it replaces, and is recorded as this user's newest.
+
+    ``also_anchor``: (AnchorPolicy, a function that packs an anchor of the
+    same version into the path it is given): when the policy wants one,
+    the anchor is published with the delta, in the same chain write."""
     key = signing.load_secret(os.fspath(sign_key)) if sign_key is not None else None
     store = open_remote(remote, token=token, private=private, create=True)
     with BundleReader(path) as reader:
@@ -163,7 +225,7 @@ def push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_ke
     raw, chain_token = store.read_chain()
     chain = Chain.decode(raw, where=store.url)
     records = trust.places(None)
-    verified = _check_extended(store, chain, raw, key, adopt=adopt, records=records, reporter=reporter)
+    verified = check_extended(store, chain, raw, key, adopt=adopt, records=records, reporter=reporter)
     parent, version = ix.base_fingerprint, ix.target_fingerprint
     done = chain.entry(bundle_id)
     if done is not None:
@@ -183,26 +245,27 @@ def push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_ke
                 f"the bundle's base {short(parent)} is not the head {short(chain.head)} of {store.url} (it is {known})",
                 hint="pull or pack against the head, push an anchor, or use --fork to branch from an older version",
             )
-    n_parts = max(1, -(-size // part_size))
-    names = part_paths(bundle_id, n_parts)
-    uploads, parts = [], []
-    for k, name in enumerate(names):
-        off = k * part_size
-        length = min(part_size, size - off)
-        uploads.append(Upload(name, path, off, length))
-        parts.append(Part(name, length, range_digest(path, off, length)))
-    signature = None
-    if key is not None:
-        sig_file = sign_bundle(path, key, verify=False)  # verified above
-        signature = names[0] + signing.SUFFIX
-        uploads.append(Upload(signature, sig_file, 0, os.path.getsize(sig_file)))
-    entry = Entry(
-        bundle=bundle_id, version=version, parent=parent, parts=tuple(parts),
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), label=label, signature=signature,
-    )
+    uploads: list[Upload] = []
+    entry = _entry(path, bundle_id, size, version, parent, label, part_size, key, uploads)
+    n_parts = len(entry.parts)
+    extra = None
+    if also_anchor is not None and parent is not None and also_anchor[0].wants(chain, size):
+        anchor_path = path + ".anchor.wdb"
+        also_anchor[1](anchor_path)
+        with BundleReader(anchor_path) as ar:
+            check_records(ar, reporter)
+            if ar.index.target_fingerprint != version or ar.index.base_fingerprint is not None:
+                raise IntegrityError(f"{anchor_path}: the anchor is not of the version pushed")
+            a_id, a_size = ar.id, ar.size
+        if chain.entry(a_id) is None:
+            extra = _entry(anchor_path, a_id, a_size, version, None, label, part_size, key, uploads)
     lineage = chain.lineage
+    replaced = raw if chain.entries or lineage is not None else None
+    if extra is not None:
+        chain = chain.appended(entry)
+        entry = extra
     new = chain.appended(entry, head=not shortcut).succeeding(
-        raw if chain.entries or lineage is not None else None,
+        replaced,
         remote=lineage.remote if lineage is not None else secrets.token_hex(16),
         published=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         signer=key.public_key.id_hex if key is not None else None,
@@ -211,7 +274,7 @@ def push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_ke
     chain_sig = chain_signature(encoded, key, path) if key is not None else None
     if chain_sig is not None:
         uploads.append(chain_sig)
-    reporter.phase("upload", size)
+    reporter.phase("upload", sum(u.length for u in uploads))
     verb = "wdiff squash" if shortcut else "wdiff push"
     message = commit_message or f"{verb} {short(version)}" + (f" ({label})" if label else "")
     try:
@@ -223,11 +286,34 @@ def push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_ke
     if key is not None or verified:
         trust.remember(store.url, new, encoded, records)
     reporter.done()
-    return PushResult(store.url, bundle_id, version, parent, n_parts, size, True, label)
+    return PushResult(store.url, bundle_id, version, parent, n_parts, size, True, label,
+                      anchored=extra.bundle if extra is not None else None)
 
 
-def _check_extended(store, chain: Chain, raw: bytes | None, key, *, adopt: bool, records: list,
-                    reporter: Reporter) -> bool:
+def _entry(path: str, bundle_id: bytes, size: int, version: bytes, parent: bytes | None, label, part_size: int,
+           key, uploads: list[Upload]) -> Entry:
+    """The chain entry of a bundle file, adding its parts (and signature) to ``uploads``."""
+    n_parts = max(1, -(-size // part_size))
+    names = part_paths(bundle_id, n_parts)
+    parts = []
+    for k, name in enumerate(names):
+        off = k * part_size
+        length = min(part_size, size - off)
+        uploads.append(Upload(name, path, off, length))
+        parts.append(Part(name, length, range_digest(path, off, length)))
+    signature = None
+    if key is not None:
+        sig_file = sign_bundle(path, key, verify=False)  # verified above
+        signature = names[0] + signing.SUFFIX
+        uploads.append(Upload(signature, sig_file, 0, os.path.getsize(sig_file)))
+    return Entry(
+        bundle=bundle_id, version=version, parent=parent, parts=tuple(parts),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), label=label, signature=signature,
+    )
+
+
+def check_extended(store, chain: Chain, raw: bytes | None, key, *, adopt: bool, records: list,
+                   reporter: Reporter) -> bool:
     """Refuse to extend a chain that this push cannot vouch for; returns
     whether the chain was verified. A chain is signed when it says so (its
     signer) or, written before format 1.1, when a signature object for its

@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlparse
 from ..errors import UsageError
 from .base import Reader, Upload, Writer
 
-__all__ = ["open_remote", "Reader", "Writer", "Upload", "parse_remote", "suggest"]
+__all__ = ["Reader", "Upload", "Writer", "open_remote", "parse_remote", "suggest"]
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 

@@ -71,6 +71,31 @@ class Reader(ABC):
         raises NotImplementedError, and the caller fetches whole objects."""
         raise NotImplementedError
 
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[tuple[str, int]]:
+        """(path relative to the remote root, size) of every object under
+        ``prefix`` (a folder, "" for the whole remote), sorted by path; []
+        when there is none. Never follows links out of the remote. A
+        repository lists the commit the chain was last read at (its head
+        when none was read)."""
+
+
+def check_prefix(prefix: str) -> str:
+    """A listing prefix: "" or a relative folder without "." or ".." parts."""
+    prefix = prefix.strip("/")
+    if prefix and any(p in ("", ".", "..") for p in prefix.split("/")):
+        raise ValueError(f"bad listing prefix {prefix!r}")
+    return prefix
+
+
+def check_deletable(paths: list[str]) -> None:
+    """Refuse what a delete must never remove: the chain index, and any
+    path that is not a plain relative path inside the remote."""
+    for p in paths:
+        parts = p.split("/")
+        if p == CHAIN or not p or p.startswith("/") or any(x in ("", ".", "..") for x in parts):
+            raise ValueError(f"refusing to delete {p!r}")
+
 
 def check_fetch_args(size: int | None, max_size: int | None) -> None:
     if (size is None) == (max_size is None) or (size is not None and size < 0) or (max_size is not None and max_size < 0):
@@ -84,3 +109,14 @@ class Writer(Reader):
         """Store ``uploads``, then replace the chain index with ``chain`` if it
         is still what ``token`` saw; otherwise raise ConflictError. Readers
         never see a chain that lists objects not yet stored."""
+
+    @abstractmethod
+    def store(self, uploads: list[Upload], *, reporter: Reporter = SILENT) -> None:
+        """Store objects only; the chain index is untouched (staged parts, gc
+        rewrites). An object already stored with the same size is kept (the
+        caller names objects by content)."""
+
+    @abstractmethod
+    def delete(self, paths: list[str]) -> None:
+        """Remove objects; a missing path is not an error; refuses
+        ``chain.json`` (ValueError)."""

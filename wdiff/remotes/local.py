@@ -10,7 +10,7 @@ import xxhash
 from ..errors import ConflictError, IntegrityError, NotFoundError, WdiffIOError
 from ..fsutil import atomic_write_bytes, fsync_dir, io_error, open_regular, read_bounded, temp_name, write_all
 from ..progress import SILENT, Reporter
-from .base import CHAIN, Upload, Writer, check_fetch_args, read_chain_file
+from .base import CHAIN, Upload, Writer, check_deletable, check_fetch_args, check_prefix, read_chain_file
 
 PIECE = 8 * 1024 * 1024
 
@@ -97,17 +97,80 @@ class LocalStore(Writer):
                     f"{self.url}: the chain changed since it was read (another push?)",
                     hint="run the push again",
                 )
-            dirs = set()
-            for u in uploads:
-                dest = self._path(u.path)
-                if os.path.exists(dest) and os.path.getsize(dest) == u.length:
-                    continue  # stored by an earlier, interrupted push; the chain digest guards it
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                _copy_range(u.source, u.offset, u.length, dest, reporter)
-                dirs.add(os.path.dirname(dest))
-            for d in dirs:
-                fsync_dir(d)
+            self._store(uploads, reporter)
             atomic_write_bytes(self._path(CHAIN), chain)
+
+    def _store(self, uploads: list[Upload], reporter: Reporter) -> None:
+        dirs = set()
+        for u in uploads:
+            if u.path == CHAIN:
+                raise ValueError("the chain index is written by publish only")
+            dest = self._path(u.path)
+            if os.path.exists(dest) and os.path.getsize(dest) == u.length:
+                continue  # stored by an earlier, interrupted push; the chain digest guards it
+            try:
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+            except OSError as e:
+                raise io_error(dest, e) from None
+            _copy_range(u.source, u.offset, u.length, dest, reporter)
+            dirs.add(os.path.dirname(dest))
+        for d in dirs:
+            fsync_dir(d)
+
+    def store(self, uploads: list[Upload], *, reporter: Reporter = SILENT) -> None:
+        self._store(uploads, reporter)
+
+    def list(self, prefix: str = "") -> list[tuple[str, int]]:
+        """Regular files only, never through a link; names starting with a
+        dot (the lock, temp files of writes under way) are not objects."""
+        prefix = check_prefix(prefix)
+        out: list[tuple[str, int]] = []
+
+        def walk(folder: str, rel: str) -> None:
+            try:
+                it = os.scandir(folder)
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            except OSError as e:
+                raise io_error(folder, e) from None
+            with it:
+                for d in it:
+                    if d.name.startswith("."):
+                        continue
+                    name = f"{rel}/{d.name}" if rel else d.name
+                    if d.is_dir(follow_symlinks=False):
+                        walk(d.path, name)
+                    elif d.is_file(follow_symlinks=False):
+                        out.append((name, d.stat(follow_symlinks=False).st_size))
+
+        start = self._path(prefix) if prefix else self.root
+        if prefix and os.path.islink(start):
+            return []
+        if prefix:
+            # no folder on the way may be a link out of the remote
+            real = os.path.realpath(start)
+            if real != os.path.join(os.path.realpath(self.root), *prefix.split("/")):
+                return []
+        walk(start, prefix)
+        out.sort()
+        return out
+
+    def delete(self, paths: list[str]) -> None:
+        check_deletable(paths)
+        root = os.path.realpath(self.root)
+        for p in paths:
+            dest = self._path(p)
+            # the folder must be the remote's own, not a link to elsewhere
+            if os.path.realpath(os.path.dirname(dest)) != os.path.dirname(os.path.join(root, *p.split("/"))):
+                raise ValueError(f"refusing to delete {p!r}: a folder on its way is a link")
+            try:
+                os.unlink(dest)
+            except FileNotFoundError:
+                continue
+            except IsADirectoryError:
+                raise ValueError(f"refusing to delete {p!r}: a folder") from None
+            except OSError as e:
+                raise io_error(dest, e) from None
 
 
 class _blocking_lock:

@@ -1,0 +1,414 @@
+"""Hub model and dataset repositories: git-versioned, atomic commits (see
+the package's docstring)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import time
+
+from ...errors import AuthError, ConflictError, IntegrityError, NotFoundError, RemoteError
+from ...progress import SILENT, Reporter
+from ..base import CHAIN, Upload, Writer, check_deletable, check_fetch_args, check_prefix, read_chain_file
+from .transfer import (
+    _bar_class,
+    _check_downloaded,
+    _Counted,
+    _pumped,
+    _refuse_large_chain,
+    _resume_get,
+    _routed_xet_upload_progress,
+    _Slice,
+    _Staging,
+    hub_errors,
+)
+
+REPO_ROOT = "wdiff"
+CARD = "README.md"
+MAX_FILES_PER_COMMIT = 80  # the Hub asks for fewer than 100
+COMMIT_RETRIES = 2
+#: commits that touch objects only (store, delete) move the branch without
+#: changing the chain; a publish that meets one (HTTP 412) builds on it when
+#: the chain there is still the one it read, this many times
+CHAIN_UNCHANGED_RETRIES = 8
+_SHA = re.compile(r"[0-9a-f]{40}")
+
+class _NewBranch:
+    """The chain token of a branch a push will create, from ``start``."""
+
+    def __init__(self, start: str) -> None:
+        self.start = start
+
+
+class RepoStore(Writer):
+    def __init__(self, url: str, repo_id: str, repo_type: str, revision: str, *, subfolder: str = "",
+                 token: str | None = None, private: bool = True, create: bool = False) -> None:
+        from huggingface_hub import HfApi
+
+        self.url = url
+        self.repo_id = repo_id
+        self.repo_type = repo_type
+        self.revision = revision
+        self.root = subfolder or REPO_ROOT
+        self.private = private
+        self.create = create  # a pusher: a missing branch reads as one to create
+        self._token = token  # None: huggingface_hub's own (HF_TOKEN, stored login)
+        self.api = HfApi(token=token)
+        self._sha: str | None = None  # the commit the chain was read at
+        self._fresh = False  # no chain when it was read: the next commit starts one
+        self._raw: bytes | None = None  # the chain as read at _sha
+
+    def _remote(self, path: str) -> str:
+        return f"{self.root}/{path}"
+
+    def _head(self, revision: str | None = None) -> str | None:
+        """The commit a revision (default: the URL's) points at; None when
+        there is no repository."""
+        from huggingface_hub import errors as he
+
+        revision = revision or self.revision
+        try:
+            with hub_errors(self.url, "repository"):
+                try:
+                    return self.api.repo_info(self.repo_id, repo_type=self.repo_type, revision=revision).sha
+                except he.RepositoryNotFoundError:
+                    return None
+        except NotFoundError:
+            raise NotFoundError(f"{self.url}: revision {revision!r} not found") from None
+
+    def read_chain(self) -> tuple[bytes | None, object]:
+        try:
+            sha = self._head()
+        except NotFoundError:
+            if not self.create or _SHA.fullmatch(self.revision):
+                raise
+            # a push to a branch that does not exist yet: it will start at the
+            # default branch's head, and so does its chain
+            start = self._head("main")
+            if start is None:  # the repository went away meanwhile
+                self._sha, self._fresh = None, True
+                return None, None
+            self._sha = start
+            raw = self._download_chain(start)
+            self._fresh = raw is None
+            return raw, _NewBranch(start)
+        self._sha = sha
+        if sha is None:
+            self._fresh = True
+            return None, None
+        raw = self._download_chain(sha)
+        self._fresh = raw is None
+        self._raw = raw
+        return raw, sha
+
+    def _download_chain(self, sha: str) -> bytes | None:
+        from huggingface_hub import errors as he
+        from huggingface_hub import hf_hub_download
+
+        try:
+            size = self._size(CHAIN, sha)
+        except NotFoundError:
+            size = None
+        if size is None:
+            return None
+        _refuse_large_chain(self.url, size)
+        with tempfile.TemporaryDirectory(prefix="wdiff-chain-") as tmp:
+            try:
+                with hub_errors(self.url, CHAIN):
+                    path = hf_hub_download(self.repo_id, self._remote(CHAIN), repo_type=self.repo_type,
+                                           revision=sha, local_dir=tmp, token=self._token,
+                                           tqdm_class=_bar_class(None))
+            except NotFoundError:
+                return None
+            except he.EntryNotFoundError:  # pragma: no cover - mapped above
+                return None
+            return read_chain_file(path, self.url)
+
+    def _size(self, path: str, revision: str) -> int | None:
+        """The size of object ``path`` at ``revision``, from the tree
+        metadata (no download); None when it does not exist."""
+        with hub_errors(self.url, path):
+            infos = self.api.get_paths_info(self.repo_id, [self._remote(path)], repo_type=self.repo_type,
+                                            revision=revision)
+        for i in infos:
+            if i.path == self._remote(path):
+                return getattr(i, "size", None)
+        return None
+
+    def fetch(self, path: str, dest: str, *, size: int | None = None, max_size: int | None = None,
+              reporter: Reporter = SILENT) -> None:
+        check_fetch_args(size, max_size)
+        if self._sha is None:
+            self.read_chain()
+        if max_size is not None:
+            # a small object of unknown size: ask its size first, so that a
+            # hostile repository cannot make us download without end
+            have = self._size(path, self._sha)
+            if have is None:
+                raise NotFoundError(f"{self.url}: object {path} is missing")
+            if have > max_size:
+                raise IntegrityError(f"{self.url}: {path}: {have} bytes, more than the {max_size} this object may have")
+            self._fetch_small(path, dest, size, max_size, reporter)
+            return
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers
+
+        url = hf_hub_url(self.repo_id, self._remote(path), repo_type=self.repo_type, revision=self._sha)
+        _resume_get(self.url, path, url, build_hf_headers(token=self._token), dest, size, reporter)
+
+    def _fetch_small(self, path: str, dest: str, size: int | None, max_size: int | None, reporter: Reporter) -> None:
+        """An object of unknown size (a signature): whole, through the client,
+        and checked against its bound once it has arrived."""
+        from huggingface_hub import hf_hub_download
+
+        landing = os.path.join(os.path.dirname(os.path.abspath(dest)), ".hub-download")
+        os.makedirs(landing, exist_ok=True)
+        try:
+            with hub_errors(self.url, path):
+                got = hf_hub_download(self.repo_id, self._remote(path), repo_type=self.repo_type,
+                                      revision=self._sha, local_dir=landing, token=self._token,
+                                      tqdm_class=_bar_class(None))
+            _check_downloaded(self.url, path, got, size, max_size)
+            os.replace(got, dest)
+            reporter.advance(os.path.getsize(dest))
+        finally:
+            shutil.rmtree(landing, ignore_errors=True)
+
+    def publish(self, uploads: list[Upload], chain: bytes, token: object, *, message: str,
+                reporter: Reporter = SILENT) -> None:
+        from huggingface_hub import CommitOperationAdd
+
+        parent = self._prepare(token, reporter)
+        staging = _Staging()
+        ops: list = []
+        opened = ops[:]  # every upload's operation, for closing its file objects
+        try:
+            for u in uploads:
+                ops.append(self._upload(u, staging, reporter))
+                opened.append(ops[-1])
+            # the Hub takes fewer than 100 files per commit: parts go ahead in batches,
+            # each conditional on the previous commit; the chain rides with the last batch
+            while len(ops) >= MAX_FILES_PER_COMMIT:
+                batch, ops = ops[: MAX_FILES_PER_COMMIT - 1], ops[MAX_FILES_PER_COMMIT - 1 :]
+                parent = self._commit(batch, parent, message + " (parts)", chain_read=isinstance(token, str))
+            ops.append(CommitOperationAdd(path_in_repo=self._remote(CHAIN), path_or_fileobj=chain))
+            if self._fresh and not self._has(CARD, parent):
+                ops.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=model_card(self).encode()))
+            self._commit(ops, parent, message, chain_read=not self._fresh and isinstance(token, str))
+        finally:
+            for op in opened:
+                if isinstance(op.path_or_fileobj, _Slice):
+                    op.path_or_fileobj.close()
+            staging.cleanup()
+
+    def _prepare(self, token: object, reporter: Reporter) -> str:
+        """The commit to build on, creating the repository and the branch
+        when they do not exist yet."""
+        if isinstance(token, _NewBranch):
+            self._create_branch(token.start)
+            return token.start
+        if token is not None:
+            return token  # type: ignore[return-value]
+        # no repository when the chain was read: create it, and make sure it is still empty
+        self._create_repo(reporter)
+        try:
+            parent = self._head()
+        except NotFoundError:  # the URL names a branch the new repository lacks
+            parent = self._head("main")
+            if parent is None:
+                raise ConflictError(f"{self.url}: the repository went away meanwhile", hint="run the push again") from None
+            self._create_branch(parent)
+        if parent is None or self._download_chain(parent) is not None:
+            raise ConflictError(f"{self.url}: someone else pushed meanwhile", hint="run the push again")
+        self._fresh = True
+        return parent
+
+    def _create_repo(self, reporter: Reporter) -> None:
+        from huggingface_hub import errors as he
+
+        with hub_errors(self.url, "create repository"):
+            try:
+                self.api.create_repo(self.repo_id, repo_type=self.repo_type, private=self.private)
+            except he.HfHubHTTPError as e:
+                if e.response is not None and e.response.status_code == 409:
+                    return  # created meanwhile by someone else: not ours to announce
+                raise
+        what = "dataset repository" if self.repo_type == "dataset" else "repository"
+        if self.private:
+            reporter.warn(f"created the private {what} {self.repo_id}: only accounts with access to it can pull "
+                          "(push with --public, or private=False, to create a public one)")
+        else:
+            reporter.warn(f"created the public {what} {self.repo_id}: anyone can pull it")
+
+    def _create_branch(self, start: str) -> None:
+        with hub_errors(self.url, f"create branch {self.revision}"):
+            self.api.create_branch(self.repo_id, branch=self.revision, revision=start, repo_type=self.repo_type,
+                                   exist_ok=True)
+
+    def _has(self, path: str, sha: str) -> bool:
+        with hub_errors(self.url, path):
+            return bool(self.api.get_paths_info(self.repo_id, [path], repo_type=self.repo_type, revision=sha))
+
+    def _upload(self, u: Upload, staging: _Staging, reporter: Reporter):
+        """Upload one object ahead of the commit (a no-op for small files,
+        which ride inline in the commit), reporting its bytes as they move;
+        returns its commit operation."""
+        from huggingface_hub import CommitOperationAdd
+        from huggingface_hub.utils._runtime import is_xet_available
+
+        reporter.file(u.path, u.length)
+        xet = is_xet_available()
+        # Xet reads paths (a file object would send it back to LFS); LFS reads
+        # a file object, which counts what it reads and needs no staged copy
+        source = _Slice(u.source, u.offset, u.length) if not xet else None
+        op = CommitOperationAdd(path_in_repo=self._remote(u.path),
+                                path_or_fileobj=source if source is not None else staging.file_for(u))
+        counted = _Counted(u.length)
+
+        def work(sink) -> None:
+            counted.sink = sink
+            if source is not None:
+                source.sink = counted
+            with _routed_xet_upload_progress(counted):
+                self.api.preupload_lfs_files(self.repo_id, [op], repo_type=self.repo_type, revision=self.revision)
+
+        try:
+            with hub_errors(self.url, "upload"):
+                _pumped(reporter, work)
+        finally:
+            if source is not None:
+                source.sink = None
+        reporter.advance(u.length - counted.done)  # already on the Hub, or bytes no hook saw
+        return op
+
+    def _commit(self, ops: list, parent: str | None, message: str, *, chain_read: bool = False) -> str:
+        """Commit ``ops`` on ``parent`` (None: on whatever the head is). With
+        ``chain_read``, a head that moved on without changing the chain (a
+        store or delete commit) is built on instead of refused."""
+        for _ in range(CHAIN_UNCHANGED_RETRIES):
+            try:
+                return self._commit_once(ops, parent, message)
+            except ConflictError:
+                if not chain_read or parent is None:
+                    raise
+                head = self._head()
+                if head is None or head == parent or self._download_chain(head) != self._raw:
+                    raise
+                parent = head
+        return self._commit_once(ops, parent, message)
+
+    def _commit_once(self, ops: list, parent: str | None, message: str) -> str:
+        for attempt in range(COMMIT_RETRIES + 1):
+            try:
+                with hub_errors(self.url, "commit"):
+                    info = self.api.create_commit(
+                        self.repo_id, operations=ops, commit_message=message, repo_type=self.repo_type,
+                        revision=self.revision, parent_commit=parent,
+                    )
+                return info.oid
+            except RemoteError as e:
+                if isinstance(e, (AuthError, ConflictError)) or attempt == COMMIT_RETRIES:
+                    raise
+                time.sleep(1 + attempt)  # the client does not retry commits; the same operations can be resent
+        raise AssertionError("unreachable")
+
+
+    # -- objects without the chain: listing, staging, removal ---------------------------
+
+    def list(self, prefix: str = "") -> list[tuple[str, int]]:
+        from huggingface_hub.hf_api import RepoFile
+
+        prefix = check_prefix(prefix)
+        sha = self._sha or self._head()
+        if sha is None:
+            return []
+        base = self._remote(prefix) if prefix else self.root
+        try:
+            with hub_errors(self.url, "list"):
+                items = [i for i in self.api.list_repo_tree(self.repo_id, base, recursive=True, revision=sha,
+                                                            repo_type=self.repo_type) if isinstance(i, RepoFile)]
+        except NotFoundError:
+            return []
+        cut = len(self.root) + 1
+        return sorted((i.path[cut:], i.size) for i in items if i.path.startswith(self.root + "/"))
+
+    def store(self, uploads: list[Upload], *, reporter: Reporter = SILENT) -> None:
+        if any(u.path == CHAIN for u in uploads):
+            raise ValueError("the chain index is written by publish only")
+        if not uploads:
+            return
+        if self._head() is None:
+            raise NotFoundError(f"{self.url}: no such repository", hint="push an anchor first")
+        staging = _Staging()
+        ops: list = []
+        try:
+            for u in uploads:
+                ops.append(self._upload(u, staging, reporter))
+            # not conditional: objects are named by content, and the chain is untouched
+            for k in range(0, len(ops), MAX_FILES_PER_COMMIT):
+                self._commit(ops[k : k + MAX_FILES_PER_COMMIT], None, "wdiff: store objects")
+        finally:
+            for op in ops:
+                if isinstance(op.path_or_fileobj, _Slice):
+                    op.path_or_fileobj.close()
+            staging.cleanup()
+
+    def delete(self, paths: list[str]) -> None:
+        from huggingface_hub import CommitOperationDelete
+
+        check_deletable(paths)
+        if not paths:
+            return
+        head = self._head()
+        if head is None:
+            return
+        with hub_errors(self.url, "delete"):
+            infos = self.api.get_paths_info(self.repo_id, [self._remote(p) for p in paths], repo_type=self.repo_type,
+                                            revision=head)
+        from huggingface_hub.hf_api import RepoFile
+
+        present = sorted(i.path for i in infos if isinstance(i, RepoFile))
+        for k in range(0, len(present), MAX_FILES_PER_COMMIT):
+            ops = [CommitOperationDelete(path_in_repo=p) for p in present[k : k + MAX_FILES_PER_COMMIT]]
+            self._commit(ops, None, "wdiff gc: delete unreferenced objects")
+
+
+def model_card(store: RepoStore) -> str:
+    """The README.md a chain's first push puts in a repository that has none."""
+    prefix = "datasets/" if store.repo_type == "dataset" else ""
+    url = f"hf://{prefix}{store.repo_id}"
+    if store.revision != "main":
+        url += f"@{store.revision}"
+    if store.root != REPO_ROOT:
+        url += f"/{store.root}"
+    return f"""---
+tags:
+- wdiff
+---
+
+# {store.repo_id}
+
+This repository is a [wdiff](https://pypi.org/project/wdiff/) remote: a chain of
+model checkpoint versions stored as verified delta bundles. `{store.root}/chain.json`
+lists every version (an anchor, a whole checkpoint, or a delta from the version
+before it) with the sizes and digests of its parts under `{store.root}/objects/`.
+The files are not a checkpoint themselves: wdiff rebuilds one from them, bit for
+bit, and checks it against the digests before it uses it.
+
+To get the newest version into a directory (and, run again, to bring that
+directory up to date by downloading only what changed):
+
+```sh
+pip install wdiff
+wdiff pull {url} ./checkpoint
+```
+
+`wdiff log {url}` lists the versions; `wdiff pull {url} ./checkpoint --to VERSION`
+fetches an older one. For a private repository, log in first (`hf auth login`)
+or set `HF_TOKEN`.
+
+This card was written by the first `wdiff push`; wdiff never changes it again,
+so edit it as you like.
+"""
