@@ -218,7 +218,6 @@ def test_missing_bucket_and_missing_remote(s3, tmp_path):
 
 
 def test_list_store_delete(s3, tmp_path):
-    from wdiff.errors import UsageError
     from wdiff.remotes import Upload
 
     url = f"s3://{s3.new_bucket()}/run"
@@ -231,7 +230,7 @@ def test_list_store_delete(s3, tmp_path):
     assert store.list("objects/b") == [("objects/b/2", 50)]
     assert store.read_chain()[0] is None  # store() never writes the chain
     assert store.fetch_range("objects/b/2", 10, 5, size=50) == b"yyyyy"
-    with pytest.raises(UsageError):
+    with pytest.raises(ValueError):
         store.delete(["chain.json"])
     store.delete(["objects/a/1", "objects/missing"])
     assert store.list() == [("objects/b/2", 50)]

@@ -402,7 +402,7 @@ def test_list_store_delete(remote, versions, tmp_path):
     assert tree(tmp_path / "out") == tree(versions[1])
 
 
-@pytest.mark.parametrize("remote", ["local", "hub-model-xet", "hub-model-lfs", "hub-bucket"], indirect=True)
+@pytest.mark.parametrize("remote", ["local", "hub-model-xet", "hub-model-lfs", "hub-bucket", "s3"], indirect=True)
 def test_push_after_a_store_by_someone_else(remote, versions, tmp_path):
     """A store between a push's chain read and its publish changes no chain:
     the push still wins (on the Hub it builds on the store's commit)."""
@@ -419,7 +419,7 @@ def test_push_after_a_store_by_someone_else(remote, versions, tmp_path):
     assert open_remote(remote).read_chain()[0] == raw
 
 
-@pytest.mark.parametrize("remote", ["local", "hub-model-xet", "hub-bucket"], indirect=True)
+@pytest.mark.parametrize("remote", ["local", "hub-model-xet", "hub-bucket", "s3"], indirect=True)
 def test_gc_and_staged_commit(remote, versions, tmp_path):
     """gc (bridge, phase 1, phase 2) and many-writers staging through every
     kind of remote."""

@@ -48,7 +48,7 @@ from ..errors import (AuthError, ConflictError, FormatError, IntegrityError, Not
                       WdiffError, WdiffIOError)
 from ..fsutil import atomic_write_bytes, io_error
 from ..progress import SILENT, Reporter
-from .base import CHAIN, MAX_CHAIN_OBJECT, Upload, Writer, check_fetch_args
+from .base import CHAIN, MAX_CHAIN_OBJECT, Upload, Writer, check_deletable, check_fetch_args, check_prefix
 
 #: download piece: what a dropped connection costs at most, and the memory a fetch holds
 PIECE = 4 * 1024 * 1024
@@ -328,10 +328,12 @@ class ObjectStore(Writer):
         return data
 
     def list(self, prefix: str = "") -> list[tuple[str, int]]:
+        prefix = check_prefix(prefix)
+        base = self._key(prefix) if prefix else self.root
         with store_errors(self.url, "list"):
             self.fs.invalidate_cache()
             try:
-                found = self.fs.find(self.root, detail=True) if self.root else self.fs.find("", detail=True)
+                found = self.fs.find(base, detail=True)
             except FileNotFoundError:
                 return []
         root = self.root.lstrip("/")  # some file systems (memory://) name everything from "/"
@@ -342,7 +344,7 @@ class ObjectStore(Writer):
             if info.get("type", "file") != "file" or (root and not name.startswith(root + "/")):
                 continue
             rel = name[cut:]
-            if rel and rel.startswith(prefix):
+            if rel and (not prefix or rel.startswith(prefix + "/")):
                 out.append((rel, int(info.get("size") or 0)))
         return sorted(out)
 
@@ -355,8 +357,7 @@ class ObjectStore(Writer):
             self._upload(u, reporter)
 
     def delete(self, paths: list[str]) -> None:
-        if CHAIN in paths:
-            raise UsageError(f"{self.url}: delete() refuses the chain index")
+        check_deletable(paths)
         keys = [self._key(p) for p in paths]
         for k in keys:
             with contextlib.suppress(NotFoundError), store_errors(self.url, "delete"):
