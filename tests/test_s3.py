@@ -126,10 +126,10 @@ RACER = textwrap.dedent("""
     # one pusher for every round: the command line's main() per round, in
     # one process (its start-up paid once); a gate before each chain write
     import json, os, sys, time
-    from wdiff.remotes import objstore
+    from wdiff.remotes import stores
     from wdiff.cli import main
     side, url, gates, bundles = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
-    real = objstore.S3Store._write_chain
+    real = stores.S3Store._write_chain
     gate = [None]
     def raced(self, chain, token):
         open(os.path.join(gate[0], side), "w").close()
@@ -137,7 +137,7 @@ RACER = textwrap.dedent("""
         while len(os.listdir(gate[0])) < 2 and time.monotonic() < deadline:
             time.sleep(0.002)
         return real(self, chain, token)
-    objstore.S3Store._write_chain = raced
+    stores.S3Store._write_chain = raced
     for k, bundle in enumerate(bundles):
         gate[0] = os.path.join(gates, str(k))
         os.makedirs(gate[0], exist_ok=True)

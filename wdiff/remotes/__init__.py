@@ -13,7 +13,8 @@
 fsspec URL                                    an object store through fsspec
 
 Only the Hub module imports huggingface_hub, and only when a Hub URL is used;
-only the object-store module (objstore.py) imports fsspec and its stores.
+only the object-store modules (objstore.py, stores.py) import fsspec and its
+stores.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def open_remote(url: str | os.PathLike, *, token: str | None = None, private: bo
 
         return LocalStore(spec["path"], url)
     if spec["kind"] == "objstore":
-        from .objstore import open_store
+        from .stores import open_store
 
         return open_store(url, spec)
     from .hub import open_hub
