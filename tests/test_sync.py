@@ -17,7 +17,7 @@ from wdiff.fsutil import locked
 from wdiff.ops.squash import squash
 from wdiff.remotes import open_remote
 
-KINDS = ["local", "file-url", "hub-model-xet", "hub-model-lfs", "hub-dataset", "hub-bucket"]
+KINDS = ["local", "file-url", "hub-model-xet", "hub-model-lfs", "hub-dataset", "hub-bucket", "s3", "fsspec-memory"]
 
 
 class Remote(str):
@@ -26,9 +26,18 @@ class Remote(str):
     kind: str
     hub = None
     root = None
+    s3 = None  # the moto stand-in (s3fake.MotoS3)
+    memfs = None  # fsspec's in-memory file system
 
     def corrupt_next_download(self, part_path: str) -> None:
-        if self.hub is None:  # flip a stored byte; the test repairs it afterwards
+        if self.s3 is not None:  # flip a stored byte; the test repairs it afterwards
+            self.s3.flip_byte(self[len("s3://"):] + "/" + part_path)
+        elif self.memfs is not None:
+            key = self[len("memory://"):] + "/" + part_path
+            data = bytearray(self.memfs.cat_file(key))
+            data[len(data) // 2] ^= 1
+            self.memfs.pipe_file(key, bytes(data))
+        elif self.hub is None:  # flip a stored byte; the test repairs it afterwards
             p = self.root / part_path
             data = bytearray(p.read_bytes())
             data[len(data) // 2] ^= 1
@@ -37,7 +46,7 @@ class Remote(str):
             self.hub.faults.corrupt_download(part_path)
 
     def repair(self, part_path: str) -> None:
-        if self.hub is None:
+        if self.hub is None:  # flip the byte back
             self.corrupt_next_download(part_path)
 
 
@@ -48,6 +57,25 @@ def remote(request, tmp_path, monkeypatch):
         r = Remote(("" if kind == "local" else "file://") + str(tmp_path / "remote"))
         r.kind, r.root = kind, tmp_path / "remote"
         yield r
+        return
+    if kind == "s3":
+        from s3fake import configure
+
+        moto = request.getfixturevalue("moto_s3")
+        configure(monkeypatch, moto.endpoint)
+        r = Remote(f"s3://{moto.new_bucket()}/run-1")
+        r.kind, r.s3 = kind, moto
+        yield r
+        return
+    if kind == "fsspec-memory":  # the generic fsspec store (no conditional write)
+        import uuid
+
+        import fsspec
+
+        r = Remote(f"memory://wdiff-{uuid.uuid4().hex[:8]}/run-1")
+        r.kind, r.memfs = kind, fsspec.filesystem("memory")
+        yield r
+        r.memfs.rm(r[len("memory://"):].split("/")[0], recursive=True)
         return
     from hubfake import FakeHub, block_internet, configure_client
 
@@ -283,7 +311,9 @@ def test_remote_urls():
     assert parse_remote("hf://datasets/acme/d/sub")["subfolder"] == "sub"
     assert parse_remote("hf://buckets/acme/b/some/prefix") == {"kind": "bucket", "repo_id": "acme/b", "prefix": "some/prefix"}
     assert parse_remote("file:///tmp/x") == {"kind": "local", "path": "/tmp/x"}
-    for bad in ("s3://bucket/x", "hf://only-one", "hf://buckets/a/b/../c", "http://example.com/x",
+    assert parse_remote("s3://bucket/a/b/") == {"kind": "objstore", "protocol": "s3", "bucket": "bucket", "prefix": "a/b"}
+    assert parse_remote("gs://bucket")["protocol"] == "gs"
+    for bad in ("s3://", "s3://bucket/a/../b", "hf://only-one", "hf://buckets/a/b/../c", "http://example.com/x",
                 "hf://acme/m@dev/../x", "hf://acme/m/a//b"):
         with pytest.raises(UsageError):
             parse_remote(bad)
@@ -372,7 +402,7 @@ def test_list_store_delete(remote, versions, tmp_path):
     assert tree(tmp_path / "out") == tree(versions[1])
 
 
-@pytest.mark.parametrize("remote", ["local", "hub-model-xet", "hub-model-lfs", "hub-bucket"], indirect=True)
+@pytest.mark.parametrize("remote", ["local", "hub-model-xet", "hub-model-lfs", "hub-bucket", "s3"], indirect=True)
 def test_push_after_a_store_by_someone_else(remote, versions, tmp_path):
     """A store between a push's chain read and its publish changes no chain:
     the push still wins (on the Hub it builds on the store's commit)."""
@@ -389,7 +419,7 @@ def test_push_after_a_store_by_someone_else(remote, versions, tmp_path):
     assert open_remote(remote).read_chain()[0] == raw
 
 
-@pytest.mark.parametrize("remote", ["local", "hub-model-xet", "hub-bucket"], indirect=True)
+@pytest.mark.parametrize("remote", ["local", "hub-model-xet", "hub-bucket", "s3"], indirect=True)
 def test_gc_and_staged_commit(remote, versions, tmp_path):
     """gc (bridge, phase 1, phase 2) and many-writers staging through every
     kind of remote."""

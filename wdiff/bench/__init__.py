@@ -13,6 +13,9 @@ thread), ``zstd -1`` of B on every core (compressing B once, the work that
 a pack of a dense or unrelated change cannot avoid) and ``zstd
 --patch-from`` per shard.
 
+``python -m wdiff.bench fanout`` measures one push and 16 pullers at once
+instead (directory and S3 remotes): see wdiff/bench/fanout.py.
+
 Scenarios:
   adam0.5 .. adam20  an optimizer step: an fp32 master (A's bf16 values plus
           a sub-ulp offset) moved by about lr per element (Adam normalises
@@ -344,6 +347,11 @@ def _files(d: str) -> list[str]:
 # Longer than most functions, on purpose: the benchmark's script, one scenario
 # after another, read top to bottom as the table it prints.
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fanout"]:  # one push, many pullers: see fanout.py
+        from .fanout import main as fanout
+
+        return fanout(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m wdiff.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="2GB", help="checkpoint size (e.g. 256MB, 2GB, 16GB) [2GB]")
     ap.add_argument("--scenario", action="append", choices=SCENARIOS, help="repeatable [all]")

@@ -90,7 +90,7 @@ def _root(
     pass
 
 
-Remote = Annotated[str, typer.Argument(metavar="REMOTE", help="A directory, file://PATH, hf://ORG/NAME[@REV][/FOLDER], hf://datasets/ORG/NAME[@REV][/FOLDER] or hf://buckets/ORG/NAME[/PREFIX].", show_default=False)]
+Remote = Annotated[str, typer.Argument(metavar="REMOTE", help="A directory, file://PATH, hf://ORG/NAME[@REV][/FOLDER], hf://datasets/ORG/NAME[@REV][/FOLDER], hf://buckets/ORG/NAME[/PREFIX], s3://BUCKET[/PREFIX], gs://BUCKET[/PREFIX], az://CONTAINER[/PREFIX] or another fsspec store URL.", show_default=False)]
 
 
 def _size_arg(text: str) -> int:

@@ -40,6 +40,9 @@ ENVIRONMENT = [
                  "HF_HOME); wdiff never reads, logs or prints it."),
     ("HF_ENDPOINT", "Hugging Face Hub endpoint, for hf:// remotes."),
     ("HF_HUB_DISABLE_XET", "Set to 1 to upload to Hub repositories through LFS instead of Xet."),
+    ("AWS_ENDPOINT_URL", "S3 endpoint, for s3:// remotes on S3-compatible stores (R2, MinIO...); with "
+                         "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN and AWS_PROFILE read by "
+                         "botocore as usual. wdiff never prints them."),
 ]
 
 

@@ -116,6 +116,8 @@ def remote_key(url: str) -> str:
         return "file://" + os.path.realpath(spec["path"])
     if spec["kind"] == "bucket":
         return f"hf://buckets/{spec['repo_id']}" + (f"/{spec['prefix']}" if spec["prefix"] else "")
+    if spec["kind"] == "objstore":  # an object store: its bucket and prefix
+        return f"{spec['protocol']}://{spec['bucket']}" + (f"/{spec['prefix']}" if spec["prefix"] else "")
     return f"hf://{spec['kind']}s/{spec['repo_id']}"
 
 

@@ -8,8 +8,13 @@
 ``hf://models/ORG/NAME[@REV][/SUBFOLDER]``     the same, explicitly
 ``hf://datasets/ORG/NAME[@REV][/SUBFOLDER]``   a Hub dataset repository
 ``hf://buckets/ORG/NAME[/PREFIX]``            a Hub Storage Bucket
+``s3://BUCKET[/PREFIX]``                      an S3 (or S3-compatible) bucket
+``gs://BUCKET[/PREFIX]``, ``az://CONTAINER[/PREFIX]``, ``abfs://...``, any other
+fsspec URL                                    an object store through fsspec
 
-Only the Hub module imports huggingface_hub, and only when a Hub URL is used.
+Only the Hub module imports huggingface_hub, and only when a Hub URL is used;
+only the object-store modules (objstore.py, stores.py) import fsspec and its
+stores.
 """
 
 from __future__ import annotations
@@ -45,10 +50,15 @@ def parse_remote(url: str) -> dict:
             raise UsageError(f"{url}: expected hf://[datasets/]ORG/NAME[@REVISION][/SUBFOLDER]")
         return {"kind": kind, "repo_id": f"{m.group(1)}/{m.group(2)}", "revision": m.group(3) or "main",
                 "subfolder": _folder(url, m.group(4))}
+    if "://" in url and not url.startswith("file://"):
+        from .objstore import parse
+
+        return parse(url)
     if "://" in url:
         p = urlparse(url)
-        if p.scheme != "file" or p.netloc not in ("", "localhost"):
-            raise UsageError(f"{url}: unsupported remote (use a directory, file://, or hf://)")
+        if p.netloc not in ("", "localhost"):
+            raise UsageError(f"{url}: unsupported remote (use a directory, file://, hf://, s3://, gs://, az:// "
+                             "or another fsspec store URL)")
         return {"kind": "local", "path": unquote(p.path)}
     return {"kind": "local", "path": url}
 
@@ -73,7 +83,9 @@ def _folder(url: str, raw: str | None) -> str:
 
 def open_remote(url: str | os.PathLike, *, token: str | None = None, private: bool = True,
                 create: bool = False) -> Writer:
-    """The store behind ``url``. For Hub remotes: ``token`` (default:
+    """The store behind ``url``. Object stores take their credentials from
+    their own configuration (for S3: AWS_* variables, profiles, instance
+    metadata). For Hub remotes: ``token`` (default:
     huggingface_hub's own, HF_TOKEN or a stored login), ``private`` for a
     repository or bucket a push creates, and ``create`` for a pusher, to whom
     a branch that does not exist yet reads as one to create."""
@@ -83,6 +95,10 @@ def open_remote(url: str | os.PathLike, *, token: str | None = None, private: bo
         from .local import LocalStore
 
         return LocalStore(spec["path"], url)
+    if spec["kind"] == "objstore":
+        from .stores import open_store
+
+        return open_store(url, spec)
     from .hub import open_hub
 
     return open_hub(url, spec, token=token, private=private, create=create)
