@@ -1,0 +1,161 @@
+"""Publish live tensors: compare them, chunk by chunk, against a mirror (the
+last published version, an ordinary safetensors checkpoint on disk), pack
+one bundle from memory, push it, and bring the mirror up to date in place.
+
+No full checkpoint is written per step: the target side of the pack is the
+tensors themselves (wdiff.ops.memsource), read a unit at a time. The mirror
+is updated by the same in-place apply as ``wdiff apply --in-place``
+(journal, undo log, verified before commit), so a crash at any point
+leaves it at the old or the new version. The bundle being published waits
+in ``MIRROR/.wdiff/live/pending.wdb`` until the mirror holds its target: a
+publisher that starts after a crash pushes it (a push of a bundle the
+remote has is a no-op) and finishes the mirror first.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+
+from ..defaults import DEFAULT_LEVEL, DEFAULT_PART_SIZE
+from ..errors import UsageError
+from ..fsutil import fsync_dir
+from ..ops.apply.inplace import apply_in_place
+from ..ops.memsource import MemoryTarget, pack_memory
+from ..ops.push import push_bundle
+from ..parallel import default_threads
+from ..progress import SILENT, Reporter
+from ..statedir import StateDir
+from ..store.checkpoint import scan
+from ..store.hashing import hexd
+from ._tensors import live_tensors, without_aliases
+from .layout import INDEX, MAX_SHARD, METADATA, index_json, mem_tensors, shard
+
+PENDING = "pending.wdb"
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    version: str  # the new version's fingerprint (hex)
+    parent: str | None  # the version it was packed against (None: an anchor)
+    bundle_id: str
+    bundle_bytes: int
+    seconds: float
+    anchor: bool
+    changed_elements: int
+    tensors_changed: int
+    uploaded: bool  # False when the remote had this bundle already
+    label: str | None = None
+    #: seconds of the three steps: pack (compare + encode), push, mirror update
+    pack_seconds: float = 0.0
+    push_seconds: float = 0.0
+    mirror_seconds: float = 0.0
+
+
+class Publisher:
+    """Publish the tensors of a running trainer to ``remote`` (any wdiff
+    remote URL or path), keeping the last published version in
+    ``mirror_dir``. ``files``: companion files of the checkpoint
+    (``{"config.json": bytes or a path}``), written into every version.
+    ``anchor_every``: every Nth publish is a full anchor (None: only the
+    first), so that followers far behind restart from a recent one."""
+
+    def __init__(self, remote, mirror_dir, *, files: dict | None = None, max_shard_size: int = MAX_SHARD,
+                 anchor_every: int | None = None, level: int = DEFAULT_LEVEL, part_size: int = DEFAULT_PART_SIZE,
+                 sign_key=None, threads: int | None = None, reporter: Reporter = SILENT) -> None:
+        self.remote = os.fspath(remote) if isinstance(remote, os.PathLike) else remote
+        self.mirror = os.path.abspath(os.fspath(mirror_dir))
+        self.files = dict(files or {})
+        for name in self.files:
+            if name.endswith(".safetensors") or name == INDEX:
+                raise UsageError(f"{name}: the publisher writes the tensor files and their index itself")
+        self.max_shard = max_shard_size
+        if anchor_every is not None and anchor_every < 1:
+            raise UsageError("anchor_every must be at least 1")
+        self.anchor_every = anchor_every
+        self.level, self.part_size, self.sign_key = level, part_size, sign_key
+        self.threads = threads or default_threads()
+        self.reporter = reporter
+        self.published = 0
+
+    def publish(self, tensors, *, label: str | None = None, anchor: bool = False) -> PublishResult:
+        """Publish ``tensors`` (a state dict, or an iterable of (name,
+        tensor): torch tensors on any device, numpy arrays) as the remote's
+        new head. The first publish into an empty mirror is an anchor."""
+        t0 = time.perf_counter()
+        os.makedirs(self.mirror, exist_ok=True)
+        with StateDir.open(self.mirror, "live") as live, live.lock(what=f"{self.mirror} (publisher)",
+                                                                    name="publisher.lock"):
+            self._finish_pending(live)
+            lives, _aliases = without_aliases(live_tensors(tensors))
+            if not lives:
+                raise UsageError("nothing to publish: no tensors given")
+            files = shard(lives, self.max_shard)
+            A = scan(self.mirror)
+            if not A.files:
+                anchor = True
+            if self.anchor_every and self.published and self.published % self.anchor_every == 0:
+                anchor = True
+            with tempfile.TemporaryDirectory(prefix=".wdiff-live-", dir=os.path.dirname(self.mirror)) as tmp:
+                companions = self._companions(tmp, files)
+                target = MemoryTarget([(p, mem_tensors(g)) for p, g in files], companions, metadata=METADATA)
+                out = live.where(PENDING)
+                packed = pack_memory(None if anchor else A, target, live.where(PENDING + ".new"),
+                                     level=self.level, threads=self.threads, reporter=self.reporter)
+                os.replace(live.where(PENDING + ".new"), out)
+                fsync_dir(live.path)
+            t1 = time.perf_counter()
+            pushed = push_bundle(out, self.remote, label=label, part_size=self.part_size, fork=False,
+                                 sign_key=self.sign_key, reporter=self.reporter)
+            t2 = time.perf_counter()
+            self._update_mirror(live, anchor)
+            t3 = time.perf_counter()
+        self.published += 1
+        return PublishResult(
+            version=hexd(packed.target_fingerprint), parent=hexd(packed.base_fingerprint) if packed.base_fingerprint else None,
+            bundle_id=hexd(packed.bundle_id), bundle_bytes=packed.bundle_bytes, seconds=t3 - t0, anchor=anchor,
+            changed_elements=packed.changed_elements, tensors_changed=packed.tensors_changed,
+            uploaded=pushed.uploaded, label=label, pack_seconds=t1 - t0, push_seconds=t2 - t1,
+            mirror_seconds=t3 - t2,
+        )
+
+    def _companions(self, tmp: str, files) -> dict[str, str]:
+        out = {}
+        idx = index_json(files)
+        items = dict(self.files)
+        if idx is not None:
+            items[INDEX] = idx
+        for name, content in items.items():
+            if isinstance(content, (bytes, bytearray, str)) and not (isinstance(content, str) and os.path.isfile(content)):
+                data = content.encode() if isinstance(content, str) else bytes(content)
+                p = os.path.join(tmp, f"c{len(out)}")
+                with open(p, "wb") as f:
+                    f.write(data)
+                out[name] = p
+            else:
+                out[name] = os.fspath(content)
+        return out
+
+    def _update_mirror(self, live: StateDir, anchor: bool) -> None:
+        apply_in_place(live.where(PENDING), self.mirror, abort=False, threads=self.threads, over=anchor)
+        live.unlink(PENDING)
+
+    def _finish_pending(self, live: StateDir) -> None:
+        """A bundle left by a crash: push it (a no-op if the remote has it),
+        then finish bringing the mirror to its target."""
+        if live.kind(PENDING) != "file":
+            return
+        from ..format.bundle import BundleReader
+
+        with BundleReader(live.where(PENDING)) as r:
+            anchor = r.index.base_fingerprint is None
+        push_bundle(live.where(PENDING), self.remote, label=None, part_size=self.part_size, fork=False,
+                    sign_key=self.sign_key, reporter=self.reporter)
+        self._update_mirror(live, anchor)
+
+
+def _rmtree_quiet(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
