@@ -63,10 +63,10 @@ def headers_like(index, lives: list[Live]) -> dict[int, bytes]:
     for i, f in enumerate(index.files):
         if f.kind != "safetensors":
             continue
-        group = lives[pos : pos + len(f.tensors)]
-        pos += len(f.tensors)
+        group = lives[pos : pos + len(f.tensor_digests)]
+        pos += len(f.tensor_digests)
         raw = build_header(mem_tensors(group), METADATA)
-        if len(raw) != f.header_len or xxhash.xxh3_128_digest(raw) != f.header_digest:
+        if len(raw) != f.header_size or xxhash.xxh3_128_digest(raw) != f.header_digest:
             raise BaseMismatchError(
                 f"{f.path}: the tensors given do not have the names, dtypes, shapes and order of the bundle's "
                 "target (their header differs)",

@@ -1,0 +1,2 @@
+class Follower: pass
+class FollowResult: pass
