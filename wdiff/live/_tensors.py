@@ -52,7 +52,9 @@ class Live:
             self.device = None if obj.device.type == "cpu" else obj.device
             self.u8 = None
             if self.contiguous and self.nbytes:
-                flat = obj.detach().reshape(-1).view(__import__("torch").uint8)
+                import torch
+
+                flat = obj.detach().reshape(-1).view(torch.uint8)
                 self.u8 = flat.numpy() if self.device is None else flat
         elif isinstance(obj, np.ndarray):
             dt = _NUMPY.get(obj.dtype.name)
