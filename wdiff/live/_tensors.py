@@ -26,6 +26,15 @@ _TORCH = {
     "torch.float8_e4m3fn": "F8_E4M3", "torch.float8_e5m2": "F8_E5M2", "torch.complex64": "C64",
 }
 _SIGNED = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+_NP_BY_DTYPE = {np.dtype(k): v for k, v in _NUMPY.items() if hasattr(np, k)}
+_TORCH_BY_DTYPE: dict = {}
+
+
+def _torch_dtype(dt) -> str | None:
+    hit = _TORCH_BY_DTYPE.get(dt)
+    if hit is None:
+        hit = _TORCH_BY_DTYPE[dt] = _TORCH.get(str(dt))
+    return hit
 
 
 def is_torch(x) -> bool:
@@ -42,7 +51,7 @@ class Live:
     def __init__(self, name: str, obj) -> None:
         self.name, self.obj = name, obj
         if is_torch(obj):
-            dt = _TORCH.get(str(obj.dtype))
+            dt = _torch_dtype(obj.dtype)
             if dt is None:
                 raise UsageError(f"tensor {printable(name)}: dtype {obj.dtype} has no safetensors name")
             self.shape = tuple(int(d) for d in obj.shape)
@@ -57,7 +66,7 @@ class Live:
                 flat = obj.detach().reshape(-1).view(torch.uint8)
                 self.u8 = flat.numpy() if self.device is None else flat
         elif isinstance(obj, np.ndarray):
-            dt = _NUMPY.get(obj.dtype.name)
+            dt = _NP_BY_DTYPE.get(obj.dtype) or _NUMPY.get(obj.dtype.name)
             if dt is None:
                 raise UsageError(f"tensor {printable(name)}: dtype {obj.dtype} has no safetensors name")
             self.shape = tuple(int(d) for d in obj.shape)
