@@ -9,8 +9,10 @@ apply them themselves; :class:`Follower` keeps a worker's tensors at a
 remote's head. torch is imported only when torch tensors are given.
 """
 
+from ._tensors import Prepared
+from ._tensors import Prepared as prepare
 from .apply import ApplyIntoResult, apply_into, iter_patches
 from .follower import Follower, FollowResult
 from .publisher import Publisher, PublishResult
 
-__all__ = ["ApplyIntoResult", "Follower", "FollowResult", "Publisher", "PublishResult", "apply_into", "iter_patches"]
+__all__ = ["ApplyIntoResult", "Follower", "FollowResult", "Publisher", "PublishResult", "Prepared", "apply_into", "iter_patches", "prepare"]

@@ -47,7 +47,7 @@ from ..store.checkpoint import KIND_TENSORS, Checkpoint, scan, scope_of
 from ..store.hashing import hexd, tree
 from ..store.header import Header, TensorInfo, parse_header
 from ..store.units import FileLayout, Unit
-from ._tensors import Live, is_torch, live_tensors, without_aliases
+from ._tensors import Live, is_torch, prepared
 from .layout import headers_like
 
 #: undo entries kept in memory before they go to a temporary file
@@ -292,7 +292,8 @@ def _scatter(unit: Unit, pos: np.ndarray, vals: np.ndarray) -> set:
 def apply_into(bundle, tensors, *, base_version=None, trusted_keys=None, require_signature: bool = False,
                undo_budget: int = UNDO_BUDGET) -> ApplyIntoResult:
     """Patch ``tensors`` (a state dict or (name, tensor) pairs: torch CPU or
-    CUDA tensors, numpy arrays) in place from the version ``bundle`` starts
+    CUDA tensors, numpy arrays; or :func:`prepare`'s wrapping of them, for
+    many applies into the same tensors) in place from the version ``bundle`` starts
     from to the one it ends at. ``base_version``: the version the caller
     recorded for these tensors (hex or bytes); a bundle from another version
     is refused before anything is read. An anchor loads every tensor it
@@ -300,7 +301,7 @@ def apply_into(bundle, tensors, *, base_version=None, trusted_keys=None, require
     tensors are the old version again (see the module doc)."""
     t0 = time.perf_counter()
     want = _fp(base_version)
-    lives, _ = without_aliases(live_tensors(tensors))
+    lives = prepared(tensors)
     for t in lives:
         t.writable()
     base = _LiveBase(lives)
@@ -410,7 +411,7 @@ def iter_patches(bundle, *, base=None, trusted_keys=None, require_signature: boo
     elif isinstance(base, (str, os.PathLike)):
         src = _DirBase(scan(os.fspath(base)))
     else:
-        lives, _ = without_aliases(live_tensors(base))
+        lives = prepared(base)
         torch_out = any(is_torch(t.obj) for t in lives)
         src = _LiveBase(lives)
     reader = _open(bundle, trusted_keys, require_signature)

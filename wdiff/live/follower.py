@@ -44,7 +44,7 @@ from ..statedir import StateDir
 from ..store import manifest, record
 from ..store.checkpoint import KIND_TENSORS, read_into, scan
 from ..store.hashing import hexd
-from ._tensors import live_tensors, without_aliases
+from ._tensors import Prepared
 from .apply import apply_into
 
 #: more bundles than this behind: restart from the newest anchor instead
@@ -78,7 +78,7 @@ class Follower:
                  trusted_keys: list | None = None, require_signature: bool = False, max_behind: int = MAX_BEHIND,
                  load: bool = True, threads: int | None = None, reporter: Reporter = SILENT) -> None:
         self.remote = os.fspath(remote) if isinstance(remote, os.PathLike) else remote
-        self.tensors = tensors
+        self.tensors = Prepared(tensors)
         self.state_dir = os.path.abspath(os.fspath(state_dir))
         self.ckpt = os.path.join(self.state_dir, "checkpoint")
         self.hook = hook
@@ -129,7 +129,7 @@ class Follower:
         if fp != self.version:
             raise NotFoundError(f"{self.ckpt}: holds {hexd(fp)[:12]}, not the version recorded; "
                                 "starting from an anchor")
-        lives = {t.name: t for t in without_aliases(live_tensors(self.tensors))[0]}
+        lives = {t.name: t for t in self.tensors.lives}
         buf = np.empty(PIECE, dtype=np.uint8)
         for f in A.files:
             if f.kind != KIND_TENSORS:

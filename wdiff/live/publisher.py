@@ -31,7 +31,7 @@ from ..progress import SILENT, Reporter
 from ..statedir import StateDir
 from ..store.checkpoint import scan
 from ..store.hashing import hexd
-from ._tensors import live_tensors, without_aliases
+from ._tensors import prepared
 from .layout import INDEX, MAX_SHARD, METADATA, index_json, mem_tensors, shard
 
 PENDING = "pending.wdb"
@@ -90,7 +90,7 @@ class Publisher:
         with StateDir.open(self.mirror, "live") as live, live.lock(what=f"{self.mirror} (publisher)",
                                                                     name="publisher.lock"):
             self._finish_pending(live)
-            lives, _aliases = without_aliases(live_tensors(tensors))
+            lives = prepared(tensors)
             if not lives:
                 raise UsageError("nothing to publish: no tensors given")
             files = shard(lives, self.max_shard)
