@@ -139,6 +139,20 @@ class Live:
         vals = torch.from_numpy(np.ascontiguousarray(values).view(_SIGNED[self.word])).to(self.device)
         words.index_copy_(0, idx, vals)
 
+    def to_device(self, positions: np.ndarray, values: np.ndarray):
+        """Word positions (int64) and values as tensors on this tensor's device."""
+        import torch
+
+        idx = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)).to(self.device)
+        vals = torch.from_numpy(np.ascontiguousarray(values).view(_SIGNED[self.word])).to(self.device)
+        return idx, vals
+
+    def scatter_device(self, idx, vals) -> None:
+        """Set words ``idx`` (a device tensor of word indices) to ``vals``."""
+        import torch
+
+        self.u8.view(getattr(torch, _SIGNED[self.word])).index_copy_(0, idx, vals)
+
     def write(self, lo: int, src: np.ndarray) -> None:
         """Overwrite bytes [lo, lo + len(src)) with ``src``."""
         if src.size == 0:

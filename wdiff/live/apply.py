@@ -271,7 +271,9 @@ class _Undo:
 def _scatter(unit: Unit, pos: np.ndarray, vals: np.ndarray) -> set:
     """Write ``vals`` at word positions ``pos`` of the unit: one call per
     tensor the unit covers (a unit of small tensors splits its sorted
-    positions by tensor with one searchsorted)."""
+    positions by tensor with one searchsorted). On a device, the unit's
+    positions and values cross to it in one copy each, then each tensor
+    takes its slice (views, no copies)."""
     w = unit.word
     touched = set()
     if len(unit.spans) == 1:
@@ -281,10 +283,23 @@ def _scatter(unit: Unit, pos: np.ndarray, vals: np.ndarray) -> set:
         return touched
     bounds = np.cumsum([0] + [(s.hi - s.lo) // w for s in unit.spans])
     cuts = np.searchsorted(pos, bounds)
-    for k, s in enumerate(unit.spans):
-        a, b = cuts[k], cuts[k + 1]
+    first = unit.spans[0].base.file
+    if first.device is not None and all(s.base.file.device == first.device for s in unit.spans):
+        # word index inside each tensor, for every position at once
+        k = np.repeat(np.arange(len(unit.spans)), np.diff(cuts))
+        starts = np.array([s.lo // w for s in unit.spans], dtype=np.int64)
+        rel = pos.astype(np.int64) - bounds[:-1][k] + starts[k]
+        rel_d, vals_d = first.to_device(rel, vals)
+        for i, s in enumerate(unit.spans):
+            a, b = cuts[i], cuts[i + 1]
+            if a < b:
+                s.base.file.scatter_device(rel_d[a:b], vals_d[a:b])
+                touched.add(s.base.file)
+        return touched
+    for i, s in enumerate(unit.spans):
+        a, b = cuts[i], cuts[i + 1]
         if a < b:
-            s.base.file.scatter(s.lo // w, pos[a:b] - bounds[k], vals[a:b])
+            s.base.file.scatter(s.lo // w, pos[a:b] - bounds[i], vals[a:b])
             touched.add(s.base.file)
     return touched
 
