@@ -231,3 +231,27 @@ def test_numpy_tensors_and_20000_small_tensors(tmp_path):
     assert all(np.array_equal(fol[k], sd[k]) for k in sd)
     assert res.tensors_changed == len(list(sd)[::7])
     print(f"apply_into: {res.tensors_changed} of 20,001 tensors changed, {took * 1000:.0f} ms")
+
+
+def test_background_publish_overlaps_the_next_step(tmp_path):
+    """background=True: publish returns once packed (the tensors may change
+    right away); the push and mirror update finish before the next publish,
+    and every version on the remote is the tensors as they were then."""
+    sd = bf16_state(6)
+    remote = tmp_path / "remote"
+    pub = Publisher(remote, tmp_path / "mirror", background=True)
+    fol = {k: torch.zeros_like(v) for k, v in sd.items()}
+    want = []
+    for s in range(4):
+        res = pub.publish(sd, label=f"step-{s}")
+        assert res.uploaded is None
+        want.append({k: v.clone() for k, v in sd.items()})
+        step(sd, s + 20)  # the trainer goes on while the push runs
+    done = pub.close()
+    assert done.uploaded and done.label == "step-3"
+    store = open_remote(str(remote))
+    for s, e in enumerate(read_chain(store).entries):
+        apply_into(download(store, e, str(tmp_path), SILENT)[0], fol)
+        assert same(fol, want[s]), s
+    got = load_file(str(tmp_path / "mirror" / "model.safetensors"))
+    assert all(raw(got[k]) == raw(v) for k, v in want[-1].items())

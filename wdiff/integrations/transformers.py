@@ -28,7 +28,9 @@ def _unwrap(model):
 class WdiffCallback(TrainerCallback):
     """Publish ``model.state_dict()`` to ``remote`` every ``every`` steps
     (and at the end of training, when the last step was not published),
-    labelled ``step-N``. Keyword arguments go to :class:`Publisher`."""
+    labelled ``step-N``. Keyword arguments go to :class:`Publisher`
+    (``background=True``: the push and mirror update overlap the next
+    steps)."""
 
     def __init__(self, remote, mirror_dir, *, every: int = 1, on_publish=None, **publisher_kw) -> None:
         if every < 1:
@@ -65,4 +67,6 @@ class WdiffCallback(TrainerCallback):
     def on_train_end(self, args, state, control, model=None, **kwargs):
         if model is not None and state.is_world_process_zero and self._last != state.global_step:
             self._publish(model, state.global_step)
+        if self.publisher is not None:
+            self.publisher.wait()  # a background publish is on the remote before training returns
         return control

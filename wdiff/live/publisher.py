@@ -14,10 +14,11 @@ remote has is a no-op) and finishes the mirror first.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..defaults import DEFAULT_LEVEL, DEFAULT_PART_SIZE
@@ -47,7 +48,7 @@ class PublishResult:
     anchor: bool
     changed_elements: int
     tensors_changed: int
-    uploaded: bool  # False when the remote had this bundle already
+    uploaded: bool | None  # False when the remote had this bundle already; None: still in the background
     label: str | None = None
     #: seconds of the three steps: pack (compare + encode), push, mirror update
     pack_seconds: float = 0.0
@@ -61,11 +62,13 @@ class Publisher:
     ``mirror_dir``. ``files``: companion files of the checkpoint
     (``{"config.json": bytes or a path}``), written into every version.
     ``anchor_every``: every Nth publish is a full anchor (None: only the
-    first), so that followers far behind restart from a recent one."""
+    first), so that followers far behind restart from a recent one.
+    ``background``: see :meth:`publish`."""
 
     def __init__(self, remote, mirror_dir, *, files: dict | None = None, max_shard_size: int = MAX_SHARD,
                  anchor_every: int | None = None, level: int = DEFAULT_LEVEL, part_size: int = DEFAULT_PART_SIZE,
-                 sign_key=None, threads: int | None = None, reporter: Reporter = SILENT) -> None:
+                 sign_key=None, threads: int | None = None, background: bool = False,
+                 reporter: Reporter = SILENT) -> None:
         self.remote = os.fspath(remote) if isinstance(remote, os.PathLike) else remote
         self.mirror = os.path.abspath(os.fspath(mirror_dir))
         self.files = dict(files or {})
@@ -80,15 +83,27 @@ class Publisher:
         self.threads = threads or default_threads()
         self.reporter = reporter
         self.published = 0
+        self.background = background
+        self._job: Future | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdiff-publish")
 
     def publish(self, tensors, *, label: str | None = None, anchor: bool = False) -> PublishResult:
         """Publish ``tensors`` (a state dict, or an iterable of (name,
         tensor): torch tensors on any device, numpy arrays) as the remote's
-        new head. The first publish into an empty mirror is an anchor."""
+        new head. The first publish into an empty mirror is an anchor.
+
+        With ``background=True`` (the Publisher's), this returns once the
+        bundle is packed, which is the only time the tensors are read: the
+        push and the mirror update run in a thread while training goes on,
+        and the next publish (or :meth:`wait`) waits for them and raises
+        their error, if any. The result then has ``uploaded=None``."""
+        self.wait()
         t0 = time.perf_counter()
         os.makedirs(self.mirror, exist_ok=True)
-        with StateDir.open(self.mirror, "live") as live, live.lock(what=f"{self.mirror} (publisher)",
-                                                                    name="publisher.lock"):
+        stack = contextlib.ExitStack()
+        try:
+            live = stack.enter_context(StateDir.open(self.mirror, "live"))
+            stack.enter_context(live.lock(what=f"{self.mirror} (publisher)", name="publisher.lock"))
             self._finish_pending(live)
             lives = prepared(tensors)
             if not lives:
@@ -107,20 +122,46 @@ class Publisher:
                                      level=self.level, threads=self.threads, reporter=self.reporter)
                 os.replace(live.where(PENDING + ".new"), out)
                 fsync_dir(live.path)
-            t1 = time.perf_counter()
-            pushed = push_bundle(out, self.remote, label=label, part_size=self.part_size, fork=False,
-                                 sign_key=self.sign_key, reporter=self.reporter)
-            t2 = time.perf_counter()
-            self._update_mirror(live, anchor)
-            t3 = time.perf_counter()
+        except BaseException:
+            stack.close()
+            raise
+        t1 = time.perf_counter()
         self.published += 1
-        return PublishResult(
-            version=hexd(packed.target_fingerprint), parent=hexd(packed.base_fingerprint) if packed.base_fingerprint else None,
-            bundle_id=hexd(packed.bundle_id), bundle_bytes=packed.bundle_bytes, seconds=t3 - t0, anchor=anchor,
-            changed_elements=packed.changed_elements, tensors_changed=packed.tensors_changed,
-            uploaded=pushed.uploaded, label=label, pack_seconds=t1 - t0, push_seconds=t2 - t1,
-            mirror_seconds=t3 - t2,
-        )
+
+        def result(uploaded, t2, t3) -> PublishResult:
+            return PublishResult(
+                version=hexd(packed.target_fingerprint),
+                parent=hexd(packed.base_fingerprint) if packed.base_fingerprint else None,
+                bundle_id=hexd(packed.bundle_id), bundle_bytes=packed.bundle_bytes, seconds=t3 - t0, anchor=anchor,
+                changed_elements=packed.changed_elements, tensors_changed=packed.tensors_changed,
+                uploaded=uploaded, label=label, pack_seconds=t1 - t0, push_seconds=t2 - t1, mirror_seconds=t3 - t2,
+            )
+
+        def finish() -> PublishResult:
+            with stack:
+                pushed = push_bundle(out, self.remote, label=label, part_size=self.part_size, fork=False,
+                                     sign_key=self.sign_key, reporter=self.reporter)
+                t2 = time.perf_counter()
+                self._update_mirror(live, anchor)
+                return result(pushed.uploaded, t2, time.perf_counter())
+
+        if not self.background:
+            return finish()
+        self._job = self._pool.submit(finish)
+        return result(None, t1, t1)
+
+    def wait(self) -> PublishResult | None:
+        """Wait for a background push and mirror update; their result (None
+        when none was running), or their error."""
+        job, self._job = self._job, None
+        return job.result() if job is not None else None
+
+    def close(self) -> PublishResult | None:
+        """:meth:`wait`, then stop the background thread."""
+        try:
+            return self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
 
     def _companions(self, tmp: str, files) -> dict[str, str]:
         out = {}
@@ -155,7 +196,3 @@ class Publisher:
         push_bundle(live.where(PENDING), self.remote, label=None, part_size=self.part_size, fork=False,
                     sign_key=self.sign_key, reporter=self.reporter)
         self._update_mirror(live, anchor)
-
-
-def _rmtree_quiet(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
