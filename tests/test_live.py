@@ -255,3 +255,69 @@ def test_background_publish_overlaps_the_next_step(tmp_path):
         assert same(fol, want[s]), s
     got = load_file(str(tmp_path / "mirror" / "model.safetensors"))
     assert all(raw(got[k]) == raw(v) for k, v in want[-1].items())
+
+
+STATE = """
+import numpy as np
+
+def numpy_state(steps):
+    # the tensors of a trainer after `steps` steps (deterministic)
+    rng = np.random.default_rng(0)
+    sd = {f"w{i}": rng.integers(0, 1 << 16, (512, 1024), dtype=np.uint16) for i in range(16)}
+    for s in range(steps):
+        r = np.random.default_rng(s + 1)
+        for v in sd.values():
+            flat = v.reshape(-1)
+            flat[r.integers(0, flat.size, flat.size // 100)] ^= 1
+    return sd
+"""
+exec(STATE)
+
+PUBLISHER = STATE + """
+import sys, time
+from wdiff.ops.apply import patch as patching
+from wdiff.live import Publisher
+patching.BATCH_BYTES = 1
+real = patching.write_all
+def slow(fd, data, off):
+    time.sleep(0.02)
+    real(fd, data, off)
+patching.write_all = slow
+remote, mirror, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+Publisher(remote, mirror, chunk=1 << 20).publish(numpy_state(steps), label=f"step-{steps}")
+"""
+
+
+def test_publisher_killed_at_any_moment_recovers(tmp_path):
+    """SIGKILL a publishing process at random moments (pack, push, the
+    mirror's in-place update): the next publish finishes what was left
+    (pushes the pending bundle, completes the mirror), and every version on
+    the remote is a trainer state while the mirror is the head."""
+    import signal
+
+    remote, mirror = tmp_path / "remote", tmp_path / "mirror"
+    Publisher(remote, mirror, chunk=1 << 20).publish(numpy_state(0), label="step-0")
+    rng = np.random.default_rng(5)
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", PUBLISHER, str(remote), str(mirror), "1"], check=True)
+    probe = time.perf_counter() - t  # one whole publish, slowed
+    for s in range(2, 7):
+        p = subprocess.Popen([sys.executable, "-c", PUBLISHER, str(remote), str(mirror), str(s)])
+        time.sleep(float(rng.uniform(0.3 * probe, 1.1 * probe)))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        left = [n for n, f in (("pending bundle", mirror / ".wdiff" / "live" / "pending.wdb"),
+                               ("mirror mid-update", mirror / ".wdiff" / "txn" / "journal.json")) if f.exists()]
+        print(f"killed {s}:", ", ".join(left) or "nothing pending")
+    res = Publisher(remote, mirror, chunk=1 << 20).publish(numpy_state(7), label="step-7")
+    store = open_remote(str(remote))
+    chain = read_chain(store)
+    assert chain.head.hex() == res.version
+    states = [numpy_state(s) for s in range(8)]
+    fol = {k: np.zeros_like(v) for k, v in states[0].items()}
+    for e in chain.entries:  # each version is the trainer's at some step, in order
+        apply_into(download(store, e, str(tmp_path), SILENT)[0], fol)
+        assert any(all(np.array_equal(fol[k], st[k]) for k in fol) for st in states), e.label
+    assert all(np.array_equal(fol[k], states[7][k]) for k in fol)
+    got = load_file(str(mirror / "model.safetensors"))
+    assert all(raw(got[k]) == states[7][k].tobytes() for k in fol)

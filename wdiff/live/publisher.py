@@ -21,7 +21,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..defaults import DEFAULT_LEVEL, DEFAULT_PART_SIZE
+from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL, DEFAULT_PART_SIZE
 from ..errors import UsageError
 from ..fsutil import fsync_dir
 from ..ops.apply.inplace import apply_in_place
@@ -67,7 +67,7 @@ class Publisher:
 
     def __init__(self, remote, mirror_dir, *, files: dict | None = None, max_shard_size: int = MAX_SHARD,
                  anchor_every: int | None = None, level: int = DEFAULT_LEVEL, part_size: int = DEFAULT_PART_SIZE,
-                 sign_key=None, threads: int | None = None, background: bool = False,
+                 sign_key=None, threads: int | None = None, background: bool = False, chunk: int = DEFAULT_CHUNK,
                  reporter: Reporter = SILENT) -> None:
         self.remote = os.fspath(remote) if isinstance(remote, os.PathLike) else remote
         self.mirror = os.path.abspath(os.fspath(mirror_dir))
@@ -84,6 +84,9 @@ class Publisher:
         self.reporter = reporter
         self.published = 0
         self.background = background
+        if chunk <= 0 or chunk % (1 << 20):
+            raise UsageError("the chunk size is a positive multiple of 1 MiB (the digest block)")
+        self.chunk = chunk
         self._job: Future | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdiff-publish")
 
@@ -119,7 +122,8 @@ class Publisher:
                 target = MemoryTarget([(p, mem_tensors(g)) for p, g in files], companions, metadata=METADATA)
                 out = live.where(PENDING)
                 packed = pack_memory(None if anchor else A, target, live.where(PENDING + ".new"),
-                                     level=self.level, threads=self.threads, reporter=self.reporter)
+                                     level=self.level, threads=self.threads, chunk=self.chunk,
+                                     reporter=self.reporter)
                 os.replace(live.where(PENDING + ".new"), out)
                 fsync_dir(live.path)
         except BaseException:
