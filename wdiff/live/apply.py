@@ -5,22 +5,24 @@ to an engine that applies them itself (:func:`iter_patches`).
 
 1. *check*: the signature (where trusted keys are configured), the bundle's
    base against the version the receiver says its tensors hold, every
-   record's digest; then every chunk it patches is read from the tensors,
-   checked against the chunk's base digest, decoded, and checked against its
-   target digest. Nothing has been written yet.
+   record's digest; then every chunk it patches is checked against the
+   chunk's base digest (hashed in the tensors' own memory on the CPU) and
+   decoded: a sparse record to its positions and new words (only those
+   words are read), any other to the whole chunk, which is checked against
+   its target digest at once. Nothing has been written yet.
 2. *patch*: per chunk, one scatter of the changed words into each tensor
    the chunk covers (a chunk batches small tensors, so 20,000 small tensors
    are a few hundred chunks); the old words of each position are kept as
    the chunk's undo entry (in memory up to a budget, then in a temporary
    file: bounded memory whatever the bundle).
-3. *verify*: every patched chunk is read back from the tensors and checked
+3. *verify*: every patched chunk is hashed again in the tensors and checked
    against its target digest.
 
 Any failure in 2 or 3 (or an interrupt) puts every patched word back from
-the undo entries, so the tensors are the old version again, and raises.
-Unchanged chunks are not read: the base check of the tensors as a whole is
-the receiver's recorded version (``base_version``) plus each patched
-chunk's base digest.
+the undo entries (XOR and overwrite undo exactly), so the tensors are the
+old version again, and raises. Unchanged chunks are not read: the base
+check of the tensors as a whole is the receiver's recorded version
+(``base_version``) plus each patched chunk's base digest.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from ..codec.chunk import RAW, decode_into
+from ..codec.chunk import BITMAP, RAW, SPARSE, decode_into, decompress_exact, rice_decode, unplanes
 from ..codec.dtypes import uint_type
-from ..errors import BaseMismatchError, IntegrityError, UsageError
+from ..errors import BaseMismatchError, FormatError, IntegrityError, UsageError
 from ..format import records as fmt
 from ..format import signature as signing
 from ..format.bundle import ZERO, BundleReader, decode_header_record
@@ -44,7 +46,7 @@ from ..ops.signatures import open_signed_bundle
 from ..paths import printable
 from ..store.blockio import FdCache, read_base, span_digests
 from ..store.checkpoint import KIND_TENSORS, Checkpoint, scan, scope_of
-from ..store.hashing import hexd, tree
+from ..store.hashing import block_digests, hexd, tree
 from ..store.header import Header, TensorInfo, parse_header
 from ..store.units import FileLayout, Unit
 from ._tensors import Live, is_torch, prepared
@@ -223,6 +225,77 @@ def _decode(reader: BundleReader, rec, unit: Unit, base, buf: np.ndarray, old: n
     return based
 
 
+def _sparse(h, parts, n: int, w: int, where: str):
+    """Positions and XOR words of a SPARSE or BITMAP record, with the checks
+    decode_into makes; None for other codecs (decoded whole instead)."""
+    if h.codec not in (SPARSE, BITMAP):
+        return None
+    used = 3 if h.codec == SPARSE else 2
+    if any(len(p) for p in parts[used:]):
+        raise FormatError(f"{where}: malformed record (unused payload section)")
+    parts = list(parts[:used]) + [b""] * (used - len(parts))
+    if not 0 < h.count <= n:
+        raise FormatError(f"{where}: changed-word count {h.count} out of range")
+    if h.codec == SPARSE:
+        pos = rice_decode(h.param, parts[0], parts[1], h.count, n, where=where)
+        values = parts[2]
+    else:
+        if h.param != 0:
+            raise FormatError(f"{where}: malformed bitmap record")
+        bits = np.unpackbits(np.frombuffer(decompress_exact(parts[0], (n + 7) // 8, where=where), dtype=np.uint8))
+        if bits[n:].any():
+            raise FormatError(f"{where}: nonzero padding in bitmap")
+        pos = np.flatnonzero(bits[:n])
+        if pos.size != h.count:
+            raise FormatError(f"{where}: bitmap does not hold {h.count} positions")
+        values = parts[1]
+    xor = unplanes(decompress_exact(values, h.count * w, where=where), h.count, w)
+    if not xor.all():
+        raise FormatError(f"{where}: a listed position does not change")
+    return pos, xor
+
+
+def _span_digest(unit: Unit) -> bytes:
+    """The tree digest of a unit's bytes, hashed in place in CPU tensors."""
+    return tree(b"".join(block_digests(s.base.file.u8[s.lo : s.hi]) for s in unit.spans))
+
+
+def _gather(unit: Unit, pos: np.ndarray) -> np.ndarray:
+    """The words at unit word positions ``pos`` (sorted), from the tensors."""
+    w = unit.word
+    ut = uint_type(w)
+    out = np.empty(pos.size, dtype=ut)
+    bounds = np.cumsum([0] + [(s.hi - s.lo) // w for s in unit.spans])
+    cuts = np.searchsorted(pos, bounds)
+    for k, s in enumerate(unit.spans):
+        a, b = cuts[k], cuts[k + 1]
+        if a < b:
+            words = s.base.file.u8.view(ut)
+            out[a:b] = words[pos[a:b] - bounds[k] + s.lo // w]
+    return out
+
+
+def _fast(reader: BundleReader, rec, unit: Unit):
+    """(positions, old words, new words) of a sparse record over CPU
+    tensors, without copying or comparing whole chunks: the base digest is
+    hashed in the tensors' own memory, and only the listed words are read.
+    None where this does not apply (other codecs, device tensors)."""
+    h = rec.header
+    if h.base == ZERO or any(s.base.file.device is not None or s.base.file.u8 is None for s in unit.spans):
+        return None
+    where = f"{reader.path}: record {rec.index} ({printable(unit.spans[0].tensor.name)})"
+    n = unit.nbytes // unit.word
+    got = _sparse(h, rec.payload, n, unit.word, where)
+    if got is None:
+        return None
+    if _span_digest(unit) != h.base:
+        raise BaseMismatchError(f"{where}: the tensors' bytes are not the bundle's base",
+                                hint="the tensors do not hold the version this bundle starts from")
+    pos, xor = got
+    old = _gather(unit, pos)
+    return pos, old, old ^ xor
+
+
 def _changed(unit: Unit, buf: np.ndarray, old: np.ndarray, *, whole: bool):
     ut = uint_type(unit.word)
     nw, ow = buf.view(ut), old.view(ut)
@@ -342,12 +415,14 @@ def _apply(reader: BundleReader, base: _LiveBase, undo_budget: int, t0: float) -
     streamed = False
     # 1. check everything; keep the decoded changes while they fit the budget
     for rec, unit in _chunks(reader, base, need_base=True):
-        buf = np.empty(unit.nbytes, dtype=np.uint8)
-        old = np.empty(unit.nbytes, dtype=np.uint8)
-        _decode(reader, rec, unit, base, buf, old)
+        fast = _fast(reader, rec, unit)
+        if fast is None:
+            buf = np.empty(unit.nbytes, dtype=np.uint8)
+            old = np.empty(unit.nbytes, dtype=np.uint8)
+            _decode(reader, rec, unit, base, buf, old)
         if streamed:
             continue
-        pos, ov, nv = _changed(unit, buf, old, whole=False)
+        pos, ov, nv = fast if fast is not None else _changed(unit, buf, old, whole=False)
         used += pos.nbytes // 2 + ov.nbytes + nv.nbytes
         if used > undo_budget:
             streamed, kept = True, []  # too much to keep: decode again in step 2
@@ -391,19 +466,25 @@ def _apply(reader: BundleReader, base: _LiveBase, undo_budget: int, t0: float) -
 
 def _restream(reader: BundleReader, base):
     for rec, unit in _chunks(reader, base, need_base=True):
-        buf = np.empty(unit.nbytes, dtype=np.uint8)
-        old = np.empty(unit.nbytes, dtype=np.uint8)
-        _decode(reader, rec, unit, base, buf, old)
-        pos, ov, nv = _changed(unit, buf, old, whole=False)
+        fast = _fast(reader, rec, unit)
+        if fast is None:
+            buf = np.empty(unit.nbytes, dtype=np.uint8)
+            old = np.empty(unit.nbytes, dtype=np.uint8)
+            _decode(reader, rec, unit, base, buf, old)
+        pos, ov, nv = fast if fast is not None else _changed(unit, buf, old, whole=False)
         yield unit, rec.header.target, pos, ov, nv
 
 
 def _verify(reader: BundleReader, base, units: list[tuple[Unit, bytes]]) -> None:
     """Read every patched chunk back from the tensors: it must be the target."""
     for unit, target in units:
-        buf = np.empty(unit.nbytes, dtype=np.uint8)
-        base.read(unit, buf)
-        if tree(b"".join(span_digests(unit, buf))) != target:
+        if all(s.base.file.device is None and s.base.file.u8 is not None for s in unit.spans):
+            got = _span_digest(unit)
+        else:
+            buf = np.empty(unit.nbytes, dtype=np.uint8)
+            base.read(unit, buf)
+            got = tree(b"".join(span_digests(unit, buf)))
+        if got != target:
             raise IntegrityError(f"{printable(unit.spans[0].tensor.name)}: the tensor does not hold the target "
                                  "bytes after the patch (changed meanwhile?); every tensor was put back")
 
