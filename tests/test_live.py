@@ -321,3 +321,32 @@ def test_publisher_killed_at_any_moment_recovers(tmp_path):
     assert all(np.array_equal(fol[k], states[7][k]) for k in fol)
     got = load_file(str(mirror / "model.safetensors"))
     assert all(raw(got[k]) == states[7][k].tobytes() for k in fol)
+
+
+def test_damaged_bundle_is_refused_before_anything_is_written(tmp_path):
+    sd = bf16_state(8)
+    remote = tmp_path / "remote"
+    pub = Publisher(remote, tmp_path / "mirror")
+    v0 = pub.publish(sd).version
+    fol = {k: v.clone() for k, v in sd.items()}
+    step(sd, 1)
+    pub.publish(sd)
+    good = head_bundle(remote, tmp_path)
+    data = bytearray(open(good, "rb").read())
+    for at in (200, len(data) // 2, len(data) - 100):  # records, payload, index
+        bad = tmp_path / f"bad{at}.wdb"
+        flipped = bytearray(data)
+        flipped[at] ^= 0x10
+        bad.write_bytes(flipped)
+        before = {k: v.clone() for k, v in fol.items()}
+        try:
+            apply_into(bad, fol, base_version=v0)
+        except WdiffError:
+            pass
+        else:  # a flip the format does not look at must still give the target
+            assert same(fol, sd), at
+            continue
+        assert same(fol, before), at
+    if not same(fol, sd):
+        apply_into(good, fol, base_version=v0)
+    assert same(fol, sd)
