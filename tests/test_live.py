@@ -350,3 +350,26 @@ def test_damaged_bundle_is_refused_before_anything_is_written(tmp_path):
     if not same(fol, sd):
         apply_into(good, fol, base_version=v0)
     assert same(fol, sd)
+
+
+def test_signed_publish_and_a_follower_that_trusts_only_its_key(tmp_path):
+    from wdiff.format import signature as signing
+    from wdiff.live import Follower
+
+    signing.generate(str(tmp_path / "k"))
+    signing.generate(str(tmp_path / "other"))
+    sd = bf16_state(9, n_small=20)
+    remote = tmp_path / "remote"
+    pub = Publisher(remote, tmp_path / "mirror", sign_key=tmp_path / "k")
+    pub.publish(sd)
+    step(sd, 2)
+    pub.publish(sd)
+    fol = {k: torch.zeros_like(v) for k, v in sd.items()}
+    f = Follower(remote, fol, tmp_path / "f", trusted_keys=[str(tmp_path / "k.pub")])
+    assert f.poll().bundles == 2 and same(fol, sd)
+    with pytest.raises(WdiffError):
+        Follower(remote, {k: torch.zeros_like(v) for k, v in sd.items()}, tmp_path / "g",
+                 trusted_keys=[str(tmp_path / "other.pub")]).poll()
+    # apply_into with trusted keys wants the bundle's own signature beside it
+    with pytest.raises(WdiffError, match="minisig|signature|signed"):
+        apply_into(head_bundle(remote, tmp_path), fol, trusted_keys=[str(tmp_path / "k.pub")])
