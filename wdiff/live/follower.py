@@ -42,7 +42,7 @@ from ..parallel import default_threads
 from ..progress import SILENT, Reporter
 from ..remotes import open_remote
 from ..statedir import StateDir
-from ..store import manifest, record
+from ..store import manifest
 from ..store.checkpoint import KIND_TENSORS, read_into, scan
 from ..store.hashing import hexd
 from ._tensors import Prepared
@@ -71,7 +71,7 @@ class Follower:
     arrays) at the head of ``remote``. ``hook``: what the engine must hold
     while its tensors are patched: a lock (anything with ``__enter__``) or
     a callable returning a context manager (pause serving, resume after).
-    With a non-empty ``state_dir`` the version recorded there is loaded into
+    With a non-empty ``state_dir`` the version its checkpoint holds is loaded into
     the tensors now (``load=False``: the caller loaded that checkpoint
     itself)."""
 
@@ -103,33 +103,25 @@ class Follower:
     def _recover(self) -> bytes | None:
         """Finish an in-place apply of the checkpoint that a crash
         interrupted (its bundle waits in work/), and return the version the
-        checkpoint records (None: none yet)."""
+        checkpoint holds (None: none yet), measured: the record an in-place
+        apply writes comes after its commit, so a crash between the two
+        leaves the new files under the old record."""
         with StateDir.open(self.ckpt) as st:
             journal = Txn(st).read_journal()
-            rec = record.read(st)
         if journal is not None:
             if os.path.isfile(journal.bundle_path):
                 apply_in_place(journal.bundle_path, self.ckpt, abort=False, threads=self.threads,
                                over=journal.base_fingerprint is None)
             else:
                 apply_in_place(journal.bundle_path, self.ckpt, abort=True, threads=self.threads)
-            with StateDir.open(self.ckpt) as st:
-                rec = record.read(st)
-        if rec is None:
-            return None
         A = scan(self.ckpt)
         if not A.files:
             return None
-        return rec.version
+        return manifest.compute(A, threads=self.threads).fingerprint
 
     def _load(self) -> None:
-        """Copy the checkpoint's tensors into the live tensors, after
-        checking the checkpoint is the version recorded."""
+        """Copy the checkpoint's tensors into the live tensors."""
         A = scan(self.ckpt)
-        fp = manifest.compute(A, threads=self.threads).fingerprint
-        if fp != self.version:
-            raise NotFoundError(f"{self.ckpt}: holds {hexd(fp)[:12]}, not the version recorded; "
-                                "starting from an anchor")
         lives = {t.name: t for t in self.tensors.lives}
         buf = np.empty(PIECE, dtype=np.uint8)
         for f in A.files:
