@@ -22,12 +22,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL, DEFAULT_PART_SIZE
-from ..errors import UsageError
+from ..errors import FormatError, UsageError
 from ..fsutil import fsync_dir
 from ..ops.apply.inplace import apply_in_place
 from ..ops.memsource import MemoryTarget, pack_memory
 from ..ops.push import push_bundle
 from ..parallel import default_threads
+from ..paths import validate_relpath
 from ..progress import SILENT, Reporter
 from ..statedir import StateDir
 from ..store.checkpoint import scan
@@ -59,8 +60,9 @@ class PublishResult:
 class Publisher:
     """Publish the tensors of a running trainer to ``remote`` (any wdiff
     remote URL or path), keeping the last published version in
-    ``mirror_dir``. ``files``: companion files of the checkpoint
-    (``{"config.json": bytes or a path}``), written into every version.
+    ``mirror_dir``. ``files``: companion files of the checkpoint, written
+    into every version: ``{"config.json": content}``, the content as bytes
+    or str, or a file's path as an ``os.PathLike`` (``pathlib.Path``).
     ``anchor_every``: every Nth publish is a full anchor (None: only the
     first), so that followers far behind restart from a recent one.
     ``background``: see :meth:`publish`."""
@@ -73,6 +75,10 @@ class Publisher:
         self.mirror = os.path.abspath(os.fspath(mirror_dir))
         self.files = dict(files or {})
         for name in self.files:
+            try:
+                validate_relpath(name, where="Publisher files")
+            except FormatError as e:
+                raise UsageError(e.message) from None
             if name.endswith(".safetensors") or name == INDEX:
                 raise UsageError(f"{name}: the publisher writes the tensor files and their index itself")
         self.max_shard = max_shard_size
@@ -174,7 +180,7 @@ class Publisher:
         if idx is not None:
             items[INDEX] = idx
         for name, content in items.items():
-            if isinstance(content, (bytes, bytearray, str)) and not (isinstance(content, str) and os.path.isfile(content)):
+            if isinstance(content, (bytes, bytearray, str)):
                 data = content.encode() if isinstance(content, str) else bytes(content)
                 p = os.path.join(tmp, f"c{len(out)}")
                 with open(p, "wb") as f:
