@@ -43,6 +43,7 @@ from ..format import records as fmt
 from ..format import signature as signing
 from ..format.bundle import ZERO, BundleReader, decode_header_record
 from ..ops.signatures import open_signed_bundle
+from ..parallel import default_threads, ordered_map
 from ..paths import printable
 from ..store.blockio import FdCache, read_base, span_digests
 from ..store.checkpoint import KIND_TENSORS, Checkpoint, scan, scope_of
@@ -378,7 +379,7 @@ def _scatter(unit: Unit, pos: np.ndarray, vals: np.ndarray) -> set:
 
 
 def apply_into(bundle, tensors, *, base_version=None, trusted_keys=None, require_signature: bool = False,
-               undo_budget: int = UNDO_BUDGET) -> ApplyIntoResult:
+               undo_budget: int = UNDO_BUDGET, threads: int | None = None) -> ApplyIntoResult:
     """Patch ``tensors`` (a state dict or (name, tensor) pairs: torch CPU or
     CUDA tensors, numpy arrays; or :func:`prepare`'s wrapping of them, for
     many applies into the same tensors) in place from the version ``bundle`` starts
@@ -402,32 +403,44 @@ def apply_into(bundle, tensors, *, base_version=None, trusted_keys=None, require
                 f"but the tensors hold {hexd(want)[:12]}",
                 hint="apply the bundles in order from the tensors' version, or an anchor",
             )
-        return _apply(reader, base, undo_budget, t0)
+        return _apply(reader, base, undo_budget, t0, threads or default_threads())
     finally:
         if not isinstance(bundle, BundleReader):
             reader.close()
 
 
-def _apply(reader: BundleReader, base: _LiveBase, undo_budget: int, t0: float) -> ApplyIntoResult:
-    ix = reader.index
-    kept: list[_Chunk] = []
-    used = 0
-    streamed = False
-    # 1. check everything; keep the decoded changes while they fit the budget
-    for rec, unit in _chunks(reader, base, need_base=True):
+def _check(reader: BundleReader, base):
+    """Step 1 for one chunk, on a worker thread: (target digest, unit,
+    (positions, old words, new words))."""
+
+    def one(item):
+        rec, unit = item
         fast = _fast(reader, rec, unit)
         if fast is None:
             buf = np.empty(unit.nbytes, dtype=np.uint8)
             old = np.empty(unit.nbytes, dtype=np.uint8)
             _decode(reader, rec, unit, base, buf, old)
+            fast = _changed(unit, buf, old, whole=False)
+        return rec.header.target, unit, fast
+
+    return one
+
+
+def _apply(reader: BundleReader, base: _LiveBase, undo_budget: int, t0: float, threads: int) -> ApplyIntoResult:
+    ix = reader.index
+    kept: list[_Chunk] = []
+    used = 0
+    streamed = False
+    # 1. check everything; keep the decoded changes while they fit the budget
+    for target, unit, (pos, ov, nv) in ordered_map(_check(reader, base), _chunks(reader, base, need_base=True),
+                                                   threads=threads):
         if streamed:
             continue
-        pos, ov, nv = fast if fast is not None else _changed(unit, buf, old, whole=False)
         used += pos.nbytes // 2 + ov.nbytes + nv.nbytes
         if used > undo_budget:
             streamed, kept = True, []  # too much to keep: decode again in step 2
             continue
-        kept.append(_Chunk(rec.header.target, unit, pos.astype(np.int32), ov, nv))
+        kept.append(_Chunk(target, unit, pos.astype(np.int32), ov, nv))
     # 2. patch, keeping undo entries; 3. read back and check
     undo = _Undo(undo_budget)
     touched: set = set()
@@ -435,11 +448,12 @@ def _apply(reader: BundleReader, base: _LiveBase, undo_budget: int, t0: float) -
     names: set[str] = set()
     try:
         if streamed:
-            source = _restream(reader, base)
+            source = ((t, u, *c) for t, u, c in ordered_map(_check(reader, base), _chunks(reader, base, need_base=True),
+                                                            threads=threads))
         else:
-            source = ((c.unit, c.target, c.pos, c.old, c.new) for c in kept)
+            source = ((c.target, c.unit, c.pos, c.old, c.new) for c in kept)
         done: list[tuple[Unit, bytes]] = []
-        for unit, target, pos, ov, nv in source:
+        for target, unit, pos, ov, nv in source:
             undo.add(unit, pos, ov)
             hit = _scatter(unit, pos, nv)
             touched |= hit
@@ -449,7 +463,7 @@ def _apply(reader: BundleReader, base: _LiveBase, undo_budget: int, t0: float) -
             names.update(t.name for t in hit)
         for t in touched:
             t.sync()
-        _verify(reader, base, done)
+        _verify(base, done, threads)
     except BaseException:
         undo.restore(lambda unit, pos, old: _scatter(unit, pos, old))
         for t in touched:
@@ -464,26 +478,18 @@ def _apply(reader: BundleReader, base: _LiveBase, undo_budget: int, t0: float) -
     )
 
 
-def _restream(reader: BundleReader, base):
-    for rec, unit in _chunks(reader, base, need_base=True):
-        fast = _fast(reader, rec, unit)
-        if fast is None:
-            buf = np.empty(unit.nbytes, dtype=np.uint8)
-            old = np.empty(unit.nbytes, dtype=np.uint8)
-            _decode(reader, rec, unit, base, buf, old)
-        pos, ov, nv = fast if fast is not None else _changed(unit, buf, old, whole=False)
-        yield unit, rec.header.target, pos, ov, nv
-
-
-def _verify(reader: BundleReader, base, units: list[tuple[Unit, bytes]]) -> None:
+def _verify(base, units: list[tuple[Unit, bytes]], threads: int) -> None:
     """Read every patched chunk back from the tensors: it must be the target."""
-    for unit, target in units:
+
+    def digest(item):
+        unit, target = item
         if all(s.base.file.device is None and s.base.file.u8 is not None for s in unit.spans):
-            got = _span_digest(unit)
-        else:
-            buf = np.empty(unit.nbytes, dtype=np.uint8)
-            base.read(unit, buf)
-            got = tree(b"".join(span_digests(unit, buf)))
+            return unit, target, _span_digest(unit)
+        buf = np.empty(unit.nbytes, dtype=np.uint8)
+        base.read(unit, buf)
+        return unit, target, tree(b"".join(span_digests(unit, buf)))
+
+    for unit, target, got in ordered_map(digest, units, threads=threads):
         if got != target:
             raise IntegrityError(f"{printable(unit.spans[0].tensor.name)}: the tensor does not hold the target "
                                  "bytes after the patch (changed meanwhile?); every tensor was put back")

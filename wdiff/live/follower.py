@@ -203,7 +203,8 @@ class Follower:
                 # part checked against it: the bundle needs no signature of its own
                 # (a squash has none)
                 with BundleReader(bundle) as reader:
-                    apply_into(reader, self.tensors, base_version=None if anchor else self.version)
+                    apply_into(reader, self.tensors, base_version=None if anchor else self.version,
+                               threads=self.threads)
                 t2 = time.perf_counter()
             previous, self.version = self.version, goal
             self._disk = (bundle, anchor)
