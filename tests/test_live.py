@@ -373,3 +373,35 @@ def test_signed_publish_and_a_follower_that_trusts_only_its_key(tmp_path):
     # apply_into with trusted keys wants the bundle's own signature beside it
     with pytest.raises(WdiffError, match="minisig|signature|signed"):
         apply_into(head_bundle(remote, tmp_path), fol, trusted_keys=[str(tmp_path / "k.pub")])
+
+
+def test_follower_far_behind_restarts_from_an_anchor_under_its_hook(tmp_path):
+    import contextlib
+
+    from wdiff.live import Follower
+
+    sd = bf16_state(10, n_small=20)
+    remote = tmp_path / "remote"
+    pub = Publisher(remote, tmp_path / "mirror", anchor_every=4)
+    fol = {k: torch.zeros_like(v) for k, v in sd.items()}
+    paused = []
+
+    @contextlib.contextmanager
+    def pause():  # what an engine does: stop serving, resume after
+        paused.append("in")
+        yield
+        paused.append("out")
+
+    f = Follower(remote, fol, tmp_path / "f", hook=pause, max_behind=2)
+    pub.publish(sd)
+    assert f.poll().anchor and same(fol, sd) and paused == ["in", "out"]
+    for s in range(5):  # publishes 2..6; the 4th also pushes an anchor of its version
+        step(sd, 40 + s)
+        pub.publish(sd)
+    res = f.poll()  # 5 behind (> max_behind): from the newest anchor and the 2 deltas after it
+    assert res.anchor and res.bundles == 3 and res.squashed and same(fol, sd)
+    assert paused == ["in", "out"] * 2 and res.pause_seconds <= res.seconds
+    step(sd, 50)
+    pub.publish(sd)
+    res = f.poll()
+    assert not res.anchor and res.bundles == 1 and same(fol, sd)

@@ -26,6 +26,7 @@ from ..errors import FormatError, UsageError
 from ..fsutil import fsync_dir
 from ..ops.apply.inplace import apply_in_place
 from ..ops.memsource import MemoryTarget, pack_memory
+from ..ops.pack import pack
 from ..ops.push import push_bundle
 from ..parallel import default_threads
 from ..paths import validate_relpath
@@ -63,8 +64,10 @@ class Publisher:
     ``mirror_dir``. ``files``: companion files of the checkpoint, written
     into every version: ``{"config.json": content}``, the content as bytes
     or str, or a file's path as an ``os.PathLike`` (``pathlib.Path``).
-    ``anchor_every``: every Nth publish is a full anchor (None: only the
-    first), so that followers far behind restart from a recent one.
+    ``anchor_every``: every Nth publish also pushes a full anchor of its
+    version (packed from the mirror, beside the delta: the deltas stay one
+    chain), so that followers far behind restart from a recent one (None:
+    only the first publish is an anchor).
     ``background``: see :meth:`publish`."""
 
     def __init__(self, remote, mirror_dir, *, files: dict | None = None, max_shard_size: int = MAX_SHARD,
@@ -121,8 +124,6 @@ class Publisher:
             A = scan(self.mirror)
             if not A.files:
                 anchor = True
-            if self.anchor_every and self.published and self.published % self.anchor_every == 0:
-                anchor = True
             with tempfile.TemporaryDirectory(prefix=".wdiff-live-", dir=os.path.dirname(self.mirror)) as tmp:
                 companions = self._companions(tmp, files)
                 target = MemoryTarget([(p, mem_tensors(g)) for p, g in files], companions, metadata=METADATA)
@@ -137,6 +138,7 @@ class Publisher:
             raise
         t1 = time.perf_counter()
         self.published += 1
+        also_anchor = bool(self.anchor_every) and not anchor and self.published % self.anchor_every == 0
 
         def result(uploaded, t2, t3) -> PublishResult:
             return PublishResult(
@@ -153,6 +155,8 @@ class Publisher:
                                      sign_key=self.sign_key, reporter=self.reporter)
                 t2 = time.perf_counter()
                 self._update_mirror(live, anchor)
+                if also_anchor:
+                    self._push_anchor(label)
                 return result(pushed.uploaded, t2, time.perf_counter())
 
         if not self.background:
@@ -189,6 +193,21 @@ class Publisher:
             else:
                 out[name] = os.fspath(content)
         return out
+
+    def _push_anchor(self, label: str | None) -> None:
+        """Add a full anchor of the version just published, packed from the
+        mirror (the tensors are not read again), as a shortcut: the chain of
+        deltas goes on through it, and a follower far behind starts there."""
+        fd, tmp = tempfile.mkstemp(prefix=".wdiff-anchor-", suffix=".wdb", dir=os.path.dirname(self.mirror))
+        os.close(fd)
+        try:
+            pack(None, self.mirror, tmp, level=self.level, threads=self.threads, chunk=self.chunk, overwrite=True)
+            push_bundle(tmp, self.remote, label=label, part_size=self.part_size, fork=False, sign_key=self.sign_key,
+                        reporter=self.reporter, shortcut=True)
+        finally:
+            for p in (tmp, tmp + ".minisig"):
+                with contextlib.suppress(OSError):
+                    os.unlink(p)
 
     def _update_mirror(self, live: StateDir, anchor: bool) -> None:
         apply_in_place(live.where(PENDING), self.mirror, abort=False, threads=self.threads, over=anchor)
