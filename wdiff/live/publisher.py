@@ -93,6 +93,7 @@ class Publisher:
         self.reporter = reporter
         self.published = 0
         self.background = background
+        self._scanned = None
         if chunk <= 0 or chunk % (1 << 20):
             raise UsageError("the chunk size is a positive multiple of 1 MiB (the digest block)")
         self.chunk = chunk
@@ -121,7 +122,7 @@ class Publisher:
             if not lives:
                 raise UsageError("nothing to publish: no tensors given")
             files = shard(lives, self.max_shard)
-            A = scan(self.mirror)
+            A = self._scanned = scan(self.mirror, reuse=self._scanned)  # same header bytes: not parsed again
             if not A.files:
                 anchor = True
             with tempfile.TemporaryDirectory(prefix=".wdiff-live-", dir=os.path.dirname(self.mirror)) as tmp:
