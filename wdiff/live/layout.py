@@ -15,7 +15,9 @@ from ..errors import BaseMismatchError
 from ..ops.memsource import MemTensor, build_header
 from ._tensors import Live
 
-#: transformers' default max_shard_size ("5GB")
+#: the shard size transformers 4.x writes by default ("5GB"; 5.x writes up to
+#: "50GB" per file, above the Hub's recommended 20 GB): pass max_shard_size
+#: to the Publisher to match another
 MAX_SHARD = 5 * 10**9
 METADATA = {"format": "pt"}
 SINGLE = "model.safetensors"
