@@ -1,0 +1,1 @@
+"""Integrations of wdiff.live with training frameworks (optional extras)."""

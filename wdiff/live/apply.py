@@ -1,0 +1,566 @@
+"""Apply a bundle into live tensors (:func:`apply_into`), or hand its patches
+to an engine that applies them itself (:func:`iter_patches`).
+
+``apply_into`` is all or nothing:
+
+1. *check*: the signature (where trusted keys are configured), the bundle's
+   base against the version the receiver says its tensors hold, every
+   record's digest; then every chunk it patches is checked against the
+   chunk's base digest (hashed in the tensors' own memory on the CPU) and
+   decoded: a sparse record to its positions and new words (only those
+   words are read), any other to the whole chunk, which is checked against
+   its target digest at once. Nothing has been written yet.
+2. *patch*: per chunk, one scatter of the changed words into each tensor
+   the chunk covers (a chunk batches small tensors, so 20,000 small tensors
+   are a few hundred chunks); the old words of each position are kept as
+   the chunk's undo entry (in memory up to a budget, then in a temporary
+   file: bounded memory whatever the bundle).
+3. *verify*: every patched chunk is hashed again in the tensors and checked
+   against its target digest.
+
+Any failure in 2 or 3 (or an interrupt) puts every patched word back from
+the undo entries (XOR and overwrite undo exactly), so the tensors are the
+old version again, and raises. Unchanged chunks are not read: the base
+check of the tensors as a whole is the receiver's recorded version
+(``base_version``) plus each patched chunk's base digest.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from ..codec.chunk import BITMAP, RAW, SPARSE, decode_into, decompress_exact, rice_decode, unplanes
+from ..codec.dtypes import uint_type
+from ..errors import BaseMismatchError, FormatError, IntegrityError, UsageError
+from ..format import records as fmt
+from ..format import signature as signing
+from ..format.bundle import ZERO, BundleReader, decode_header_record
+from ..ops.signatures import open_signed_bundle
+from ..parallel import default_threads, ordered_map
+from ..paths import printable
+from ..store.blockio import FdCache, read_base, span_digests
+from ..store.checkpoint import KIND_TENSORS, Checkpoint, scan, scope_of
+from ..store.hashing import block_digests, hexd, tree
+from ..store.header import Header, TensorInfo, parse_header
+from ..store.units import FileLayout, Unit
+from ._tensors import Live, is_torch, prepared
+from .layout import headers_like
+
+#: undo entries kept in memory before they go to a temporary file
+UNDO_BUDGET = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ApplyIntoResult:
+    bundle_id: str
+    base_version: str | None
+    version: str  # the target fingerprint: what the tensors hold now
+    chunks: int  # chunks patched
+    changed_elements: int
+    tensors_changed: int
+    seconds: float
+
+
+def _open(bundle, trusted_keys, require_signature: bool) -> BundleReader:
+    if isinstance(bundle, BundleReader):
+        return bundle
+    keys = signing.required_keys(trusted_keys, require_signature)
+    path = os.fspath(bundle)
+    return open_signed_bundle(path, keys) if keys else BundleReader(path)
+
+
+def _fp(v) -> bytes | None:
+    if v is None:
+        return None
+    if isinstance(v, bytes):
+        return v
+    try:
+        return bytes.fromhex(str(v))
+    except ValueError:
+        raise UsageError(f"base_version {v!r} is not a version fingerprint (hex)") from None
+
+
+class _LiveBase:
+    """Live tensors as the base of a bundle: each tensor of the target is
+    patched from the live tensor of the same name, dtype and shape."""
+
+    def __init__(self, lives: list[Live]) -> None:
+        self.lives = lives
+        self.by_name = {t.name: (t, TensorInfo(t.name, t.dtype, t.shape, 0, t.nbytes, t.nbytes)) for t in lives}
+
+    def base_tensors(self, path: str, scoped: bool) -> dict:
+        return self.by_name
+
+    def headers(self, index) -> dict[int, bytes]:
+        if not any(f.kind == KIND_TENSORS and f.source == "base" for f in index.files):
+            return {}
+        return headers_like(index, self.lives)
+
+    def read(self, unit: Unit, buf: np.ndarray) -> None:
+        pos = 0
+        for s in unit.spans:
+            n = s.hi - s.lo
+            s.base.file.read(s.lo, s.hi, buf[pos : pos + n])
+            pos += n
+
+
+class _DirBase:
+    """A checkpoint directory (the mirror) as the base."""
+
+    def __init__(self, A: Checkpoint) -> None:
+        self.A = A
+        self.fds = FdCache()
+
+    def base_tensors(self, path: str, scoped: bool) -> dict:
+        return self.A.base_tensors_for(path, scoped)
+
+    def headers(self, index) -> dict[int, bytes]:
+        out: dict[int, bytes] = {}
+        for i, f in enumerate(index.files):
+            if f.kind == KIND_TENSORS and f.source == "base":
+                old = self.A.file(f.path)
+                if old is None or old.header is None:
+                    raise BaseMismatchError(f"{self.A.root}: lacks {printable(f.path)}, which the bundle's base has")
+                out[i] = old.header.raw
+        return out
+
+    def read(self, unit: Unit, buf: np.ndarray) -> None:
+        read_base(self.fds, unit, buf)
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """One checked chunk: its unit and the words it changes (positions in
+    the unit's words, old and new words), or None once spilled/streamed."""
+
+    target: bytes
+    unit: Unit
+    pos: np.ndarray | None
+    old: np.ndarray | None
+    new: np.ndarray | None
+
+
+#: parsed headers by (digest, file size, scope): a follower applies bundles
+#: of one model every step, and a header of 20,000 tensors takes 0.3 s to
+#: parse. The key is the digest of the raw bytes, so a hit is those bytes.
+_HEADERS: dict[tuple, Header] = {}
+_HEADERS_MAX = 16
+
+
+def _header(raw: bytes | None, f, where: str) -> Header:
+    key = (f.header_digest, f.size, scope_of(f.path))
+    hit = _HEADERS.get(key)
+    if hit is not None:
+        return hit
+    if raw is None:
+        raise IntegrityError(f"{where}: no header for {printable(f.path)}")
+    if xxhash.xxh3_128_digest(raw) != f.header_digest:
+        raise IntegrityError(f"{where}: the header of {printable(f.path)} is not the one the index names")
+    h = parse_header(raw, f.size, where=where).scoped(scope_of(f.path))
+    if len(_HEADERS) >= _HEADERS_MAX:
+        _HEADERS.pop(next(iter(_HEADERS)))
+    _HEADERS[key] = h
+    return h
+
+
+def _chunks(reader: BundleReader, base, *, need_base: bool) -> Iterator[tuple[object, Unit]]:
+    """(record, unit) for every CHUNK record, in bundle order, each unit's
+    spans matched with the base tensors they patch."""
+    index = reader.index
+    scoped = index.version >= fmt.SCOPED_NAMES
+    known = all((f.header_digest, f.size, scope_of(f.path)) in _HEADERS
+                for f in index.files if f.kind == KIND_TENSORS and f.source == "base")
+    raws = {} if known else base.headers(index)
+    layouts: dict[int, FileLayout] = {}
+    for rec in reader.records():
+        h = rec.header
+        where = f"{reader.path}: record {rec.index}"
+        if h.type == fmt.HEADER:
+            raws[h.file] = decode_header_record(rec, where=where)
+            continue
+        if h.type != fmt.CHUNK:
+            continue
+        lay = layouts.get(h.file)
+        if lay is None:
+            f = index.files[h.file]
+            header = _header(raws.get(h.file), f, f"{reader.path}: {printable(f.path)}")
+            lay = layouts[h.file] = FileLayout(header, base.base_tensors(f.path, scoped))
+        unit = lay.record_unit(h.lo, h.hi, h.word, delta=h.codec != RAW, where=where)
+        if need_base:
+            for s in unit.spans:
+                if s.base is None:
+                    raise UsageError(
+                        f"{where}: tensor {printable(s.tensor.name)} of the new version is not among the tensors "
+                        "given with that dtype and shape; a live apply cannot add tensors or change their shapes",
+                        hint="reload the model from the new version's checkpoint (wdiff pull)",
+                    )
+        yield rec, unit
+
+
+def _decode(reader: BundleReader, rec, unit: Unit, base, buf: np.ndarray, old: np.ndarray) -> bool:
+    """Read the chunk's base bytes into ``buf`` (a copy in ``old``), check
+    them, decode the record into ``buf`` and check the result. Returns
+    whether ``old`` holds the base bytes (not for a chunk without a base)."""
+    h = rec.header
+    where = f"{reader.path}: record {rec.index} ({printable(unit.spans[0].tensor.name)})"
+    based = unit.spans[0].base is not None
+    if based:
+        base.read(unit, buf)
+        if h.base != ZERO and tree(b"".join(span_digests(unit, buf))) != h.base:
+            raise BaseMismatchError(f"{where}: the tensors' bytes are not the bundle's base",
+                                    hint="the tensors do not hold the version this bundle starts from")
+        old[:] = buf
+    else:
+        buf[:] = 0
+        old[:] = 0
+    decode_into(h.codec, h.param, h.count, list(rec.payload), buf.view(uint_type(unit.word)), where=where)
+    if tree(b"".join(span_digests(unit, buf))) != h.target:
+        raise IntegrityError(f"{where}: rebuilt bytes do not match the target digest")
+    return based
+
+
+def _sparse(h, parts, n: int, w: int, where: str):
+    """Positions and XOR words of a SPARSE or BITMAP record, with the checks
+    decode_into makes; None for other codecs (decoded whole instead)."""
+    if h.codec not in (SPARSE, BITMAP):
+        return None
+    used = 3 if h.codec == SPARSE else 2
+    if any(len(p) for p in parts[used:]):
+        raise FormatError(f"{where}: malformed record (unused payload section)")
+    parts = list(parts[:used]) + [b""] * (used - len(parts))
+    if not 0 < h.count <= n:
+        raise FormatError(f"{where}: changed-word count {h.count} out of range")
+    if h.codec == SPARSE:
+        pos = rice_decode(h.param, parts[0], parts[1], h.count, n, where=where)
+        values = parts[2]
+    else:
+        if h.param != 0:
+            raise FormatError(f"{where}: malformed bitmap record")
+        bits = np.unpackbits(np.frombuffer(decompress_exact(parts[0], (n + 7) // 8, where=where), dtype=np.uint8))
+        if bits[n:].any():
+            raise FormatError(f"{where}: nonzero padding in bitmap")
+        pos = np.flatnonzero(bits[:n])
+        if pos.size != h.count:
+            raise FormatError(f"{where}: bitmap does not hold {h.count} positions")
+        values = parts[1]
+    xor = unplanes(decompress_exact(values, h.count * w, where=where), h.count, w)
+    if not xor.all():
+        raise FormatError(f"{where}: a listed position does not change")
+    return pos, xor
+
+
+def _span_digest(unit: Unit) -> bytes:
+    """The tree digest of a unit's bytes, hashed in place in CPU tensors."""
+    return tree(b"".join(block_digests(s.base.file.u8[s.lo : s.hi]) for s in unit.spans))
+
+
+def _gather(unit: Unit, pos: np.ndarray) -> np.ndarray:
+    """The words at unit word positions ``pos`` (sorted), from the tensors."""
+    w = unit.word
+    ut = uint_type(w)
+    out = np.empty(pos.size, dtype=ut)
+    bounds = np.cumsum([0] + [(s.hi - s.lo) // w for s in unit.spans])
+    cuts = np.searchsorted(pos, bounds)
+    for k, s in enumerate(unit.spans):
+        a, b = cuts[k], cuts[k + 1]
+        if a < b:
+            words = s.base.file.u8.view(ut)
+            out[a:b] = words[pos[a:b] - bounds[k] + s.lo // w]
+    return out
+
+
+def _fast(reader: BundleReader, rec, unit: Unit):
+    """(positions, old words, new words) of a sparse record over CPU
+    tensors, without copying or comparing whole chunks: the base digest is
+    hashed in the tensors' own memory, and only the listed words are read.
+    None where this does not apply (other codecs, device tensors)."""
+    h = rec.header
+    if h.base == ZERO or any(s.base.file.device is not None or s.base.file.u8 is None for s in unit.spans):
+        return None
+    where = f"{reader.path}: record {rec.index} ({printable(unit.spans[0].tensor.name)})"
+    n = unit.nbytes // unit.word
+    got = _sparse(h, rec.payload, n, unit.word, where)
+    if got is None:
+        return None
+    if _span_digest(unit) != h.base:
+        raise BaseMismatchError(f"{where}: the tensors' bytes are not the bundle's base",
+                                hint="the tensors do not hold the version this bundle starts from")
+    pos, xor = got
+    old = _gather(unit, pos)
+    return pos, old, old ^ xor
+
+
+def _changed(unit: Unit, buf: np.ndarray, old: np.ndarray, *, whole: bool):
+    ut = uint_type(unit.word)
+    nw, ow = buf.view(ut), old.view(ut)
+    pos = np.arange(nw.size, dtype=np.int64) if whole else np.flatnonzero(nw != ow)
+    return pos, ow[pos], nw[pos]
+
+
+class _Undo:
+    """Undo entries: (chunk, positions, old words), in memory up to a budget,
+    then in an unlinked temporary file."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.used = budget, 0
+        self.items: list = []
+        self.file = None
+
+    def add(self, unit: Unit, pos: np.ndarray, old: np.ndarray) -> None:
+        n = pos.nbytes + old.nbytes
+        if self.used + n <= self.budget:
+            self.items.append((unit, pos, old))
+            self.used += n
+            return
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(prefix="wdiff-undo-")
+        off = self.file.seek(0, os.SEEK_END)
+        self.file.write(pos.astype(np.int64, copy=False).tobytes())
+        self.file.write(old.tobytes())
+        self.items.append((unit, off, pos.size, old.dtype))
+
+    def restore(self, lives_scatter) -> None:
+        for item in reversed(self.items):
+            if len(item) == 3:
+                unit, pos, old = item
+            else:
+                unit, off, k, dt = item
+                self.file.seek(off)
+                pos = np.frombuffer(self.file.read(8 * k), dtype=np.int64)
+                old = np.frombuffer(self.file.read(k * dt.itemsize), dtype=dt)
+            lives_scatter(unit, pos, old)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _scatter(unit: Unit, pos: np.ndarray, vals: np.ndarray) -> set:
+    """Write ``vals`` at word positions ``pos`` of the unit: one call per
+    tensor the unit covers (a unit of small tensors splits its sorted
+    positions by tensor with one searchsorted). On a device, the unit's
+    positions and values cross to it in one copy each, then each tensor
+    takes its slice (views, no copies)."""
+    w = unit.word
+    touched = set()
+    if len(unit.spans) == 1:
+        s = unit.spans[0]
+        s.base.file.scatter(s.lo // w, pos, vals)
+        touched.add(s.base.file)
+        return touched
+    bounds = np.cumsum([0] + [(s.hi - s.lo) // w for s in unit.spans])
+    cuts = np.searchsorted(pos, bounds)
+    first = unit.spans[0].base.file
+    if first.device is not None and all(s.base.file.device == first.device for s in unit.spans):
+        # word index inside each tensor, for every position at once
+        k = np.repeat(np.arange(len(unit.spans)), np.diff(cuts))
+        starts = np.array([s.lo // w for s in unit.spans], dtype=np.int64)
+        rel = pos.astype(np.int64) - bounds[:-1][k] + starts[k]
+        rel_d, vals_d = first.to_device(rel, vals)
+        for i, s in enumerate(unit.spans):
+            a, b = cuts[i], cuts[i + 1]
+            if a < b:
+                s.base.file.scatter_device(rel_d[a:b], vals_d[a:b])
+                touched.add(s.base.file)
+        return touched
+    for i, s in enumerate(unit.spans):
+        a, b = cuts[i], cuts[i + 1]
+        if a < b:
+            s.base.file.scatter(s.lo // w, pos[a:b] - bounds[i], vals[a:b])
+            touched.add(s.base.file)
+    return touched
+
+
+def apply_into(bundle, tensors, *, base_version=None, trusted_keys=None, require_signature: bool = False,
+               undo_budget: int = UNDO_BUDGET, threads: int | None = None) -> ApplyIntoResult:
+    """Patch ``tensors`` (a state dict or (name, tensor) pairs: torch CPU or
+    CUDA tensors, numpy arrays; or :func:`prepare`'s wrapping of them, for
+    many applies into the same tensors) in place from the version ``bundle`` starts
+    from to the one it ends at. ``base_version``: the version the caller
+    recorded for these tensors (hex or bytes); a bundle from another version
+    is refused before anything is read. An anchor loads every tensor it
+    holds. Raises a WdiffError subclass on refusal; on any failure the
+    tensors are the old version again (see the module doc)."""
+    t0 = time.perf_counter()
+    want = _fp(base_version)
+    lives = prepared(tensors)
+    for t in lives:
+        t.writable()
+    base = _LiveBase(lives)
+    reader = _open(bundle, trusted_keys, require_signature)
+    try:
+        ix = reader.index
+        if want is not None and ix.base_fingerprint is not None and ix.base_fingerprint != want:
+            raise BaseMismatchError(
+                f"{reader.path}: starts from version {hexd(ix.base_fingerprint)[:12]}, "
+                f"but the tensors hold {hexd(want)[:12]}",
+                hint="apply the bundles in order from the tensors' version, or an anchor",
+            )
+        return _apply(reader, base, undo_budget, t0, threads or default_threads())
+    finally:
+        if not isinstance(bundle, BundleReader):
+            reader.close()
+
+
+def _check(reader: BundleReader, base):
+    """Step 1 for one chunk, on a worker thread: (target digest, unit,
+    (positions, old words, new words))."""
+
+    def one(item):
+        rec, unit = item
+        fast = _fast(reader, rec, unit)
+        if fast is None:
+            buf = np.empty(unit.nbytes, dtype=np.uint8)
+            old = np.empty(unit.nbytes, dtype=np.uint8)
+            _decode(reader, rec, unit, base, buf, old)
+            fast = _changed(unit, buf, old, whole=False)
+        return rec.header.target, unit, fast
+
+    return one
+
+
+def _apply(reader: BundleReader, base: _LiveBase, undo_budget: int, t0: float, threads: int) -> ApplyIntoResult:
+    ix = reader.index
+    kept: list[_Chunk] = []
+    used = 0
+    streamed = False
+    # 1. check everything; keep the decoded changes while they fit the budget
+    for target, unit, (pos, ov, nv) in ordered_map(_check(reader, base), _chunks(reader, base, need_base=True),
+                                                   threads=threads):
+        if streamed:
+            continue
+        used += pos.nbytes // 2 + ov.nbytes + nv.nbytes
+        if used > undo_budget:
+            streamed, kept = True, []  # too much to keep: decode again in step 2
+            continue
+        kept.append(_Chunk(target, unit, pos.astype(np.int32), ov, nv))
+    # 2. patch, keeping undo entries; 3. read back and check
+    undo = _Undo(undo_budget)
+    touched: set = set()
+    changed = chunks = 0
+    names: set[str] = set()
+    try:
+        if streamed:
+            source = ((t, u, *c) for t, u, c in ordered_map(_check(reader, base), _chunks(reader, base, need_base=True),
+                                                            threads=threads))
+        else:
+            source = ((c.target, c.unit, c.pos, c.old, c.new) for c in kept)
+        done: list[tuple[Unit, bytes]] = []
+        for target, unit, pos, ov, nv in source:
+            undo.add(unit, pos, ov)
+            hit = _scatter(unit, pos, nv)
+            touched |= hit
+            done.append((unit, target))
+            changed += int(pos.size)
+            chunks += 1
+            names.update(t.name for t in hit)
+        for t in touched:
+            t.sync()
+        _verify(base, done, threads)
+    except BaseException:
+        undo.restore(lambda unit, pos, old: _scatter(unit, pos, old))
+        for t in touched:
+            t.sync()
+        raise
+    finally:
+        undo.close()
+    return ApplyIntoResult(
+        bundle_id=hexd(reader.id), base_version=hexd(ix.base_fingerprint) if ix.base_fingerprint else None,
+        version=hexd(ix.target_fingerprint), chunks=chunks, changed_elements=changed, tensors_changed=len(names),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _verify(base, units: list[tuple[Unit, bytes]], threads: int) -> None:
+    """Read every patched chunk back from the tensors: it must be the target."""
+
+    def digest(item):
+        unit, target = item
+        if all(s.base.file.device is None and s.base.file.u8 is not None for s in unit.spans):
+            return unit, target, _span_digest(unit)
+        buf = np.empty(unit.nbytes, dtype=np.uint8)
+        base.read(unit, buf)
+        return unit, target, tree(b"".join(span_digests(unit, buf)))
+
+    for unit, target, got in ordered_map(digest, units, threads=threads):
+        if got != target:
+            raise IntegrityError(f"{printable(unit.spans[0].tensor.name)}: the tensor does not hold the target "
+                                 "bytes after the patch (changed meanwhile?); every tensor was put back")
+
+
+def iter_patches(bundle, *, base=None, trusted_keys=None, require_signature: bool = False):
+    """Yield ``(name, indices, values, shape)`` for every tensor the bundle
+    changes, in checkpoint coordinates: int32 flat element indices (int64
+    for tensors over 2**31 elements), the new values at them, and the
+    tensor's full shape. ``base``: the mirror (a checkpoint directory of the
+    bundle's base version) or the live tensors (a state dict); each chunk is
+    read from it and checked against its base digest before its patches are
+    yielded (an anchor needs no base). With torch tensors as the base the
+    values are CPU torch tensors of the tensor's dtype; otherwise numpy
+    arrays (bf16 and other dtypes numpy lacks: their raw unsigned words).
+    Each chunk is verified before it is yielded; all-or-nothing is
+    :func:`apply_into`'s."""
+    torch_out = False
+    if base is None:
+        src = _LiveBase([])
+    elif isinstance(base, (str, os.PathLike)):
+        src = _DirBase(scan(os.fspath(base)))
+    else:
+        lives = prepared(base)
+        torch_out = any(is_torch(t.obj) for t in lives)
+        src = _LiveBase(lives)
+    reader = _open(bundle, trusted_keys, require_signature)
+    try:
+        if base is None and reader.index.base_fingerprint is not None:
+            raise UsageError("this bundle patches a base: give base= (the mirror directory or the tensors)")
+        for rec, unit in _chunks(reader, src, need_base=False):
+            buf = np.empty(unit.nbytes, dtype=np.uint8)
+            old = np.empty(unit.nbytes, dtype=np.uint8)
+            based = _decode(reader, rec, unit, src, buf, old)
+            pos, _ov, nv = _changed(unit, buf, old, whole=not based)
+            yield from _per_tensor(unit, pos, nv, torch_out)
+    finally:
+        if isinstance(src, _DirBase):
+            src.fds.close()
+        if not isinstance(bundle, BundleReader):
+            reader.close()
+
+
+def _per_tensor(unit: Unit, pos: np.ndarray, vals: np.ndarray, torch_out: bool):
+    w = unit.word
+    bounds = np.cumsum([0] + [(s.hi - s.lo) // w for s in unit.spans])
+    cuts = np.searchsorted(pos, bounds)
+    for k, s in enumerate(unit.spans):
+        a, b = cuts[k], cuts[k + 1]
+        if a == b:
+            continue
+        t = s.tensor
+        n = t.nbytes // w
+        idx = pos[a:b] - bounds[k] + s.lo // w
+        idx = idx.astype(np.int32 if n < 2**31 else np.int64)
+        yield t.name, idx, _values(t.dtype, vals[a:b], torch_out), t.shape
+
+
+_NP = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+       "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8,
+       "BOOL": np.bool_}
+
+
+def _values(dtype: str, words: np.ndarray, torch_out: bool):
+    words = np.ascontiguousarray(words)
+    if torch_out:
+        import torch
+
+        from ._tensors import _SIGNED, _TORCH
+
+        tdt = next(getattr(torch, k.split(".")[1]) for k, v in _TORCH.items() if v == dtype)
+        return torch.from_numpy(words.view(_SIGNED[words.dtype.itemsize])).view(tdt)
+    dt = _NP.get(dtype)
+    return words.view(dt) if dt is not None else words
