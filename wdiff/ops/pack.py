@@ -131,9 +131,6 @@ def pack(
     B = pair.B
     work = pair.units(chunk)
     reporter.phase("pack", sum(x.unit.nbytes for x in work) + sum(f.size for f in B.files if f.kind != KIND_TENSORS))
-    if format_version is not None and not pair.version <= format_version <= fmt.MAX_VERSION:
-        raise UsageError(f"format version {format_version} cannot hold this bundle "
-                         f"(it needs {pair.version} to {fmt.MAX_VERSION})")
     with BundleWriter(out, level=level, version=pair.version) as w, FdCache() as fds:
         tally = Tally(w, level)
         tally.file_deltas = cap >= fmt.FILE_DELTAS
