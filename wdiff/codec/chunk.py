@@ -579,3 +579,19 @@ def _decode_v1(
     if not xor.all():
         raise FormatError(f"{where}: a listed position does not change")
     kernels.scatter_xor(buf, positions, xor)
+
+
+def modular_changes(
+    codec: int, param: int, count: int, parts: list[bytes], base: np.ndarray, *, where: str
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(positions, new words) of the changed words of a MODULAR record that
+    lists them (MSPARSE, MBITMAP, CSPARSE), from the chunk's base words,
+    with every check :func:`decode_into` makes; None for any other codec
+    (decode those whole). For receivers that patch live tensors with one
+    scatter per chunk instead of rewriting it."""
+    if codec not in MODULAR:
+        return None
+    positions, d = _modular(codec, param, count, parts, base, True, where=where)
+    if positions is None:
+        return None
+    return positions, base[positions] + d
