@@ -80,6 +80,7 @@ def _train(model_dir: str, out: str, steps: int, lr: float, seed: int) -> list[t
 
 def _exact(bundle: str, a: str, b: str, work: str) -> None:
     import wdiff
+
     from ..store.checkpoint import scan
 
     out = os.path.join(work, "applied")
@@ -93,6 +94,7 @@ def _exact(bundle: str, a: str, b: str, work: str) -> None:
 
 def _row(label: str, a: str, b: str, work: str, zstd: str | None) -> dict:
     import wdiff
+
     from . import delta_entropy
 
     k, given, free = delta_entropy(a, b)
