@@ -158,6 +158,41 @@ class RepoStore(Writer):
         url = hf_hub_url(self.repo_id, self._remote(path), repo_type=self.repo_type, revision=self._sha)
         _resume_get(self.url, path, url, build_hf_headers(token=self._token), dest, size, reporter)
 
+    def fetch_range(self, path: str, offset: int, length: int, *, size: int) -> bytes:
+        """One Range request at the commit the chain was read; at most
+        ``length`` bytes are read whatever the server sends. A server that
+        ignores the Range, or an object of another size, is refused rather
+        than downloaded whole (the caller then fetches whole objects)."""
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ValueError("a range outside the object")
+        if length == 0:
+            return b""
+        if self._sha is None:
+            self.read_chain()
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+        url = hf_hub_url(self.repo_id, self._remote(path), repo_type=self.repo_type, revision=self._sha)
+        headers = {**build_hf_headers(token=self._token), "Range": f"bytes={offset}-{offset + length - 1}"}
+        with hub_errors(self.url, path):
+            with get_session().stream("GET", url, headers=headers, follow_redirects=True) as r:
+                if r.status_code != 206:
+                    if r.status_code < 400:
+                        raise NotImplementedError(f"{self.url}: the server ignored a Range request for {path}")
+                    r.read()
+                    hf_raise_for_status(r)
+                total = (r.headers.get("Content-Range") or "").rpartition("/")[2]
+                if total != str(size):
+                    raise IntegrityError(f"{self.url}: {path} is not {size} bytes long (damaged remote)")
+                data = bytearray()
+                for piece in r.iter_bytes():
+                    data += piece
+                    if len(data) > length:
+                        break
+        if len(data) != length:
+            raise IntegrityError(f"{self.url}: {path}: a range of {length} bytes came back as {len(data)}")
+        return bytes(data)
+
     def _fetch_small(self, path: str, dest: str, size: int | None, max_size: int | None, reporter: Reporter) -> None:
         """An object of unknown size (a signature): whole, through the client,
         and checked against its bound once it has arrived."""
