@@ -158,7 +158,7 @@ def test_failed_v2_apply_restores_the_old_words_exactly(tmp_path, name, budget):
 
 
 def test_v2_record_against_the_wrong_base_writes_nothing(tmp_path):
-    bundle, A, B, _ = _bundle(tmp_path, "csparse", small=True)
+    bundle, A, _b, _ = _bundle(tmp_path, "csparse", small=True)
     live = {k: v.clone() for k, v in A.items()}
     live["s.63"].view(torch.int16)[-1] ^= 1
     before = _raw(live)
