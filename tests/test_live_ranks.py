@@ -1,0 +1,170 @@
+"""Multi-rank publishing over a real gloo process group: ranks in separate
+processes each publish their own tensors as parts of one version, rank 0
+commits once every part is durable; a reader polling the chain meanwhile
+sees only whole versions; a rank killed before the commit leaves nothing
+visible, and the next publish goes on from the same mirrors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+from safetensors.numpy import load_file
+
+import wdiff
+from wdiff.ops.fetch import read_chain
+from wdiff.remotes import open_remote
+
+STATE = r"""
+import numpy as np
+
+def state(rank, step):
+    rng = np.random.default_rng(rank)
+    sd = {f"r{rank}.w{i}": rng.integers(0, 1 << 16, 4096 + 512 * rank, dtype=np.uint16) for i in range(3)}
+    for s in range(step):
+        r = np.random.default_rng(1000 * rank + s)
+        for v in sd.values():
+            v[r.integers(0, v.size, 40)] += 1
+    return sd
+"""
+RANK = STATE + r"""
+import json, os, sys
+import torch.distributed as dist
+from wdiff.live.ranks import RankPublisher
+
+rank, world, init, remote, root, steps, die = sys.argv[1:8]
+rank, world, die = int(rank), int(world), int(die)
+first, last = (int(x) for x in steps.split(":"))
+dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+if rank == die:  # this rank stores its part, then dies before the commit
+    import wdiff.live.ranks as ranks
+    real = ranks.store_part
+    def store_and_die(*a, **k):
+        if int(os.environ.get("WDIFF_TEST_STEP", "-1")) == cur:
+            real(*a, **k)
+            os._exit(9)
+        return real(*a, **k)
+    ranks.store_part = store_and_die
+pub = RankPublisher(remote, os.path.join(root, f"mirror{rank}"), files={"config.json": b"{}\n"} if rank == 0 else None)
+out = []
+for cur in range(first, last):
+    try:
+        res = pub.publish(state(rank, cur), label=f"step-{cur}")
+        out.append({"step": cur, "version": res.version, "anchor": res.anchor})
+    except Exception as e:
+        out.append({"step": cur, "error": f"{type(e).__name__}: {e}"})
+        break
+with open(os.path.join(root, f"out{rank}.json"), "w") as f:
+    json.dump(out, f)
+"""
+
+READER = r"""
+import sys, time, json
+from wdiff.ops.fetch import read_chain
+from wdiff.remotes import open_remote
+remote, stop, out = sys.argv[1:4]
+seen = []
+import os
+while not os.path.exists(stop):
+    try:
+        head = read_chain(open_remote(remote)).head
+    except Exception:
+        head = None
+    if head is not None and (not seen or seen[-1] != head.hex()):
+        seen.append(head.hex())
+    time.sleep(0.005)
+json.dump(seen, open(out, "w"))
+"""
+
+
+_NS: dict = {}
+exec(STATE, _NS)
+state = _NS["state"]
+
+
+def run_ranks(tmp_path, world: int, steps: str, die: int = -1, env=None, reader=True):
+    remote = tmp_path / "remote"
+    init = tmp_path / f"init-{time.monotonic_ns()}"
+    stop, seen_path = tmp_path / "stop", tmp_path / "seen.json"
+    stop.unlink(missing_ok=True)
+    rd = subprocess.Popen([sys.executable, "-c", READER, str(remote), str(stop), str(seen_path)]) if reader else None
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(r), str(world), str(init), str(remote), str(tmp_path),
+                               str(steps), str(die)], env=env) for r in range(world)]
+    codes = [p.wait(timeout=240) for p in procs]
+    seen = []
+    if rd is not None:
+        stop.touch()
+        rd.wait(timeout=60)
+        seen = json.loads(seen_path.read_text())
+    outs = {}
+    for r in range(world):
+        p = tmp_path / f"out{r}.json"
+        outs[r] = json.loads(p.read_text()) if p.exists() else None
+        p.unlink(missing_ok=True)
+    return codes, outs, seen
+
+
+def full(world: int, step: int) -> dict[str, np.ndarray]:
+    out = {}
+    for r in range(world):
+        out.update(state(r, step))
+    return out
+
+
+def pulled(tmp_path, remote, version: str, name: str) -> dict[str, np.ndarray]:
+    d = tmp_path / name
+    wdiff.pull(str(remote), d, to=version)
+    files = sorted(p.name for p in d.glob("*.safetensors"))
+    got = {}
+    for f in files:
+        got.update(load_file(str(d / f)))
+    return got, files
+
+
+def same(a, b) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_three_ranks_publish_whole_versions_a_reader_sees_only_those(tmp_path):
+    world, steps = 3, 3
+    codes, outs, seen = run_ranks(tmp_path, world, f"0:{steps}")
+    assert codes == [0] * world
+    versions = [o["version"] for o in outs[0]]
+    assert all([o["version"] for o in outs[r]] == versions for r in range(world))  # one version per step, everywhere
+    assert outs[0][0]["anchor"] and not outs[0][1]["anchor"]
+    chain = read_chain(open_remote(str(tmp_path / "remote")))
+    assert [e.version.hex() for e in chain.entries] == versions
+    assert seen and set(seen) <= set(versions)  # the reader saw only published versions
+    for step, v in enumerate(versions):
+        got, files = pulled(tmp_path, tmp_path / "remote", v, f"pull{step}")
+        assert same(got, full(world, step))  # each version is every rank's tensors of one step
+    assert files == [f"model-{k:05d}-of-00003.safetensors" for k in (1, 2, 3)]
+    index = json.loads((tmp_path / "pull2" / "model.safetensors.index.json").read_text())
+    assert index["weight_map"]["r2.w0"] == "model-00003-of-00003.safetensors"
+    assert (tmp_path / "pull2" / "config.json").read_bytes() == b"{}\n"
+
+
+def test_a_rank_killed_before_the_commit_leaves_nothing_visible(tmp_path):
+    world = 2
+    codes, outs, _ = run_ranks(tmp_path, world, "0:1", reader=False)  # step 0: the anchor
+    assert codes == [0, 0]
+    v0 = outs[0][0]["version"]
+    import os
+
+    env = dict(os.environ, WDIFF_TEST_STEP="1")
+    codes, outs, seen = run_ranks(tmp_path, world, "1:3", die=1, env=env)
+    # rank 1 stored its part of step 1 and died; rank 0 did not commit
+    assert codes[1] == 9 and outs[1] is None
+    assert "error" in outs[0][-1], outs[0]
+    chain = read_chain(open_remote(str(tmp_path / "remote")))
+    versions = [e.version.hex() for e in chain.entries]
+    assert versions == [v0] and set(seen) <= {v0} and len(outs[0]) == 1
+    # the same mirrors go on: steps 1 and 2, all ranks alive
+    codes, outs, _ = run_ranks(tmp_path, world, "1:3", reader=False)
+    assert codes == [0, 0], outs
+    chain = read_chain(open_remote(str(tmp_path / "remote")))
+    got, _ = pulled(tmp_path, tmp_path / "remote", chain.head.hex(), "pull-after")
+    assert same(got, full(world, 2))
