@@ -7,6 +7,7 @@ visible, and the next publish goes on from the same mirrors."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -39,15 +40,17 @@ rank, world, init, remote, root, steps, die = sys.argv[1:8]
 rank, world, die = int(rank), int(world), int(die)
 first, last = (int(x) for x in steps.split(":"))
 dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
-if rank == die:  # this rank stores its part, then dies before the commit
+if rank == die:  # this rank dies at step WDIFF_TEST_STEP: after storing its part, or after the commit
     import wdiff.live.ranks as ranks
-    real = ranks.store_part
-    def store_and_die(*a, **k):
+    where = "store_part" if os.environ.get("WDIFF_TEST_AFTER", "store") == "store" else "apply_in_place"
+    real = getattr(ranks, where)
+    def and_die(*a, **k):
         if int(os.environ.get("WDIFF_TEST_STEP", "-1")) == cur:
-            real(*a, **k)
-            os._exit(9)
+            if where == "store_part":
+                real(*a, **k)
+            os._exit(9)  # a mirror update that never started
         return real(*a, **k)
-    ranks.store_part = store_and_die
+    setattr(ranks, where, and_die)
 pub = RankPublisher(remote, os.path.join(root, f"mirror{rank}"), files={"config.json": b"{}\n"} if rank == 0 else None)
 out = []
 for cur in range(first, last):
@@ -81,7 +84,7 @@ json.dump(seen, open(out, "w"))
 
 
 _NS: dict = {}
-exec(STATE, _NS)
+exec(STATE, _NS)  # noqa: S102 - the state the rank processes build
 state = _NS["state"]
 
 
@@ -152,8 +155,6 @@ def test_a_rank_killed_before_the_commit_leaves_nothing_visible(tmp_path):
     codes, outs, _ = run_ranks(tmp_path, world, "0:1", reader=False)  # step 0: the anchor
     assert codes == [0, 0]
     v0 = outs[0][0]["version"]
-    import os
-
     env = dict(os.environ, WDIFF_TEST_STEP="1")
     codes, outs, seen = run_ranks(tmp_path, world, "1:3", die=1, env=env)
     # rank 1 stored its part of step 1 and died; rank 0 did not commit
@@ -162,9 +163,29 @@ def test_a_rank_killed_before_the_commit_leaves_nothing_visible(tmp_path):
     chain = read_chain(open_remote(str(tmp_path / "remote")))
     versions = [e.version.hex() for e in chain.entries]
     assert versions == [v0] and set(seen) <= {v0} and len(outs[0]) == 1
+    # rank 0's collective failed with its part stored: it stays, until the ranks find it was never committed
+    assert (tmp_path / "mirror0" / ".wdiff" / "live" / "part.wdb").exists()
     # the same mirrors go on: steps 1 and 2, all ranks alive
     codes, outs, _ = run_ranks(tmp_path, world, "1:3", reader=False)
     assert codes == [0, 0], outs
     chain = read_chain(open_remote(str(tmp_path / "remote")))
+    assert len(chain.entries) == 3 and not (tmp_path / "mirror0" / ".wdiff" / "live" / "part.wdb").exists()
+    got, _ = pulled(tmp_path, tmp_path / "remote", chain.head.hex(), "pull-after")
+    assert same(got, full(world, 2))
+
+
+def test_a_rank_killed_after_the_commit_finishes_its_mirror_next_time(tmp_path):
+    world = 2
+    codes, outs, _ = run_ranks(tmp_path, world, "0:1", reader=False)
+    assert codes == [0, 0]
+    env = dict(os.environ, WDIFF_TEST_STEP="1", WDIFF_TEST_AFTER="commit")
+    codes, outs, _ = run_ranks(tmp_path, world, "1:3", die=1, env=env, reader=False)
+    assert codes[1] == 9
+    assert outs[0][0]["step"] == 1 and "version" in outs[0][0]  # step 1 was published
+    assert (tmp_path / "mirror1" / ".wdiff" / "live" / "part.wdb").exists()  # rank 1's mirror is behind
+    codes, outs, _ = run_ranks(tmp_path, world, "2:3", reader=False)
+    assert codes == [0, 0], outs
+    chain = read_chain(open_remote(str(tmp_path / "remote")))
+    assert len(chain.entries) == 3 and chain.head.hex() == outs[0][0]["version"]
     got, _ = pulled(tmp_path, tmp_path / "remote", chain.head.hex(), "pull-after")
     assert same(got, full(world, 2))

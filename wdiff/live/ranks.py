@@ -124,15 +124,23 @@ class RankPublisher:
         os.makedirs(self.mirror, exist_ok=True)
         with StateDir.open(self.mirror, "live") as live, live.lock(what=f"{self.mirror} (publisher)",
                                                                     name="publisher.lock"):
-            lives = prepared(tensors)
-            store = open_remote(self.remote) if self.rank == 0 else None
-            head = Chain.decode(store.read_chain()[0], where=store.url).head if store is not None else None
-            self._recover(live, head)
-            A = self._scanned = scan(self.mirror, reuse=self._scanned)
-            mine = {"names": [t.name for t in lives], "sizes": [t.nbytes for t in lives], "empty": not A.files}
+            store = head = None
+            try:  # a rank that fails here must not leave the others waiting in a collective
+                if self.rank == 0:
+                    store = open_remote(self.remote)
+                    head = Chain.decode(store.read_chain()[0], where=store.url).head
+                ok = None
+            except Exception as e:  # noqa: BLE001 - every rank hears of it, then it is raised here
+                ok = e
+            late = self._recover(live, head, ok)
+            lives, A, ok = self._prepare(tensors) if late is None else ([], None, late)
+            mine = {"names": [t.name for t in lives], "sizes": [t.nbytes for t in lives],
+                    "empty": A is not None and not A.files, "error": None if ok is None else _say(ok)}
             everyone = self._gather(mine)
             plan = self._bcast(self._plan(everyone, head) if self.rank == 0 else None)
             if isinstance(plan, str):
+                if ok is not None:
+                    raise ok
                 raise UsageError(plan)
             stage, head, anchor = plan["stage"], plan["head"], plan["anchor"]
             err, packed, digests = None, None, Digests()
@@ -154,7 +162,7 @@ class RankPublisher:
                                reporter=self.reporter)
             except Exception as e:  # noqa: BLE001 - every rank must hear of it, then it is raised here
                 err = e
-            outcomes = self._gather(None if err is None else f"{type(err).__name__}: {err}")
+            outcomes = self._gather(None if err is None else _say(err))
             t1 = time.perf_counter()
             result = self._bcast(self._commit(stage, outcomes, label) if self.rank == 0 else None)
             if isinstance(result, str):
@@ -177,10 +185,22 @@ class RankPublisher:
             mirror_seconds=t3 - t2,
         )
 
+    def _prepare(self, tensors):
+        """This rank's tensors and mirror, or the error that stops it."""
+        try:
+            lives = prepared(tensors)
+            A = self._scanned = scan(self.mirror, reuse=self._scanned)
+            return lives, A, None
+        except Exception as e:  # noqa: BLE001 - told to every rank, then raised here
+            return [], None, e
+
     def _plan(self, everyone: list[dict], head: bytes | None):
         """Rank 0: the stage, the head and anchor-or-delta, or why not (a
         string every rank raises)."""
         seen: dict[str, int] = {}
+        failed = [f"rank {k}: {e['error']}" for k, e in enumerate(everyone) if e["error"]]
+        if failed:
+            return "; ".join(failed) + "; nothing was published"
         for k, e in enumerate(everyone):
             if not e["names"]:
                 return f"rank {k} has no tensors to publish"
@@ -211,22 +231,36 @@ class RankPublisher:
         return {"version": hexd(p.version), "parent": hexd(p.parent) if p.parent else None,
                 "bundle_id": hexd(p.bundle_id), "uploaded": p.uploaded}
 
-    def _recover(self, live: StateDir, head: bytes | None) -> None:
+    def _recover(self, live: StateDir, head: bytes | None, failed: Exception | None) -> Exception | None:
         """A part left by a crash (after the commit, before this rank's
         mirror update; or before the commit): rank 0 decides, from every
         rank's files and the head, whether its version was committed; the
-        ranks holding one then finish their mirror update, or drop it."""
-        rows_now, rows_new = self._rows(live)
-        every = self._gather((rows_now, rows_new))
-        if all(new is None for _, new in every):
-            return
+        ranks holding one then finish their mirror update, or drop it.
+        ``failed``: rank 0 could not read the head (every rank raises).
+        Returns the error of this rank's own recovery, for the next gather."""
+        try:
+            rows_now, rows_new, err = *self._rows(live), None
+        except Exception as e:  # noqa: BLE001 - told to every rank, then raised here
+            rows_now, rows_new, err = [], None, e
+        every = self._gather((rows_now, rows_new, None if err is None else _say(err)))
+        bad = [f"rank {k}: {e}" for k, (_, _, e) in enumerate(every) if e]
+        if failed is not None:
+            bad.insert(0, f"rank 0: {_say(failed)}")
+        if bad:
+            if failed is not None and self.rank == 0:
+                raise failed
+            if err is not None:
+                raise err
+            raise NotFoundError("; ".join(bad) + "; nothing was published")
+        if all(new is None for _, new, _ in every):
+            return None
         verdict = None
         if self.rank == 0:
             def fp(rows):
                 return fingerprint(sorted(rows, key=lambda r: path_sort_key(r[0]))) if rows else None
 
-            after = [r for now, new in every for r in (new if new is not None else now)]
-            before = [r for now, _ in every for r in now]
+            after = [r for now, new, _ in every for r in (new if new is not None else now)]
+            before = [r for now, _, _ in every for r in now]
             verdict = "apply" if head is not None and fp(after) == head else \
                 "drop" if fp(before) == head else "stuck"
         verdict = self._bcast(verdict)
@@ -236,16 +270,21 @@ class RankPublisher:
                 "before it", hint="start every rank from mirrors of one version (wdiff pull of the head, "
                 "each rank keeping its files)")
         if rows_new is None:
-            return
-        if verdict == "apply":
-            with BundleReader(live.where(PART)) as r:
-                anchor = r.index.base_fingerprint is None
-            apply_in_place(live.where(PART), self.mirror, abort=False, threads=self.threads, over=anchor)
-        else:
-            txn = os.path.join(self.mirror, ".wdiff", "txn", "journal.json")
-            if os.path.exists(txn):  # an update had started: only after a commit, so this cannot be
-                raise BaseMismatchError(f"{self.mirror}: an unfinished mirror update of a version the remote lacks")
-        live.unlink(PART)
+            return None
+        try:
+            if verdict == "apply":
+                with BundleReader(live.where(PART)) as r:
+                    anchor = r.index.base_fingerprint is None
+                apply_in_place(live.where(PART), self.mirror, abort=False, threads=self.threads, over=anchor)
+            else:
+                txn = os.path.join(self.mirror, ".wdiff", "txn", "journal.json")
+                if os.path.exists(txn):  # an update starts only after a commit: this cannot be
+                    raise BaseMismatchError(f"{self.mirror}: an unfinished mirror update of a version the remote "
+                                            "lacks")
+            live.unlink(PART)
+        except Exception as e:  # noqa: BLE001 - told to every rank in the next gather
+            return e
+        return None
 
     def _rows(self, live: StateDir):
         """This rank's files now (the mirror's record) and, with a part left
@@ -257,6 +296,10 @@ class RankPublisher:
             return now, None
         with BundleReader(live.where(PART)) as r:
             return now, [(f.path, f.kind, f.size, f.digest) for f in r.index.files]
+
+
+def _say(e: BaseException) -> str:
+    return f"{type(e).__name__}: {getattr(e, 'message', None) or e}"
 
 
 class _Named:
