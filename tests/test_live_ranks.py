@@ -40,9 +40,10 @@ rank, world, init, remote, root, steps, die = sys.argv[1:8]
 rank, world, die = int(rank), int(world), int(die)
 first, last = (int(x) for x in steps.split(":"))
 dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
-if rank == die:  # this rank dies at step WDIFF_TEST_STEP: after storing its part, or after the commit
+after = os.environ.get("WDIFF_TEST_AFTER", "store")
+if rank == die and after in ("store", "commit"):  # this rank dies at step WDIFF_TEST_STEP: after storing its part, or after the commit
     import wdiff.live.ranks as ranks
-    where = "store_part" if os.environ.get("WDIFF_TEST_AFTER", "store") == "store" else "apply_in_place"
+    where = {"store": "store_part", "commit": "apply_in_place"}[after]
     real = getattr(ranks, where)
     def and_die(*a, **k):
         if int(os.environ.get("WDIFF_TEST_STEP", "-1")) == cur:
@@ -55,7 +56,10 @@ pub = RankPublisher(remote, os.path.join(root, f"mirror{rank}"), files={"config.
 out = []
 for cur in range(first, last):
     try:
-        res = pub.publish(state(rank, cur), label=f"step-{cur}")
+        sd = state(rank, cur)
+        if rank == die and after == "dup" and cur == int(os.environ["WDIFF_TEST_STEP"]):
+            sd = {**sd, **state(0, cur)}  # this rank also gives rank 0's tensors: every rank refuses the step
+        res = pub.publish(sd, label=f"step-{cur}")
         out.append({"step": cur, "version": res.version, "anchor": res.anchor})
     except Exception as e:
         out.append({"step": cur, "error": f"{type(e).__name__}: {e}"})
@@ -165,6 +169,13 @@ def test_a_rank_killed_before_the_commit_leaves_nothing_visible(tmp_path):
     assert versions == [v0] and set(seen) <= {v0} and len(outs[0]) == 1
     # rank 0's collective failed with its part stored: it stays, until the ranks find it was never committed
     assert (tmp_path / "mirror0" / ".wdiff" / "live" / "part.wdb").exists()
+    # a rank that gives another rank's tensors: every rank refuses the step, none waits, nothing is published
+    env = dict(os.environ, WDIFF_TEST_STEP="1", WDIFF_TEST_AFTER="dup")
+    codes, outs, _ = run_ranks(tmp_path, world, "1:2", die=1, env=env, reader=False)
+    assert codes == [0, 0]
+    assert all("UsageError" in outs[r][0]["error"] and "is given by ranks 0 and 1" in outs[r][0]["error"]
+               for r in range(world)), outs
+    assert [e.version.hex() for e in read_chain(open_remote(str(tmp_path / "remote"))).entries] == [v0]
     # the same mirrors go on: steps 1 and 2, all ranks alive
     codes, outs, _ = run_ranks(tmp_path, world, "1:3", reader=False)
     assert codes == [0, 0], outs
