@@ -30,6 +30,23 @@ def state(rank, step):
         for v in sd.values():
             v[r.integers(0, v.size, 40)] += 1
     return sd
+
+def shared(world, step):
+    # two tensors split over the ranks: by rows, and by columns
+    rng = np.random.default_rng(77)
+    row = rng.integers(-(1 << 15), 1 << 15, (4 * world + 3, 300), dtype=np.int16)
+    col = rng.integers(-(1 << 15), 1 << 15, (64, 5 * world), dtype=np.int16)
+    for s in range(step):
+        r = np.random.default_rng(5000 + s)
+        row.reshape(-1)[r.integers(0, row.size, 30)] += 1
+        col.reshape(-1)[r.integers(0, col.size, 30)] += 1
+    return {"shared.row": row, "shared.col": col}
+
+def rows_of(world, rank, n):
+    # uneven row split: rank 0 takes the remainder
+    base = n // world
+    start = 0 if rank == 0 else base * rank + n % world
+    return start, base + (n % world if rank == 0 else 0)
 """
 RANK = STATE + r"""
 import json, os, sys
@@ -59,7 +76,17 @@ for cur in range(first, last):
         sd = state(rank, cur)
         if rank == die and after == "dup" and cur == int(os.environ["WDIFF_TEST_STEP"]):
             sd = {**sd, **state(0, cur)}  # this rank also gives rank 0's tensors: every rank refuses the step
-        res = pub.publish(sd, label=f"step-{cur}")
+        slices = None
+        if os.environ.get("WDIFF_TEST_SLICES"):
+            import torch
+            from wdiff.live.ranks import Slice
+            full = shared(world, cur)
+            start, n = rows_of(world, rank, full["shared.row"].shape[0])
+            sd["shared.row"] = torch.from_numpy(full["shared.row"][start : start + n].copy())
+            sd["shared.col"] = torch.from_numpy(full["shared.col"][:, 5 * rank : 5 * rank + 5].copy())
+            slices = {"shared.row": Slice(full["shared.row"].shape, 0, start),
+                      "shared.col": Slice(full["shared.col"].shape, 1, 5 * rank)}
+        res = pub.publish(sd, label=f"step-{cur}", slices=slices)
         out.append({"step": cur, "version": res.version, "anchor": res.anchor})
     except Exception as e:
         out.append({"step": cur, "error": f"{type(e).__name__}: {e}"})
@@ -89,7 +116,7 @@ json.dump(seen, open(out, "w"))
 
 _NS: dict = {}
 exec(STATE, _NS)  # noqa: S102 - the state the rank processes build
-state = _NS["state"]
+state, shared = _NS["state"], _NS["shared"]
 
 
 def run_ranks(tmp_path, world: int, steps: str, die: int = -1, env=None, reader=True):
@@ -136,8 +163,11 @@ def same(a, b) -> bool:
 
 
 def test_three_ranks_publish_whole_versions_a_reader_sees_only_those(tmp_path):
+    """Each rank its own tensors, and its slices of two tensors split over
+    the ranks (by rows, unevenly, and by columns): rank 0 publishes those
+    whole, assembled from every rank's slice."""
     world, steps = 3, 3
-    codes, outs, seen = run_ranks(tmp_path, world, f"0:{steps}")
+    codes, outs, seen = run_ranks(tmp_path, world, f"0:{steps}", env=dict(os.environ, WDIFF_TEST_SLICES="1"))
     assert codes == [0] * world
     versions = [o["version"] for o in outs[0]]
     assert all([o["version"] for o in outs[r]] == versions for r in range(world))  # one version per step, everywhere
@@ -147,10 +177,11 @@ def test_three_ranks_publish_whole_versions_a_reader_sees_only_those(tmp_path):
     assert seen and set(seen) <= set(versions)  # the reader saw only published versions
     for step, v in enumerate(versions):
         got, files = pulled(tmp_path, tmp_path / "remote", v, f"pull{step}")
-        assert same(got, full(world, step))  # each version is every rank's tensors of one step
+        assert same(got, {**full(world, step), **shared(world, step)})  # every rank's tensors of one step
     assert files == [f"model-{k:05d}-of-00003.safetensors" for k in (1, 2, 3)]
     index = json.loads((tmp_path / "pull2" / "model.safetensors.index.json").read_text())
     assert index["weight_map"]["r2.w0"] == "model-00003-of-00003.safetensors"
+    assert index["weight_map"]["shared.col"] == "model-00001-of-00003.safetensors"  # the lowest rank's
     assert (tmp_path / "pull2" / "config.json").read_bytes() == b"{}\n"
 
 
@@ -200,3 +231,17 @@ def test_a_rank_killed_after_the_commit_finishes_its_mirror_next_time(tmp_path):
     assert len(chain.entries) == 3 and chain.head.hex() == outs[0][0]["version"]
     got, _ = pulled(tmp_path, tmp_path / "remote", chain.head.hex(), "pull-after")
     assert same(got, full(world, 2))
+
+
+def test_slices_must_tile_their_tensor():
+    from wdiff.live.ranks import _tiling
+
+    ok = [[("w", (10, 4), 0, 0, 6, "int16")], [("w", (10, 4), 0, 6, 4, "int16")]]
+    owners, why = _tiling(ok)
+    assert why is None and owners["w"] == (0, (10, 4), 0, "int16", [(0, 0, 6), (1, 6, 4)])
+    gap = [[("w", (10, 4), 0, 0, 5, "int16")], [("w", (10, 4), 0, 6, 4, "int16")]]
+    overlap = [[("w", (10, 4), 0, 0, 7, "int16")], [("w", (10, 4), 0, 6, 4, "int16")]]
+    short = [[("w", (10, 4), 0, 0, 6, "int16")], []]
+    other = [[("w", (10, 4), 0, 0, 6, "int16")], [("w", (10, 4), 0, 6, 4, "bfloat16")]]
+    for bad in (gap, overlap, short, other):
+        assert _tiling(bad)[1]

@@ -15,6 +15,9 @@ from ._tensors import Prepared as prepare
 from .apply import ApplyIntoResult, apply_into, iter_patches
 from .follower import Follower, FollowResult
 from .publisher import Publisher, PublishResult
-from .ranks import RankPublisher
+from .ranks import RankPublisher, Slice
 
-__all__ = ["ApplyIntoResult", "Follower", "FollowResult", "Publisher", "PublishResult", "Prepared", "RankPublisher", "apply_into", "iter_patches", "prepare"]
+__all__ = [
+    "ApplyIntoResult", "FollowResult", "Follower", "Prepared", "PublishResult", "Publisher", "RankPublisher", "Slice",
+    "apply_into", "iter_patches", "prepare",
+]

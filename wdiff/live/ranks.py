@@ -32,8 +32,11 @@ The layout is save_pretrained's sharded one, one shard per rank:
 ``model-0000K-of-0000N.safetensors`` (K = rank + 1, N = the group's size)
 holds rank K-1's tensors in the order given, and
 ``model.safetensors.index.json`` maps every tensor to its shard. Whole
-tensors only: a tensor split over ranks (FSDP's flat parameters, a
-tensor-parallel slice) is published by gathering it on one rank first.
+tensors in the files: a tensor split over ranks (a tensor-parallel
+slice, given its place with :class:`Slice`) is sent to the lowest rank
+holding a slice of it, which publishes it whole (one such tensor at a time
+in its memory). FSDP's flattened parameters are not slices of one tensor:
+pass their unflattened views (or gather them first).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import os
 import secrets
 import tempfile
 import time
+from typing import NamedTuple
 
 from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL, DEFAULT_PART_SIZE
 from ..errors import BaseMismatchError, NotFoundError, UsageError, WdiffError
@@ -66,6 +70,16 @@ from .layout import METADATA, SINGLE, mem_tensors
 from .publisher import Publisher, PublishResult
 
 PART = "part.wdb"
+
+
+class Slice(NamedTuple):
+    """Where a rank's tensor lies in a tensor split over ranks: the full
+    tensor's ``shape``, the dimension it is split along, and the index of
+    the rank's first row (column...) along it."""
+
+    shape: tuple
+    dim: int
+    start: int
 
 
 def shard_name(rank: int, world: int) -> str:
@@ -115,11 +129,17 @@ class RankPublisher:
 
     # -- publish ------------------------------------------------------------------
 
-    def publish(self, tensors, *, label: str | None = None) -> PublishResult:
+    def publish(self, tensors, *, label: str | None = None, slices: dict | None = None) -> PublishResult:
         """Publish this rank's ``tensors`` (a state dict or (name, tensor)
         pairs) as its part of the next version; every rank of the group
-        calls it with its own tensors. Raises on every rank if any rank
-        failed, and then nothing was published."""
+        calls it with its own tensors. ``slices``: the tensors of
+        ``tensors`` that are slices of a tensor split over ranks, by name:
+        :class:`Slice` (full shape, dimension, start) of each (torch
+        tensors); the slices of one name must tile the full tensor. The
+        lowest rank holding a slice of it publishes the whole tensor,
+        assembled there from every slice (sent to it over the group): that
+        rank holds one such tensor at a time in memory. Raises on every rank
+        if any rank failed, and then nothing was published."""
         t0 = time.perf_counter()
         os.makedirs(self.mirror, exist_ok=True)
         with StateDir.open(self.mirror, "live") as live, live.lock(what=f"{self.mirror} (publisher)",
@@ -133,6 +153,7 @@ class RankPublisher:
             except Exception as e:  # noqa: BLE001 - every rank hears of it, then it is raised here
                 ok = e
             late = self._recover(live, head, ok)
+            tensors, late = self._assemble(tensors, slices, late)
             lives, A, ok = self._prepare(tensors) if late is None else ([], None, late)
             mine = {"names": [t.name for t in lives], "sizes": [t.nbytes for t in lives],
                     "empty": A is not None and not A.files, "error": None if ok is None else _say(ok)}
@@ -184,6 +205,56 @@ class RankPublisher:
             uploaded=result["uploaded"], label=label, pack_seconds=t1 - t0, push_seconds=t2 - t1,
             mirror_seconds=t3 - t2,
         )
+
+    def _assemble(self, tensors, slices: dict | None, failed: Exception | None):
+        """Every rank's tensors with the slices of a split tensor replaced by
+        the whole tensor on its owner (the lowest rank holding a slice of
+        it) and left out elsewhere; or the error (checked on every rank
+        alike, from every rank's slices)."""
+        pairs = list(tensors.items()) if isinstance(tensors, dict) else list(tensors)
+        mine, err = [], failed
+        if err is None:
+            try:
+                mine = _describe(pairs, slices or {})
+            except Exception as e:  # noqa: BLE001 - told to every rank
+                err = e
+        every = self._gather((mine, None if err is None else _say(err)))
+        bad = [f"rank {k}: {e}" for k, (_, e) in enumerate(every) if e]
+        owners, why = ({}, "; ".join(bad)) if bad else _tiling([d for d, _ in every])
+        if why:
+            return pairs, err if err is not None else UsageError(why)
+        if not owners:
+            return pairs, None
+        import torch
+
+        got = dict(pairs)
+        whole = {}
+        for name in sorted(owners):
+            owner, shape, dim, dtype, parts = owners[name]
+            if self.rank == owner:
+                full = torch.empty(shape, dtype=getattr(torch, dtype))
+                for k, start, n in parts:
+                    view = full.narrow(dim, start, n)
+                    if k == self.rank:
+                        view.copy_(got[name])
+                        continue
+                    buf = torch.empty(view.shape, dtype=full.dtype)
+                    self.dist.recv(buf.reshape(-1).view(torch.uint8), src=self._global(k), group=self.group)
+                    view.copy_(buf)
+                whole[name] = full
+            elif any(k == self.rank for k, _, _ in parts):
+                t = got[name].detach().to("cpu").contiguous()
+                self.dist.send(t.reshape(-1).view(torch.uint8), dst=self._global(owner), group=self.group)
+        out = []
+        for name, t in pairs:
+            if name not in owners:
+                out.append((name, t))
+            elif name in whole:
+                out.append((name, whole[name]))
+        return out, None
+
+    def _global(self, k: int) -> int:
+        return self.dist.get_global_rank(self.group, k) if self.group is not None else k
 
     def _prepare(self, tensors):
         """This rank's tensors and mirror, or the error that stops it."""
@@ -298,6 +369,52 @@ class RankPublisher:
             return now, [(f.path, f.kind, f.size, f.digest) for f in r.index.files]
 
 
+def _describe(pairs, slices: dict) -> list:
+    """(name, full shape, dim, start, length, dtype) of this rank's slices."""
+    names = {n for n, _ in pairs}
+    missing = sorted(set(slices) - names)
+    if missing:
+        raise UsageError(f"slices names {printable(missing[0])}, which is not among the tensors given")
+    out = []
+    for name, t in pairs:
+        if name not in slices:
+            continue
+        shape, dim, start = Slice(*slices[name])
+        shape = tuple(int(x) for x in shape)
+        if not hasattr(t, "narrow") or t.dim() != len(shape) or not 0 <= dim < len(shape):
+            raise UsageError(f"{printable(name)}: a slice is a torch tensor with the full tensor's number of "
+                             "dimensions, split along one of them")
+        if any(t.shape[d] != shape[d] for d in range(len(shape)) if d != dim) or start < 0 \
+                or start + t.shape[dim] > shape[dim]:
+            raise UsageError(f"{printable(name)}: a slice of shape {tuple(t.shape)} at {start} along dimension "
+                             f"{dim} does not fit the full shape {shape}")
+        out.append((name, shape, dim, start, int(t.shape[dim]), str(t.dtype).removeprefix("torch.")))
+    return out
+
+
+def _tiling(every: list[list]):
+    """({name: (owner, shape, dim, dtype, [(rank, start, length)])}, None),
+    or ({}, why) when the slices of a name do not tile its full tensor."""
+    by: dict[str, list] = {}
+    for k, descs in enumerate(every):
+        for name, shape, dim, start, n, dtype in descs:
+            by.setdefault(name, []).append((k, shape, dim, start, n, dtype))
+    owners = {}
+    for name, ds in by.items():
+        if len({(shape, dim, dtype) for _, shape, dim, _, _, dtype in ds}) != 1:
+            return {}, f"{printable(name)}: the ranks' slices disagree on its full shape, dimension or dtype"
+        _, shape, dim, _, _, dtype = ds[0]
+        at = 0
+        for _k, _, _, start, n, _ in sorted(ds, key=lambda d: d[3]):
+            if start != at:
+                return {}, f"{printable(name)}: its slices do not cover it exactly (one starts at {start}, not {at})"
+            at += n
+        if at != shape[dim]:
+            return {}, f"{printable(name)}: its slices cover {at} of its {shape[dim]} along dimension {dim}"
+        owners[name] = (min(k for k, *_ in ds), shape, dim, dtype, sorted((k, st, n) for k, _, _, st, n, _ in ds))
+    return owners, None
+
+
 def _say(e: BaseException) -> str:
     return f"{type(e).__name__}: {getattr(e, 'message', None) or e}"
 
@@ -309,4 +426,4 @@ class _Named:
         self.name, self.nbytes = name, nbytes
 
 
-__all__ = ["PART", "RankPublisher", "shard_name"]
+__all__ = ["PART", "RankPublisher", "Slice", "shard_name"]
