@@ -93,6 +93,8 @@ for cur in range(first, last):
         break
 with open(os.path.join(root, f"out{rank}.json"), "w") as f:
     json.dump(out, f)
+# no process-group teardown at exit: after a peer died it can abort ("terminate called ...")
+os._exit(0)
 """
 
 READER = r"""
