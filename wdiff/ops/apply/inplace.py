@@ -189,7 +189,8 @@ def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporte
         else:
             resumed, checked = True, True
         written = _run(reader, root, txn, journal, headers, resumed=resumed, threads=threads, reporter=reporter,
-                       rules=rules, check_into=None if checked else known)
+                       rules=rules, check_into=None if checked else known,
+                       reuse=trusted.checkpoint if trusted is not None else None)
         _remove_recorded(root, [f.path for f in old], reader.index)
         _record(state, reader.index)
         if known is not None:
@@ -427,12 +428,14 @@ def _refuse_shared_files(A: Checkpoint) -> None:
 
 
 def _run(reader: BundleReader, root: str, txn: Txn, journal: Journal, headers, *, resumed: bool, threads: int,
-         reporter: Reporter, rules: Rules = DEFAULT_RULES, check_into: Digests | None = None) -> int:
+         reporter: Reporter, rules: Rules = DEFAULT_RULES, check_into: Digests | None = None,
+         reuse: Checkpoint | None = None) -> int:
     """The patch and commit phases. ``check_into``: the base's digests, when
     no dry run checked the patches (a trusted base): the patch phase puts
     the digests of what it writes into them, and a result that is not the
-    target's tensors is rolled back before the commit."""
-    A = scan(root, allow_unfinished=True, rules=rules)
+    target's tensors is rolled back before the commit. ``reuse``: a scan of
+    BASE whose byte-identical headers need not be parsed again."""
+    A = scan(root, allow_unfinished=True, rules=rules, reuse=reuse)
     plan = journal.plan
     phase = journal.phase
     staged = _staged(reader, root, txn, plan, require_all=phase == "patch") if resumed else None
