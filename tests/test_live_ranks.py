@@ -16,6 +16,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 import wdiff
+from wdiff.live import Follower
 from wdiff.ops.fetch import read_chain
 from wdiff.remotes import open_remote
 
@@ -185,6 +186,15 @@ def test_three_ranks_publish_whole_versions_a_reader_sees_only_those(tmp_path):
     assert index["weight_map"]["r2.w0"] == "model-00003-of-00003.safetensors"
     assert index["weight_map"]["shared.col"] == "model-00001-of-00003.safetensors"  # the lowest rank's
     assert (tmp_path / "pull2" / "config.json").read_bytes() == b"{}\n"
+    # a follower of the remote, its tensors in the shards' order, catches up to the head
+    want = {}
+    for r in range(world):
+        want.update(state(r, steps - 1))
+        if r == 0:
+            want.update(shared(world, steps - 1))
+    tensors = {k: np.zeros_like(v) for k, v in want.items()}
+    res = Follower(str(tmp_path / "remote"), tensors, str(tmp_path / "follower")).poll()
+    assert res.version == versions[-1] and same(tensors, want)
 
 
 def test_a_rank_killed_before_the_commit_leaves_nothing_visible(tmp_path):
