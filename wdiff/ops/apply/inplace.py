@@ -91,7 +91,9 @@ class TrustedBase:
 
     def same_files(self, A: Checkpoint) -> bool:
         """``A`` lists the files hashed, with the same sizes and stat keys."""
-        key = lambda c: [(f.path, f.kind, f.size, f.stat_key) for f in c.files]  # noqa: E731
+        def key(c: Checkpoint) -> list:
+            return [(f.path, f.kind, f.size, f.stat_key) for f in c.files]
+
         return key(A) == key(self.checkpoint) and all(f.stat_key != (0, 0, 0, 0, 0) for f in A.files)
 
     def holds(self, A: Checkpoint, index) -> Digests | None:
