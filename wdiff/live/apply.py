@@ -7,9 +7,12 @@ to an engine that applies them itself (:func:`iter_patches`).
    base against the version the receiver says its tensors hold, every
    record's digest; then every chunk it patches is checked against the
    chunk's base digest (hashed in the tensors' own memory on the CPU) and
-   decoded: a sparse record to its positions and new words (only those
-   words are read), any other to the whole chunk, which is checked against
-   its target digest at once. Nothing has been written yet.
+   decoded: a record that lists its changed words (SPARSE, BITMAP, and
+   codec v2's MSPARSE, MBITMAP, CSPARSE) to its positions and new words
+   (only those words are read; CSPARSE reads the chunk's base words, which
+   place its positions), any other (DENSE, RAW, MDENSE, CDENSE) to the whole
+   chunk, which is checked against its target digest at once. Nothing has
+   been written yet.
 2. *patch*: per chunk, one scatter of the changed words into each tensor
    the chunk covers (a chunk batches small tensors, so 20,000 small tensors
    are a few hundred chunks); the old words of each position are kept as
@@ -36,7 +39,19 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from ..codec.chunk import BITMAP, RAW, SPARSE, decode_into, decompress_exact, rice_decode, unplanes
+from ..codec.chunk import (
+    BITMAP,
+    CSPARSE,
+    MBITMAP,
+    MSPARSE,
+    RAW,
+    SPARSE,
+    decode_into,
+    decompress_exact,
+    modular_changes,
+    rice_decode,
+    unplanes,
+)
 from ..codec.dtypes import uint_type
 from ..errors import BaseMismatchError, FormatError, IntegrityError, UsageError
 from ..format import records as fmt
@@ -204,18 +219,31 @@ def _chunks(reader: BundleReader, base, *, need_base: bool) -> Iterator[tuple[ob
         yield rec, unit
 
 
+#: codecs whose records list their changed positions: patched with one
+#: scatter per tensor per chunk, never decoded whole
+LISTED = frozenset({SPARSE, BITMAP, MSPARSE, MBITMAP, CSPARSE})
+
+
+def _where(reader: BundleReader, rec, unit: Unit) -> str:
+    return f"{reader.path}: record {rec.index} ({printable(unit.spans[0].tensor.name)})"
+
+
+def _base_check(got: bytes, h, where: str) -> None:
+    if h.base != ZERO and got != h.base:
+        raise BaseMismatchError(f"{where}: the tensors' bytes are not the bundle's base",
+                                hint="the tensors do not hold the version this bundle starts from")
+
+
 def _decode(reader: BundleReader, rec, unit: Unit, base, buf: np.ndarray, old: np.ndarray) -> bool:
     """Read the chunk's base bytes into ``buf`` (a copy in ``old``), check
     them, decode the record into ``buf`` and check the result. Returns
     whether ``old`` holds the base bytes (not for a chunk without a base)."""
     h = rec.header
-    where = f"{reader.path}: record {rec.index} ({printable(unit.spans[0].tensor.name)})"
+    where = _where(reader, rec, unit)
     based = unit.spans[0].base is not None
     if based:
         base.read(unit, buf)
-        if h.base != ZERO and tree(b"".join(span_digests(unit, buf))) != h.base:
-            raise BaseMismatchError(f"{where}: the tensors' bytes are not the bundle's base",
-                                    hint="the tensors do not hold the version this bundle starts from")
+        _base_check(tree(b"".join(span_digests(unit, buf))), h, where)
         old[:] = buf
     else:
         buf[:] = 0
@@ -226,11 +254,28 @@ def _decode(reader: BundleReader, rec, unit: Unit, base, buf: np.ndarray, old: n
     return based
 
 
+def _listed(h, parts, words: np.ndarray, where: str):
+    """(positions, new words) of a record that lists its changed words
+    (SPARSE, BITMAP, MSPARSE, MBITMAP, CSPARSE), from the chunk's base
+    ``words``, with the checks decode_into makes; None for other codecs
+    (decoded whole instead). Only the listed words of ``words`` are read,
+    but for CSPARSE, whose positions depend on every base word."""
+    if h.codec not in LISTED:
+        return None
+    if h.codec in (SPARSE, BITMAP):
+        pos, xor = _sparse(h, parts, words.size, words.dtype.itemsize, where)
+        return pos, words[pos] ^ xor
+    pos, new = modular_changes(h.codec, h.param, h.count, list(parts), words, where=where)
+    pos = pos.astype(np.int64, copy=False)
+    if pos.size > 1 and not (pos[1:] > pos[:-1]).all():
+        order = np.argsort(pos, kind="stable")  # CSPARSE lists positions by bucket
+        pos, new = pos[order], new[order]
+    return pos, new
+
+
 def _sparse(h, parts, n: int, w: int, where: str):
     """Positions and XOR words of a SPARSE or BITMAP record, with the checks
-    decode_into makes; None for other codecs (decoded whole instead)."""
-    if h.codec not in (SPARSE, BITMAP):
-        return None
+    decode_into makes."""
     used = 3 if h.codec == SPARSE else 2
     if any(len(p) for p in parts[used:]):
         raise FormatError(f"{where}: malformed record (unused payload section)")
@@ -276,25 +321,77 @@ def _gather(unit: Unit, pos: np.ndarray) -> np.ndarray:
     return out
 
 
+class _Lazy:
+    """A unit's base words spread over CPU tensors, as the 1-D array that
+    modular_changes reads (size, dtype, fancy indexing): only the listed
+    words are gathered, never the chunk."""
+
+    def __init__(self, unit: Unit) -> None:
+        self.unit = unit
+        self.dtype = np.dtype(uint_type(unit.word))
+        self.size = unit.nbytes // unit.word
+
+    def __getitem__(self, pos):
+        return _gather(self.unit, np.asarray(pos))
+
+
+def _base_words(unit: Unit, need_all: bool):
+    """The unit's base words in the CPU tensors: a view for one span, else
+    a copy of the chunk (``need_all``, CSPARSE reads every word) or a lazy
+    gatherer of listed words."""
+    ut = uint_type(unit.word)
+    if len(unit.spans) == 1:
+        s = unit.spans[0]
+        return s.base.file.u8[s.lo : s.hi].view(ut)
+    if need_all:
+        return np.concatenate([s.base.file.u8[s.lo : s.hi] for s in unit.spans]).view(ut)
+    return _Lazy(unit)
+
+
 def _fast(reader: BundleReader, rec, unit: Unit):
-    """(positions, old words, new words) of a sparse record over CPU
-    tensors, without copying or comparing whole chunks: the base digest is
-    hashed in the tensors' own memory, and only the listed words are read.
-    None where this does not apply (other codecs, device tensors)."""
+    """(positions, old words, new words) of a record that lists its changed
+    words (SPARSE, BITMAP and codec v2's MSPARSE, MBITMAP, CSPARSE) over
+    CPU tensors, without copying or comparing whole chunks: the base digest
+    is hashed in the tensors' own memory, and only the listed words are
+    read (CSPARSE reads the chunk, whose words place its positions). None
+    where this does not apply (other codecs, device tensors)."""
     h = rec.header
-    if h.base == ZERO or any(s.base.file.device is not None or s.base.file.u8 is None for s in unit.spans):
+    if h.base == ZERO or h.codec not in LISTED:
         return None
-    where = f"{reader.path}: record {rec.index} ({printable(unit.spans[0].tensor.name)})"
-    n = unit.nbytes // unit.word
-    got = _sparse(h, rec.payload, n, unit.word, where)
-    if got is None:
+    if any(s.base.file.device is not None or s.base.file.u8 is None for s in unit.spans):
         return None
-    if _span_digest(unit) != h.base:
-        raise BaseMismatchError(f"{where}: the tensors' bytes are not the bundle's base",
-                                hint="the tensors do not hold the version this bundle starts from")
-    pos, xor = got
-    old = _gather(unit, pos)
-    return pos, old, old ^ xor
+    where = _where(reader, rec, unit)
+    _base_check(_span_digest(unit), h, where)
+    words = _base_words(unit, need_all=h.codec == CSPARSE)
+    pos, new = _listed(h, rec.payload, words, where)
+    return pos, words[pos], new
+
+
+def _buffered(reader: BundleReader, rec, unit: Unit, base):
+    """(positions, old words, new words, whole) of any record, from the
+    chunk's base read into a buffer (a mirror on disk, device tensors, or no
+    base at all for an anchor): checked against the base digest, patched in
+    the buffer (a listed record: its positions only; any other: decoded
+    whole) and checked against the target digest before anything is
+    returned. ``whole``: the record rewrites every word (no base)."""
+    h = rec.header
+    if unit.spans[0].base is None or h.base == ZERO or h.codec not in LISTED:
+        buf = np.empty(unit.nbytes, dtype=np.uint8)
+        old = np.empty(unit.nbytes, dtype=np.uint8)
+        based = _decode(reader, rec, unit, base, buf, old)
+        pos, ov, nv = _changed(unit, buf, old, whole=not based)
+        return pos, ov, nv, not based
+    where = _where(reader, rec, unit)
+    buf = np.empty(unit.nbytes, dtype=np.uint8)
+    base.read(unit, buf)
+    _base_check(tree(b"".join(span_digests(unit, buf))), h, where)
+    words = buf.view(uint_type(unit.word))
+    pos, new = _listed(h, rec.payload, words, where)
+    old = words[pos]
+    words[pos] = new
+    if tree(b"".join(span_digests(unit, buf))) != h.target:
+        raise IntegrityError(f"{where}: rebuilt bytes do not match the target digest")
+    return pos, old, new, False
 
 
 def _changed(unit: Unit, buf: np.ndarray, old: np.ndarray, *, whole: bool):
@@ -417,10 +514,7 @@ def _check(reader: BundleReader, base):
         rec, unit = item
         fast = _fast(reader, rec, unit)
         if fast is None:
-            buf = np.empty(unit.nbytes, dtype=np.uint8)
-            old = np.empty(unit.nbytes, dtype=np.uint8)
-            _decode(reader, rec, unit, base, buf, old)
-            fast = _changed(unit, buf, old, whole=False)
+            fast = _buffered(reader, rec, unit, base)[:3]
         return rec.header.target, unit, fast
 
     return one
@@ -505,7 +599,9 @@ def iter_patches(bundle, *, base=None, trusted_keys=None, require_signature: boo
     yielded (an anchor needs no base). With torch tensors as the base the
     values are CPU torch tensors of the tensor's dtype; otherwise numpy
     arrays (bf16 and other dtypes numpy lacks: their raw unsigned words).
-    Each chunk is verified before it is yielded; all-or-nothing is
+    Each chunk is verified before it is yielded (a record that lists its
+    changed words is patched into a copy of the chunk's base at those
+    positions only, never decoded whole); all-or-nothing is
     :func:`apply_into`'s."""
     torch_out = False
     if base is None:
@@ -521,10 +617,7 @@ def iter_patches(bundle, *, base=None, trusted_keys=None, require_signature: boo
         if base is None and reader.index.base_fingerprint is not None:
             raise UsageError("this bundle patches a base: give base= (the mirror directory or the tensors)")
         for rec, unit in _chunks(reader, src, need_base=False):
-            buf = np.empty(unit.nbytes, dtype=np.uint8)
-            old = np.empty(unit.nbytes, dtype=np.uint8)
-            based = _decode(reader, rec, unit, src, buf, old)
-            pos, _ov, nv = _changed(unit, buf, old, whole=not based)
+            pos, _ov, nv, _whole = _buffered(reader, rec, unit, src)
             yield from _per_tensor(unit, pos, nv, torch_out)
     finally:
         if isinstance(src, _DirBase):

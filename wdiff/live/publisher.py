@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL, DEFAULT_PART_SIZE
 from ..errors import FormatError, UsageError
 from ..fsutil import fsync_dir
-from ..ops.apply.inplace import apply_in_place
+from ..ops.apply.inplace import TrustedBase, apply_in_place
 from ..ops.memsource import MemoryTarget, pack_memory
 from ..ops.pack import pack
 from ..ops.push import push_bundle
@@ -33,6 +33,7 @@ from ..paths import validate_relpath
 from ..progress import SILENT, Reporter
 from ..statedir import StateDir
 from ..store.checkpoint import scan
+from ..store.digests import Digests
 from ..store.hashing import hexd
 from ._tensors import prepared
 from .layout import INDEX, MAX_SHARD, METADATA, index_json, mem_tensors, shard
@@ -129,9 +130,12 @@ class Publisher:
                 companions = self._companions(tmp, files)
                 target = MemoryTarget([(p, mem_tensors(g)) for p, g in files], companions, metadata=METADATA)
                 out = live.where(PENDING)
+                digests = Digests()
                 packed = pack_memory(None if anchor else A, target, live.where(PENDING + ".new"),
                                      level=self.level, threads=self.threads, chunk=self.chunk,
-                                     reporter=self.reporter)
+                                     reporter=self.reporter, base_digests=digests)
+                # the mirror as this pack read and hashed it: its update reads only the chunks it patches
+                trusted = None if anchor else TrustedBase(A, digests, packed.base_fingerprint)
                 os.replace(live.where(PENDING + ".new"), out)
                 fsync_dir(live.path)
         except BaseException:
@@ -155,7 +159,7 @@ class Publisher:
                 pushed = push_bundle(out, self.remote, label=label, part_size=self.part_size, fork=False,
                                      sign_key=self.sign_key, reporter=self.reporter)
                 t2 = time.perf_counter()
-                self._update_mirror(live, anchor)
+                self._update_mirror(live, anchor, trusted)
                 if also_anchor:
                     self._push_anchor(label)
                 return result(pushed.uploaded, t2, time.perf_counter())
@@ -210,8 +214,9 @@ class Publisher:
                 with contextlib.suppress(OSError):
                     os.unlink(p)
 
-    def _update_mirror(self, live: StateDir, anchor: bool) -> None:
-        apply_in_place(live.where(PENDING), self.mirror, abort=False, threads=self.threads, over=anchor)
+    def _update_mirror(self, live: StateDir, anchor: bool, trusted: TrustedBase | None = None) -> None:
+        apply_in_place(live.where(PENDING), self.mirror, abort=False, threads=self.threads, over=anchor,
+                       trusted=trusted)
         live.unlink(PENDING)
 
     def _finish_pending(self, live: StateDir) -> None:

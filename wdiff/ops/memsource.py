@@ -131,12 +131,13 @@ class _MemoryPair(Pair):
     """A :class:`Pair` whose target is a :class:`MemoryTarget` (never cached:
     its stat keys are no identity)."""
 
-    def __init__(self, A: Checkpoint | None, target: MemoryTarget) -> None:  # noqa: D107 - no super(): no scan
+    def __init__(self, A: Checkpoint | None, target: MemoryTarget,  # noqa: D107 - no super(): no scan
+                 da: Digests | None = None) -> None:
         self.A, self.B = A, target.checkpoint
         self.version = format_version(self.A, self.B)
         self.excluded = ()
         self.warnings = ()
-        self.da, self.db = Digests(), Digests()
+        self.da, self.db = (da if da is not None else Digests()), Digests()
 
     def remember_target(self) -> None:
         pass
@@ -151,13 +152,18 @@ def pack_memory(
     threads: int | None = None,
     chunk: int = DEFAULT_CHUNK,
     reporter: Reporter = SILENT,
+    base_digests: Digests | None = None,
 ) -> PackResult:
     """Write to ``out`` the bundle that turns checkpoint ``A`` (scanned; None:
     an anchor) into ``target``. Memory: a unit of each side per worker
     thread; every byte of the target is read from memory once, every base
-    unit with a target unit of the same name once, as :func:`pack.pack` does."""
+    unit with a target unit of the same name once, as :func:`pack.pack` does.
+    ``base_digests``: an empty Digests that receives the block digests of
+    every file of ``A``, hashed from the bytes read here (the base
+    fingerprint is the result's): what an in-place update of ``A`` may
+    then trust (wdiff.ops.apply.inplace.TrustedBase)."""
     threads = threads or default_threads()
-    pair = _MemoryPair(A, target)
+    pair = _MemoryPair(A, target, base_digests)
     B = pair.B
     work = pair.units(chunk)
     reporter.phase("pack", sum(x.unit.nbytes for x in work))

@@ -75,7 +75,7 @@ def push_part(source, remote, *, base, only: list[str], stage: str, level: int =
     patterns, as pack's --include) against the same files of ``base``, and
     store the bundle and its manifest under the remote's stage/NAME/. The
     chain is not changed."""
-    prefix = stage_prefix(stage)
+    stage_prefix(stage)  # a bad name is refused before any work
     source = os.fspath(source)
     if not os.path.isdir(source) or base is None:
         raise UsageError("a staged push takes a checkpoint directory and --base PREV (the remote's head)")
@@ -94,13 +94,29 @@ def push_part(source, remote, *, base, only: list[str], stage: str, level: int =
         pack(base, source, out, level=level, threads=threads, reporter=_OwnFilesOnly(reporter), overwrite=True,
                    exclude=("*",), include=("*/", *only))
         with BundleReader(out) as r:
-            ix = r.index
-            bundle_id, size = r.id, r.size
-        if not ix.files:
-            raise NotFoundError(f"{source}: no file matches {', '.join(printable(p) for p in only)}")
+            if not r.index.files:
+                raise NotFoundError(f"{source}: no file matches {', '.join(printable(p) for p in only)}")
+        return store_part(out, store, stage=stage, head=chain.head, reporter=reporter)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def store_part(bundle, store, *, stage: str, head: bytes | None, reporter: Reporter = SILENT) -> StagedPart:
+    """Store a packed bundle (over this writer's files) and its part
+    manifest under ``store``'s (an open remote's) stage/NAME/, as packed
+    against version ``head`` (None: an anchor part, onto a remote with no
+    versions yet). The chain is not changed; once this returns, the part is
+    durable. For writers that pack themselves (wdiff.live's ranks)."""
+    prefix = stage_prefix(stage)
+    out = os.fspath(bundle)
+    with BundleReader(out) as r:
+        ix = r.index
+        bundle_id, size = r.id, r.size
+    work = tempfile.mkdtemp(prefix=".wdiff-stage-", dir=os.path.dirname(os.path.abspath(out)))
+    try:
         bundle_path = f"{prefix}/{hexd(bundle_id)}.wdb"
         manifest = {
-            "format": MANIFEST_FORMAT, "version": 1, "stage": stage, "head": hexd(chain.head),
+            "format": MANIFEST_FORMAT, "version": 1, "stage": stage, "head": hexd(head) if head else None,
             "bundle": hexd(bundle_id), "path": bundle_path, "size": size,
             "digest": hexd(range_digest(out, 0, size)),
             "files": [f.path for f in ix.files], "base_files": [f.path for f in ix.base_files],
@@ -114,7 +130,7 @@ def push_part(source, remote, *, base, only: list[str], stage: str, level: int =
         store.store([Upload(bundle_path, out, 0, size)], reporter=reporter)  # the bundle first,
         store.store([Upload(f"{prefix}/part-{hexd(bundle_id)}.json", mpath, 0, os.path.getsize(mpath))])  # then its manifest
         reporter.done()
-        return StagedPart(store.url, stage, bundle_id, size, len(ix.files), chain.head, uploaded)
+        return StagedPart(store.url, stage, bundle_id, size, len(ix.files), head or b"", uploaded)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -158,7 +174,7 @@ class CommitResult:
 
 @dataclass(frozen=True)
 class _Manifest:
-    head: bytes
+    head: bytes | None
     bundle: bytes
     path: str
     size: int
@@ -182,7 +198,8 @@ def _manifest(raw: bytes, where: str, prefix: str) -> _Manifest:
         size = d["size"]
         if type(size) is not int or size < 0:
             raise FormatError(f"{where}: malformed size")
-        return _Manifest(unhex(d["head"], where=where), unhex(d["bundle"], where=where), path, size,
+        head = None if d["head"] is None else unhex(d["head"], where=where)  # None: an anchor part (no versions yet)
+        return _Manifest(head, unhex(d["bundle"], where=where), path, size,
                          unhex(d["digest"], where=where), tuple(files), tuple(base_files), str(d.get("created", "")))
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
         raise FormatError(f"{where}: malformed part manifest") from None
@@ -244,7 +261,8 @@ def commit(remote, *, stage: str, expect: int, label: str | None = None, sign_ke
             heads = {m.head for m in parts}
             if heads != {chain.head} or parent != chain.head:
                 raise BaseMismatchError(
-                    f"{store.url}: stage {stage} was packed against {', '.join(short(h) for h in sorted(heads))}"
+                    f"{store.url}: stage {stage} was packed against "
+                    f"{', '.join(short(h) if h else '(nothing)' for h in sorted(heads, key=lambda h: h or b''))}"
                     + ("" if parent in heads else f" (its bases together are {short(parent) if parent else 'nothing'})")
                     + f", not the head {short(chain.head) if chain.head else '(none)'}",
                     hint="stage again against the head (with a new stage name)")

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -63,6 +64,55 @@ from .patch import patch_files, patch_items
 from .result import ApplyResult
 
 
+@dataclass(frozen=True)
+class TrustedBase:
+    """What a caller knows of BASE because it read and hashed it itself, in
+    this process, just before (the Publisher, which compared its tensors
+    with the mirror chunk by chunk): never digests from a cache on disk.
+
+    ``checkpoint``: BASE as scanned before it was read (the stat keys name
+    the bytes that were hashed); ``digests``: the block digests of every
+    tensor and companion file of it; ``fingerprint``: the manifest
+    fingerprint they give.
+
+    An in-place apply given it hashes nothing it does not patch: it takes
+    these digests for BASE where the files are still those (same paths,
+    sizes and stat keys, and the digests give the bundle's base
+    fingerprint; otherwise it ignores them and checks everything), skips the
+    dry run, and checks the result instead, after the patch phase and
+    before the commit, from the block digests of the bytes it wrote (every
+    chunk is still checked against its base and target digests as it is
+    read and written); a result that is not the target is rolled back from
+    the undo log. The journal, undo log and fsyncs are the same."""
+
+    checkpoint: Checkpoint
+    digests: Digests
+    fingerprint: bytes
+
+    def same_files(self, A: Checkpoint) -> bool:
+        """``A`` lists the files hashed, with the same sizes and stat keys."""
+        def key(c: Checkpoint) -> list:
+            return [(f.path, f.kind, f.size, f.stat_key) for f in c.files]
+
+        return key(A) == key(self.checkpoint) and all(f.stat_key != (0, 0, 0, 0, 0) for f in A.files)
+
+    def holds(self, A: Checkpoint, index) -> Digests | None:
+        """A copy of the digests, when ``A`` (scanned now) is the checkpoint
+        they were hashed from and they give the bundle's base fingerprint."""
+        if index.base_fingerprint is None or self.fingerprint != index.base_fingerprint or not self.same_files(A):
+            return None
+        d = Digests()
+        d.tensors = {k: bytes(v) for k, v in self.digests.tensors.items()}  # put_unit updates bytearrays in place
+        d.files = dict(self.digests.files)
+        if any(f.kind == KIND_TENSORS and any(t.nbytes and t.name not in d.tensors for t in f.header.tensors)
+               or f.kind != KIND_TENSORS and f.path not in d.files for f in A.files):
+            return None
+        rows = [(m.path, m.kind, m.size, m.digest) for m in d.manifest(A).files]
+        if fingerprint(sorted(rows, key=lambda r: path_sort_key(r[0]))) != self.fingerprint:
+            return None
+        return d
+
+
 def derive_plan(index) -> Plan:
     """What an in-place apply of ``index`` patches, stages and removes: a pure
     function of the bundle (its base listing, which the base must match)."""
@@ -83,7 +133,7 @@ def derive_plan(index) -> Plan:
 
 def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporter = SILENT,
                    rules: Rules = DEFAULT_RULES, replace: frozenset[str] = frozenset(),
-                   over: bool = False, beside_locked: bool = False) -> ApplyResult:
+                   over: bool = False, beside_locked: bool = False, trusted: TrustedBase | None = None) -> ApplyResult:
     """See module doc. Holds the lock beside BASE (every writer of BASE
     does; ``beside_locked``: the caller, a pull, holds it already) and
     ``BASE/.wdiff/lock`` throughout.
@@ -94,8 +144,12 @@ def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporte
     discarded (pull --force): the base check takes the bundle's own row for
     them, and each must be one the bundle writes whole or removes. ``over``:
     an anchor may be applied over the files of the recorded version, which
-    it replaces (and those it lacks are removed: only recorded ones)."""
+    it replaces (and those it lacks are removed: only recorded ones).
+    ``trusted``: see :class:`TrustedBase` (used only for a fresh start of a
+    delta, with no ``replace``)."""
     root = os.fspath(base)
+    if replace or over:
+        trusted = None
     if not os.path.isdir(root):
         scan(root)  # raises the right error
     beside = contextlib.nullcontext() if beside_locked else _writers_lock(root)
@@ -127,17 +181,18 @@ def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporte
         old = scan(root, rules=rules).files if over and recorded is not None and journal is None else ()
         if journal is None:
             started = _start(reader, root, txn, plan, threads=threads, reporter=reporter, rules=rules,
-                             target_rules=target_rules, replace=replace, over=over)
+                             target_rules=target_rules, replace=replace, over=over, trusted=trusted)
             if started is None:  # already the target
                 _record(state, reader.index)
                 reporter.done()
                 return _result(reader, root, 0, resumed=False, already=True)
-            journal, headers, known = started
+            journal, headers, known, checked = started
             resumed = False
         else:
-            resumed = True
+            resumed, checked = True, True
         written = _run(reader, root, txn, journal, headers, resumed=resumed, threads=threads, reporter=reporter,
-                       rules=rules)
+                       rules=rules, check_into=None if checked else known,
+                       reuse=trusted.checkpoint if trusted is not None else None)
         _remove_recorded(root, [f.path for f in old], reader.index)
         _record(state, reader.index)
         if known is not None:
@@ -226,9 +281,17 @@ def _is_target(index, A: Checkpoint, *, threads: int, reporter: Reporter) -> boo
 
 
 def _start(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, threads: int, reporter: Reporter,
-           rules: Rules = DEFAULT_RULES, target_rules: Rules = DEFAULT_RULES, replace=frozenset(), over=False):
+           rules: Rules = DEFAULT_RULES, target_rules: Rules = DEFAULT_RULES, replace=frozenset(), over=False,
+           trusted: TrustedBase | None = None):
+    """Verify and stage; returns None (already the target) or (journal,
+    headers, digests, checked): ``checked`` False when the dry run was left
+    out (a trusted base) and the patch phase must check the result."""
     index = reader.index
-    if index.files and _is_target(index, scan(root, rules=target_rules), threads=threads, reporter=reporter):
+    known = None
+    if trusted is not None:  # BASE as the caller hashed it, if it is still that: not the target
+        known = trusted.holds(scan(root, rules=rules, reuse=trusted.checkpoint), index)
+    if known is None and index.files and _is_target(index, scan(root, rules=target_rules), threads=threads,
+                                                    reporter=reporter):
         return None
     try:
         A = check_base_listing(index, root, rules=rules, in_place=True, replace=replace, over=over)
@@ -251,9 +314,11 @@ def _start(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, threads: in
         headers = verify_bundle(reader, A, reporter=reporter)
     except BaseMismatchError as e:  # a base header the bundle expects: another base, or a false claim
         raise judge_base_mismatch(e, index, A, threads=threads) from None
-    base_digests = Digests()
-    fp = None
-    if index.base_fingerprint is not None:
+    if known is not None and not trusted.same_files(A):
+        known = None  # changed since the first look: check everything
+    base_digests = known if known is not None else Digests()
+    fp = index.base_fingerprint if known is not None else None
+    if index.base_fingerprint is not None and known is None:
         reporter.phase("check base", A.total_bytes)
         m = manifest.complete(A, base_digests, threads=threads, reporter=reporter)
         rows = [(d.path, d.kind, d.size, d.digest) for d in m.files]
@@ -266,7 +331,8 @@ def _start(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, threads: in
                 hint=f"`wdiff verify {root} --bundle BUNDLE` names what differs from its target",
             )
     try:
-        _dry_run(reader, A, headers, set(plan.patch), base_digests, threads=threads, reporter=reporter)
+        if known is None:
+            _dry_run(reader, A, headers, set(plan.patch), base_digests, threads=threads, reporter=reporter)
     except BaseMismatchError as e:  # the base is the bundle's base (fp above): a chunk's base digest is false
         raise judge_base_mismatch(e, index, A, threads=threads, fingerprint=fp) from None
     journal = Journal(
@@ -297,7 +363,7 @@ def _start(reader: BundleReader, root: str, txn: Txn, plan: Plan, *, threads: in
     except BaseException:
         _discard(txn)
         raise
-    return journal, headers, base_digests
+    return journal, headers, base_digests, known is None
 
 
 def restorable(index, replace) -> list[str]:
@@ -364,8 +430,14 @@ def _refuse_shared_files(A: Checkpoint) -> None:
 
 
 def _run(reader: BundleReader, root: str, txn: Txn, journal: Journal, headers, *, resumed: bool, threads: int,
-         reporter: Reporter, rules: Rules = DEFAULT_RULES) -> int:
-    A = scan(root, allow_unfinished=True, rules=rules)
+         reporter: Reporter, rules: Rules = DEFAULT_RULES, check_into: Digests | None = None,
+         reuse: Checkpoint | None = None) -> int:
+    """The patch and commit phases. ``check_into``: the base's digests, when
+    no dry run checked the patches (a trusted base): the patch phase puts
+    the digests of what it writes into them, and a result that is not the
+    target's tensors is rolled back before the commit. ``reuse``: a scan of
+    BASE whose byte-identical headers need not be parsed again."""
+    A = scan(root, allow_unfinished=True, rules=rules, reuse=reuse)
     plan = journal.plan
     phase = journal.phase
     staged = _staged(reader, root, txn, plan, require_all=phase == "patch") if resumed else None
@@ -375,7 +447,18 @@ def _run(reader: BundleReader, root: str, txn: Txn, journal: Journal, headers, *
     if phase == "patch":
         with txn.dir() as tdir:
             try:
-                written += patch_files(reader, A, headers, set(plan.patch), tdir, threads=threads, reporter=reporter)
+                written += patch_files(reader, A, headers, set(plan.patch), tdir, threads=threads, reporter=reporter,
+                                       digests=check_into)
+                if check_into is not None:
+                    check_target_digests(reader.index, headers, check_into, only=set(plan.patch))
+            except IntegrityError as e:
+                if check_into is None:
+                    raise
+                try:  # no dry run vouched for this bundle's patches: put the base back
+                    _rollback(reader, root, txn, journal, threads=threads, rules=rules)
+                except Exception:  # noqa: BLE001 - the journal stays; --abort can retry
+                    raise e from None
+                raise IntegrityError(f"{e.message}; the in-place apply was rolled back", hint=e.hint) from None
             except WdiffIOError as e:
                 # a full disk or a refused write: put every patched chunk back (that
                 # needs no new space) so that the checkpoint is the base again

@@ -23,6 +23,7 @@ from ...progress import Reporter
 from ...statedir import StateDir
 from ...store.blockio import span_digests
 from ...store.checkpoint import Checkpoint, FileEntry, read_into
+from ...store.digests import Digests
 from ...store.hashing import tree
 from ...store.units import FileLayout, Unit
 
@@ -48,6 +49,8 @@ class Patched:
     offset: int
     data: np.ndarray
     undo: UndoEntry
+    unit: Unit
+    digests: list[bytes]  # the target's block digests of each span
 
 
 def patch_items(reader: BundleReader, A: Checkpoint, headers, patch: set[int]):
@@ -89,18 +92,19 @@ class _Files:
             os.close(fd)
 
 
-def _decode(item: PatchItem, files: _Files, undone: dict) -> Patched | None:
-    """Read one chunk as it is now and decode its patch; None when it is the
-    target already (a rerun after a crash). A torn chunk is restored from
-    its undo entry first."""
+def _decode(item: PatchItem, files: _Files, undone: dict) -> Patched | tuple[Unit, list[bytes]]:
+    """Read one chunk as it is now and decode its patch; (unit, its block
+    digests) when it is the target already (a rerun after a crash). A torn
+    chunk is restored from its undo entry first."""
     h, unit, entry = item.record.header, item.unit, item.entry
     where = f"{printable(entry.path)}: tensor {printable(unit.spans[0].tensor.name)}"
     fd = files.fd(entry)
     buf = np.empty(unit.nbytes, dtype=np.uint8)
     read_into(fd, entry.header.data_start + unit.lo, memoryview(buf), where=entry.abspath)
-    cur = tree(b"".join(span_digests(unit, buf)))
+    cur_dig = span_digests(unit, buf)
+    cur = tree(b"".join(cur_dig))
     if cur == h.target:
-        return None
+        return unit, cur_dig
     words = buf.view(uint_type(unit.word))
     if cur != h.base:
         e = undone.get((item.file, unit.lo))
@@ -114,14 +118,19 @@ def _decode(item: PatchItem, files: _Files, undone: dict) -> Patched | None:
             raise IntegrityError(f"{where}: undo log does not restore the base bytes")
     old = words.copy()
     decode_into(h.codec, h.param, h.count, list(item.record.payload), words, where=where)
-    if tree(b"".join(span_digests(unit, buf))) != h.target:
+    t_dig = span_digests(unit, buf)
+    if tree(b"".join(t_dig)) != h.target:
         raise IntegrityError(f"{where}: rebuilt bytes do not match the target digest")
     undo = UndoEntry.make(item.file, unit.lo, unit.hi, old, words, h.base, h.target)
-    return Patched(fd, entry.header.data_start + unit.lo, buf, undo)
+    return Patched(fd, entry.header.data_start + unit.lo, buf, undo, unit, t_dig)
 
 
-def patch_files(reader: BundleReader, A: Checkpoint, headers, files: set[int], txn: StateDir, *, threads: int, reporter: Reporter) -> int:
-    """Patch every chunk of ``files`` in place; returns the bytes written."""
+def patch_files(reader: BundleReader, A: Checkpoint, headers, files: set[int], txn: StateDir, *, threads: int,
+                reporter: Reporter, digests: Digests | None = None) -> int:
+    """Patch every chunk of ``files`` in place; returns the bytes written.
+    ``digests``: receives the target's block digests of every chunk patched
+    (hashed from the bytes written), for a caller that checks the result
+    against the target's tensor digests without reading it again."""
     undo = UndoLog(txn)
     undone = undo.load()
     open_files = _Files()
@@ -132,8 +141,12 @@ def patch_files(reader: BundleReader, A: Checkpoint, headers, files: set[int], t
         reporter.phase("patch", None)
         work = lambda item: _decode(item, open_files, undone)  # noqa: E731
         for res in ordered_map(work, patch_items(reader, A, headers, files), threads=threads):
-            if res is None:
+            if not isinstance(res, Patched):
+                if digests is not None:
+                    digests.put_unit(*res)
                 continue
+            if digests is not None:
+                digests.put_unit(res.unit, res.digests)
             batch.append(res)
             batch_bytes += len(res.data)
             if batch_bytes >= BATCH_BYTES:
