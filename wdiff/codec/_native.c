@@ -1468,6 +1468,474 @@ done:
     return res;
 }
 
+/* ---- CSPARSE, fused (codec v2) -------------------------------------------------
+   csparse_encode codes the positions of one chunk in one pass over the base
+   (the ranks) and one over the changed words; csparse_select lists them
+   again in one pass over the reference side. Both give exactly what the numpy
+   twins in conditioned.py give (tests/test_codec_v2.py checks it). */
+
+/* what csparse_select reports; conditioned.py holds the messages */
+enum { CS_OK = 0, CS_BAD_UNARY = 1, CS_BAD_REMAINDER_LENGTH = 2, CS_BAD_PADDING = 3, CS_OUT_OF_RANGE = 4 };
+
+static void put_varint(uint8_t **p, uint64_t v)
+{
+    while (v >= 0x80) {
+        *(*p)++ = (uint8_t)((v & 0x7F) | 0x80);
+        v >>= 7;
+    }
+    *(*p)++ = (uint8_t)v;
+}
+
+/* the Rice code of k increasing indices (gaps from -1) at parameter r,
+   appended to the unary and remainder writers */
+static void put_rice(bitw_t *u, bitw_t *rb, const uint32_t *p, size_t k, int r)
+{
+    const uint64_t low = r ? (((uint64_t)1 << r) - 1) : 0;
+    uint32_t prev = (uint32_t)-1;
+    for (size_t i = 0; i < k; i++) {
+        uint64_t gap = (uint32_t)(p[i] - prev - 1), q = gap >> r;
+        prev = p[i];
+        if (q < 32) {
+            put_bits(u, 1, (int)q + 1);
+        } else {
+            put_zeros(u, q);
+            put_bits(u, 1, 1);
+        }
+        if (r > 32) {
+            put_bits(rb, (gap & low) >> 32, r - 32);
+            put_bits(rb, gap & 0xffffffffu, 32);
+        } else if (r) {
+            put_bits(rb, gap & low, r);
+        }
+    }
+}
+
+/* the complement of the kb increasing ranks in [0, n_b): into out */
+static size_t complement_of(const uint32_t *ranks, size_t kb, uint32_t n_b, uint32_t *out)
+{
+    size_t c = 0, j = 0;
+    for (uint32_t x = 0; x < n_b; x++) {
+        if (j < kb && ranks[j] == x) {
+            j++;
+            continue;
+        }
+        out[c++] = x;
+    }
+    return c;
+}
+
+typedef struct {
+    uint32_t b, c, mode;
+    int r;
+    uint64_t ubits;
+} centry_t;
+
+/* csparse_encode(old, new, word, shift, mask, positions uint32, listed_out uint32)
+   -> (table, bits): the sections 0 and 1 of a CSPARSE record for the changed
+   positions (strictly increasing), and listed_out gets them in the listed
+   order (movers, then bucket by bucket). Raises ValueError on positions that
+   do not increase. */
+static PyObject *csparse_encode(PyObject *self, PyObject *args)
+{
+    Py_buffer a, b, pos, out;
+    int w, shift;
+    unsigned long long mask;
+    if (!PyArg_ParseTuple(args, "y*y*iiKy*w*", &a, &b, &w, &shift, &mask, &pos, &out))
+        return NULL;
+    PyObject *res = NULL, *table = NULL, *bits = NULL;
+    uint8_t *mem = NULL;
+    uint32_t *coded = NULL;
+    if (check_bucket_fn(w, shift, mask) < 0)
+        goto done;
+    size_t n = (size_t)a.len / w, k = (size_t)pos.len / 4, nb = (size_t)mask + 1;
+    if (a.len != b.len || a.len % w || n >= UINT32_MAX || pos.len % 4 || (size_t)out.len < 4 * k) {
+        PyErr_SetString(PyExc_ValueError, "csparse_encode: bad buffer sizes");
+        goto done;
+    }
+    /* scratch: counts (4 nb + 1), bucket starts (nb + 1), entries (nb),
+       buckets (k), ranks (k), sorted ranks (k), coded (n: complements) */
+    size_t cnt_n = 4 * nb + 1;
+    size_t need = 4 * cnt_n + 8 * (nb + 1) + sizeof(centry_t) * nb + 2 * k + 4 * k + 4 * k + 64;
+    mem = PyMem_Calloc(1, need);
+    if (!mem) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint32_t *cnt = (uint32_t *)mem;
+    uint64_t *start = (uint64_t *)(mem + ((4 * cnt_n + 7) & ~(size_t)7));
+    centry_t *ent = (centry_t *)(start + nb + 1);
+    uint32_t *orank = (uint32_t *)(ent + nb);
+    uint32_t *srank = orank + k;
+    uint16_t *ob = (uint16_t *)(srank + k);
+    uint32_t *listed = out.buf;
+    const uint32_t *p = pos.buf;
+    int err;
+    size_t km = 0, ne = 0;
+    uint64_t ubits = 0, rbits = 0, mbits = 0;
+    int r_m = 0;
+    Py_BEGIN_ALLOW_THREADS
+    switch (w) {
+    case 2: err = ranks_2(a.buf, b.buf, n, shift, mask, p, k, ob, orank, cnt); break;
+    case 4: err = ranks_4(a.buf, b.buf, n, shift, mask, p, k, ob, orank, cnt); break;
+    default: err = ranks_8(a.buf, b.buf, n, shift, mask, p, k, ob, orank, cnt); break;
+    }
+    if (!err) {
+        /* counting sort of the changed words by bucket (movers first), stable */
+        km = cnt[nb];
+        for (size_t i = 0; i < k; i++)
+            if (ob[i] != nb)
+                start[ob[i] + 1]++;
+        start[0] = km;
+        for (size_t x = 0; x < nb; x++)
+            start[x + 1] += start[x];
+        size_t mi = 0;
+        for (size_t i = 0; i < k; i++) {
+            if (ob[i] == nb) {
+                listed[mi++] = p[i];
+            } else {
+                uint64_t at = start[ob[i]]++;
+                listed[at] = p[i];
+                srank[at] = orank[i];
+            }
+        }
+        if (km) {
+            uint64_t bb = 0;
+            r_m = rice_param(listed, km, &bb);
+            mbits = bb;
+        }
+        /* start[x] is now the end of bucket x's run; its begin is start[x - 1]
+           (km for 0). The complements need at most the largest of them. */
+        uint64_t lo = km, most = 0;
+        for (size_t x = 0; x < nb; x++) {
+            uint64_t kb = start[x] - lo;
+            if (kb && 2 * kb > cnt[x] && cnt[x] - kb > most)
+                most = cnt[x] - kb;
+            lo = start[x];
+        }
+        coded = PyMem_RawMalloc(4 * (size_t)most + 4);
+        if (!coded)
+            err = 2;
+        lo = km;
+        for (size_t x = 0; x < nb && !err; x++) {
+            uint64_t hi = start[x];
+            size_t kb = (size_t)(hi - lo);
+            if (kb) {
+                uint32_t n_b = cnt[x];
+                int comp = 2 * (uint64_t)kb > n_b;
+                const uint32_t *cd = srank + lo;
+                size_t c = kb;
+                if (comp) {
+                    c = complement_of(srank + lo, kb, n_b, coded);
+                    cd = coded;
+                }
+                int r = 0;
+                uint64_t bb = 0;
+                if (c)
+                    r = rice_param(cd, c, &bb);
+                ent[ne].b = (uint32_t)x;
+                ent[ne].c = (uint32_t)c;
+                ent[ne].r = r;
+                ent[ne].mode = (uint32_t)(2 * r + comp);
+                ent[ne].ubits = c ? bb - (uint64_t)c * r : 0;
+                ubits += ent[ne].ubits;
+                rbits += (uint64_t)c * r;
+                ne++;
+            }
+            lo = hi;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (err == 2) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (err) {
+        PyErr_SetString(PyExc_ValueError, "csparse_encode: positions not increasing");
+        goto done;
+    }
+    uint64_t mubits = mbits - (uint64_t)km * r_m, mrbits = (uint64_t)km * r_m;
+    size_t ulen_m = (size_t)((mubits + 7) / 8), rlen_m = (size_t)((mrbits + 7) / 8);
+    size_t ulen = (size_t)((ubits + 7) / 8), rlen = (size_t)((rbits + 7) / 8);
+    table = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(10 * (5 + 3 * ne)));
+    bits = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(ulen_m + rlen_m + ulen + rlen));
+    if (!table || !bits)
+        goto done;
+    uint8_t *t0 = (uint8_t *)PyBytes_AS_STRING(table), *t = t0;
+    put_varint(&t, km);
+    put_varint(&t, (uint64_t)r_m);
+    put_varint(&t, ulen_m);
+    put_varint(&t, ne);
+    uint32_t prevb = (uint32_t)-1;
+    for (size_t e = 0; e < ne; e++) {
+        put_varint(&t, (uint64_t)(ent[e].b - prevb - 1));
+        put_varint(&t, ent[e].c);
+        put_varint(&t, ent[e].mode);
+        prevb = ent[e].b;
+    }
+    put_varint(&t, ulen);
+    if (_PyBytes_Resize(&table, (Py_ssize_t)(t - t0)) < 0)
+        goto done;
+    uint8_t *bp = (uint8_t *)PyBytes_AS_STRING(bits);
+    Py_BEGIN_ALLOW_THREADS
+    bitw_t um = {bp, 0, 0}, rm = {bp + ulen_m, 0, 0};
+    if (km) {
+        put_rice(&um, &rm, listed, km, r_m);
+        flush_bits(&um);
+        flush_bits(&rm);
+    }
+    bitw_t u = {bp + ulen_m + rlen_m, 0, 0}, rb = {bp + ulen_m + rlen_m + ulen, 0, 0};
+    uint64_t lo = km;
+    size_t e = 0;
+    for (size_t x = 0; x < nb && e < ne; x++) {
+        uint64_t hi = start[x];
+        if (hi > lo) {
+            const uint32_t *cd = srank + lo;
+            size_t c = ent[e].c;
+            if (ent[e].mode & 1) {
+                complement_of(srank + lo, (size_t)(hi - lo), cnt[x], coded);
+                cd = coded;
+            }
+            put_rice(&u, &rb, cd, c, ent[e].r);
+            e++;
+        }
+        lo = hi;
+    }
+    flush_bits(&u);
+    flush_bits(&rb);
+    Py_END_ALLOW_THREADS
+    res = PyTuple_Pack(2, table, bits);
+done:
+    Py_XDECREF(table);
+    Py_XDECREF(bits);
+    PyMem_RawFree(coded);
+    PyMem_Free(mem);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&pos);
+    PyBuffer_Release(&out);
+    return res;
+}
+
+#define CS_NONE 0xFFFFFFFFu /* a countdown that never reaches zero: n < 2^32 - 1 */
+
+/* one pass over the non-mover words of ref: every word counts down its
+   bucket's distance to the next coded index; at zero it is coded (listed
+   when x = 0, skipped when x = 1), and the next distance is loaded */
+#define CS_EMIT(b, i)                                                                                \
+    do {                                                                                             \
+        if (dst[b] < dend[b])                                                                        \
+            *dst[b]++ = (uint32_t)(i);                                                               \
+        else                                                                                         \
+            over = 1;                                                                                \
+    } while (0)
+#define DEFINE_CSELECT(W)                                                                            \
+    HOT static int cselect_##W(const uint8_t *ref, size_t n, int shift, uint64_t mask, const uint32_t *mv, \
+                               size_t km, uint32_t *rem, const uint8_t *comp, uint32_t **step,         \
+                               uint32_t **stepend, uint32_t **dst, uint32_t **dend)                    \
+    {                                                                                                \
+        size_t i = 0, j = 0;                                                                          \
+        int over = 0;                                                                                 \
+        while (1) {                                                                                   \
+            size_t stop = j < km ? mv[j] : n;                                                         \
+            for (; i < stop; i++) {                                                                   \
+                uint32_t b = BUCKET_AT(W, ref, i, shift, mask);                                       \
+                uint32_t left = --rem[b];                                                             \
+                if (left == 0) {                                                                      \
+                    if (!comp[b])                                                                     \
+                        CS_EMIT(b, i);                                                                \
+                    rem[b] = step[b] < stepend[b] ? *step[b]++ : CS_NONE;                             \
+                } else if (comp[b]) {                                                                 \
+                    CS_EMIT(b, i);                                                                    \
+                }                                                                                     \
+            }                                                                                         \
+            if (j >= km)                                                                              \
+                break;                                                                                \
+            i++;                                                                                      \
+            j++;                                                                                      \
+        }                                                                                             \
+        return over;                                                                                  \
+    }
+
+DEFINE_CSELECT(2)
+DEFINE_CSELECT(4)
+DEFINE_CSELECT(8)
+
+/* csparse_select(ref, word, shift, mask, movers uint32, entries int64 (E x 3:
+   bucket, c, mode), counts uint32/int64 n/a: counts int64 (mask + 1),
+   unary, remainder, out uint32) -> error code.
+   The entries and counts are checked by the caller (buckets increasing and
+   below mask + 1, c <= n_b, c < n_b when complemented, r <= MAX_RICE, the
+   listed total = len(out)); here: the unary stream holds exactly sum(c)
+   ones and ends with the last, the remainder stream is exactly its length
+   with zero padding, every quotient within n_b >> r and every index below
+   n_b. Nothing is written to out unless all of that holds. */
+static PyObject *csparse_select(PyObject *self, PyObject *args)
+{
+    Py_buffer a, mv, entb, cntb, un, rem, out;
+    int w, shift;
+    unsigned long long mask;
+    if (!PyArg_ParseTuple(args, "y*iiKy*y*y*y*y*w*", &a, &w, &shift, &mask, &mv, &entb, &cntb, &un, &rem, &out))
+        return NULL;
+    PyObject *res = NULL;
+    uint8_t *mem = NULL;
+    if (check_bucket_fn(w, shift, mask) < 0)
+        goto done;
+    size_t n = (size_t)a.len / w, km = (size_t)mv.len / 4, nb = (size_t)mask + 1, ne = (size_t)entb.len / 24;
+    size_t kout = (size_t)out.len / 4;
+    if (a.len % w || n >= UINT32_MAX || mv.len % 4 || entb.len % 24 || ne > nb || (size_t)cntb.len != 8 * nb ||
+        out.len % 4) {
+        PyErr_SetString(PyExc_ValueError, "csparse_select: bad buffer sizes");
+        goto done;
+    }
+    const int64_t *e = entb.buf, *cnt = cntb.buf;
+    uint64_t coded = 0, rbits = 0, listed = 0;
+    for (size_t x = 0; x < ne; x++) {
+        int64_t bx = e[3 * x], c = e[3 * x + 1], mode = e[3 * x + 2];
+        if (bx < 0 || (size_t)bx >= nb || (x && bx <= e[3 * (x - 1)]) || c < 0 || mode < 0 ||
+            mode > 2 * MAX_RICE + 1 || cnt[bx] < 0 || cnt[bx] >= (int64_t)UINT32_MAX || c > cnt[bx] ||
+            ((mode & 1) && c == cnt[bx]) || (c == 0 && mode != 1)) {
+            PyErr_SetString(PyExc_ValueError, "csparse_select: bad entries");
+            goto done;
+        }
+        coded += (uint64_t)c;
+        rbits += (uint64_t)c * (uint64_t)(mode >> 1);
+        listed += (mode & 1) ? (uint64_t)(cnt[bx] - c) : (uint64_t)c;
+    }
+    if (listed != kout) {
+        PyErr_SetString(PyExc_ValueError, "csparse_select: out does not hold the listed words");
+        goto done;
+    }
+    /* scratch: step, stepend, dst, dend (nb each), steps (coded), rem, comp (nb) */
+    mem = PyMem_Calloc(1, 4 * (size_t)coded + nb * (4 + 4 * sizeof(uint32_t *) + 1) + 64);
+    if (!mem) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint32_t **step = (uint32_t **)mem, **stepend = step + nb, **dst = stepend + nb, **dend = dst + nb;
+    uint32_t *steps = (uint32_t *)(dend + nb), *remc = steps + coded;
+    uint8_t *comp = (uint8_t *)(remc + nb);
+    int err = CS_OK;
+    Py_BEGIN_ALLOW_THREADS
+    /* the quotients, from the unary stream: into steps */
+    const uint8_t *u = un.buf;
+    size_t len = (size_t)un.len, last = 0;
+    uint64_t ones = 0, run = 0;
+    for (size_t i = 0; i < len; i++) {
+        uint8_t byte = u[i];
+        if (!byte) {
+            run += 8;
+            continue;
+        }
+        for (int bit = 7; bit >= 0; bit--) {
+            if ((byte >> bit) & 1) {
+                if (ones < coded)
+                    steps[ones] = run > UINT32_MAX ? UINT32_MAX : (uint32_t)run;
+                ones++;
+                last = i;
+                run = 0;
+            } else {
+                run++;
+            }
+        }
+    }
+    if (ones != coded || (coded && len != last + 1) || (!coded && len))
+        err = CS_BAD_UNARY;
+    else if ((uint64_t)rem.len != (rbits + 7) / 8)
+        err = CS_BAD_REMAINDER_LENGTH;
+    else {
+        const uint8_t *rp = rem.buf;
+        for (uint64_t bt = rbits; bt < (uint64_t)rem.len * 8; bt++)
+            if ((rp[bt >> 3] >> (7 - (bt & 7))) & 1)
+                err = CS_BAD_PADDING;
+    }
+    if (!err) {
+        /* quotients and remainders into distances (index - previous index),
+           entry by entry, each index checked below n_b */
+        const uint8_t *rp = rem.buf;
+        uint64_t acc = 0;
+        int have = 0;
+        size_t next = 0, qi = 0;
+        for (size_t x = 0; x < ne && !err; x++) {
+            uint64_t c = (uint64_t)e[3 * x + 1], n_b = (uint64_t)cnt[e[3 * x]];
+            int r = (int)(e[3 * x + 2] >> 1);
+            uint64_t prev = (uint64_t)-1;
+            for (uint64_t y = 0; y < c; y++, qi++) {
+                uint64_t q = steps[qi];
+                if (q > (n_b >> r)) {
+                    err = CS_OUT_OF_RANGE;
+                    break;
+                }
+                uint64_t low = 0;
+                for (int need = r; need > 0;) {
+                    if (have == 0) {
+                        acc = rp[next++];
+                        have = 8;
+                    }
+                    int take = need < have ? need : have;
+                    low = (low << take) | ((acc >> (have - take)) & ((1u << take) - 1));
+                    have -= take;
+                    need -= take;
+                }
+                uint64_t idx = prev + ((q << r) | low) + 1;
+                if (idx >= n_b) {
+                    err = CS_OUT_OF_RANGE;
+                    break;
+                }
+                steps[qi] = (uint32_t)(idx - prev); /* from -1: the first is idx + 1 */
+                prev = idx;
+            }
+        }
+    }
+    if (!err) {
+        for (size_t x = 0; x < nb; x++) {
+            remc[x] = CS_NONE;
+            step[x] = stepend[x] = NULL;
+            dst[x] = dend[x] = NULL;
+        }
+        uint32_t *o = out.buf, *s = steps;
+        for (size_t x = 0; x < ne; x++) {
+            int64_t bx = e[3 * x], c = e[3 * x + 1];
+            int cp = (int)(e[3 * x + 2] & 1);
+            comp[bx] = (uint8_t)cp;
+            dst[bx] = o;
+            o += cp ? (cnt[bx] - c) : c;
+            dend[bx] = o;
+            step[bx] = s;
+            stepend[bx] = s + c;
+            s += c;
+            remc[bx] = c ? *step[bx]++ : CS_NONE;
+        }
+        int over;
+        switch (w) {
+        case 2: over = cselect_2(a.buf, n, shift, mask, mv.buf, km, remc, comp, step, stepend, dst, dend); break;
+        case 4: over = cselect_4(a.buf, n, shift, mask, mv.buf, km, remc, comp, step, stepend, dst, dend); break;
+        default: over = cselect_8(a.buf, n, shift, mask, mv.buf, km, remc, comp, step, stepend, dst, dend); break;
+        }
+        /* every entry lists exactly its words: guaranteed when the counts
+           are those of ref with these movers (every write above is bounded
+           by its entry's share of out all the same) */
+        if (over)
+            err = CS_OUT_OF_RANGE;
+        for (size_t x = 0; x < ne; x++) {
+            int64_t bx = e[3 * x];
+            if (dst[bx] != dend[bx] || step[bx] != stepend[bx])
+                err = CS_OUT_OF_RANGE;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromLong(err);
+done:
+    PyMem_Free(mem);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&mv);
+    PyBuffer_Release(&entb);
+    PyBuffer_Release(&cntb);
+    PyBuffer_Release(&un);
+    PyBuffer_Release(&rem);
+    PyBuffer_Release(&out);
+    return res;
+}
+
 /* use_simd(on) -> previous: whether the scan may use the AVX2 kernels
    where the CPU has them (for tests of the portable ones) */
 static PyObject *use_simd(PyObject *self, PyObject *args)
@@ -1499,6 +1967,9 @@ static PyMethodDef methods[] = {
     {"bucket_ranks", bucket_ranks, METH_VARARGS, "(old, new, word, shift, mask, positions, buckets, ranks, counts) -> error"},
     {"bucket_counts", bucket_counts, METH_VARARGS, "(ref, word, shift, mask, movers, counts) -> error"},
     {"bucket_select", bucket_select, METH_VARARGS, "(ref, word, shift, mask, movers, want, offsets, out) -> error"},
+    {"csparse_encode", csparse_encode, METH_VARARGS, "(old, new, word, shift, mask, positions, listed_out) -> (table, bits)"},
+    {"csparse_select", csparse_select, METH_VARARGS,
+     "(ref, word, shift, mask, movers, entries, counts, unary, remainder, out) -> error"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1541,6 +2012,10 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "RICE_OUT_OF_RANGE", RICE_OUT_OF_RANGE) < 0 ||
         PyModule_AddIntConstant(m, "RICE_BAD_PADDING", RICE_BAD_PADDING) < 0 ||
         PyModule_AddIntConstant(m, "MAX_BUCKETS", MAX_BUCKETS) < 0 ||
+        PyModule_AddIntConstant(m, "CS_BAD_UNARY", CS_BAD_UNARY) < 0 ||
+        PyModule_AddIntConstant(m, "CS_BAD_REMAINDER_LENGTH", CS_BAD_REMAINDER_LENGTH) < 0 ||
+        PyModule_AddIntConstant(m, "CS_BAD_PADDING", CS_BAD_PADDING) < 0 ||
+        PyModule_AddIntConstant(m, "CS_OUT_OF_RANGE", CS_OUT_OF_RANGE) < 0 ||
         PyModule_AddStringConstant(m, "FEATURES", features) < 0) {
         Py_DECREF(m);
         return NULL;

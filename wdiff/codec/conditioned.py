@@ -177,6 +177,9 @@ def encode_positions(fn: int, old: np.ndarray, new: np.ndarray, positions: np.nd
     words among the others (whose bucket is the same on both sides, so that
     either side can list them)."""
     _, _, shift, mask = BUCKETS[fn]
+    fused = kernels.csparse_encode(old, new, shift, mask, positions)
+    if fused is not None:
+        return fused
     nb = mask + 1
     bk, rank, counts = kernels.bucket_ranks(old, new, shift, mask, positions)
     positions = positions.astype(np.int64, copy=False)
@@ -227,6 +230,14 @@ def encode_positions(fn: int, old: np.ndarray, new: np.ndarray, positions: np.nd
     rem = np.packbits(np.concatenate(rem_parts)).tobytes() if rem_parts else b""
     _varint(len(unary), table)
     return bytes(table), u_m + rem_m + unary + rem, np.concatenate([movers, kp])
+
+
+_CS_ERRORS = {
+    kernels.CS_BAD_UNARY: "unary stream does not hold the listed gaps",
+    kernels.CS_BAD_REMAINDER_LENGTH: "remainder stream has the wrong length",
+    kernels.CS_BAD_PADDING: "nonzero padding in the remainder stream",
+    kernels.CS_OUT_OF_RANGE: "position out of range",
+}
 
 
 def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count: int) -> tuple[np.ndarray, int]:
@@ -286,6 +297,15 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
     if total != count:
         raise Malformed(f"bucket table does not list {count} changed words")
     coded = sum(e[1] for e in entries)
+    if entries:
+        rows = np.array([(b, c, 2 * r + x) for b, c, r, x in entries], dtype=np.int64)
+    else:
+        rows = np.zeros((0, 3), dtype=np.int64)
+    got = kernels.csparse_select(ref, shift, mask, movers, rows, counts, bits[:ulen], bits[ulen:], total - k_m)
+    if isinstance(got, int):
+        raise Malformed(_CS_ERRORS[got])
+    if got is not None:
+        return np.concatenate([movers.astype(np.uint32), got]), k_m
     unary = np.frombuffer(bits, dtype=np.uint8, count=ulen)
     ones = np.flatnonzero(np.unpackbits(unary))
     if ones.size != coded or (coded and ulen != int(ones[-1]) // 8 + 1) or (not coded and ulen):

@@ -33,6 +33,8 @@ MAX_RICE = 40
 MAX_WORDS = 0xFFFFFFFF
 #: the most buckets a bucket function of codec v2 may have (f64: 11 exponent bits)
 MAX_BUCKETS = 2048
+#: what :func:`csparse_select` reports, by error code (conditioned.py words them)
+CS_BAD_UNARY, CS_BAD_REMAINDER_LENGTH, CS_BAD_PADDING, CS_OUT_OF_RANGE = 1, 2, 3, 4
 #: what :func:`rice_decode` reports, by error code
 RICE_BAD_COUNT, RICE_BAD_REMAINDER_LENGTH, RICE_OUT_OF_RANGE, RICE_BAD_PADDING = 1, 2, 3, 4
 RICE_ERRORS = {
@@ -47,7 +49,9 @@ CONTRACT = {
     "MAX_RICE": MAX_RICE, "MAX_WORDS": MAX_WORDS, "F_NONE": _KIND_NONE, "F_BF16": _KIND_BF16,
     "F_F32": _KIND_F32, "F_F64": _KIND_F64, "F_LUT": _KIND_LUT, "RICE_BAD_COUNT": RICE_BAD_COUNT,
     "RICE_BAD_REMAINDER_LENGTH": RICE_BAD_REMAINDER_LENGTH, "RICE_OUT_OF_RANGE": RICE_OUT_OF_RANGE,
-    "RICE_BAD_PADDING": RICE_BAD_PADDING, "MAX_BUCKETS": MAX_BUCKETS,
+    "RICE_BAD_PADDING": RICE_BAD_PADDING, "MAX_BUCKETS": MAX_BUCKETS, "CS_BAD_UNARY": CS_BAD_UNARY,
+    "CS_BAD_REMAINDER_LENGTH": CS_BAD_REMAINDER_LENGTH, "CS_BAD_PADDING": CS_BAD_PADDING,
+    "CS_OUT_OF_RANGE": CS_OUT_OF_RANGE,
 }
 
 
@@ -407,3 +411,39 @@ def bucket_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, wa
     if want.size and (want >= counts[seg]).any():
         return None
     return order[starts[seg] + want]
+
+
+# -- CSPARSE positions, fused (codec v2) ---------------------------------------------
+#
+# The numpy twins are conditioned.encode_positions and decode_positions
+# themselves: these return None when the C kernels are not in use, and the
+# caller takes the numpy path.
+
+
+def csparse_encode(old: np.ndarray, new: np.ndarray, shift: int, mask: int, positions: np.ndarray):
+    """(table, bits, listed positions as uint32) of a CSPARSE record for the
+    changed ``positions`` (strictly increasing), in one pass over ``old``
+    and one over the changed words; None when the C kernels are not in use.
+    The same bytes as the numpy path of :func:`conditioned.encode_positions`."""
+    if not _use_native or old.size >= MAX_WORDS:
+        return None
+    pos = np.ascontiguousarray(positions, dtype=np.uint32)
+    listed = np.empty(pos.size, dtype=np.uint32)
+    table, bits = _native.csparse_encode(old, new, old.dtype.itemsize, shift, mask, pos, listed)
+    return table, bits, listed
+
+
+def csparse_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, entries: np.ndarray,
+                   counts: np.ndarray, unary, remainder, listed: int) -> np.ndarray | int | None:
+    """The ``listed`` positions that CSPARSE's bucket entries code (rows of
+    (bucket, c, mode), already checked against ``counts``, the non-mover
+    words of each bucket), in the listed order, as uint32: one pass over
+    ``ref``. An error code (``CS_*``) when the streams are malformed; None
+    when the C kernels are not in use."""
+    if not _use_native or ref.size >= MAX_WORDS:
+        return None
+    out = np.empty(listed, dtype=np.uint32)
+    err = _native.csparse_select(ref, ref.dtype.itemsize, shift, mask, np.ascontiguousarray(movers, dtype=np.uint32),
+                                 np.ascontiguousarray(entries, dtype=np.int64).reshape(-1),
+                                 np.ascontiguousarray(counts[: mask + 1], dtype=np.int64), unary, remainder, out)
+    return err or out
