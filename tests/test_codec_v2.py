@@ -167,6 +167,102 @@ def test_bucket_kernels_match_their_numpy_twins():
         kernels.set_native(was)
 
 
+def _both(fn, *args):
+    """fn(*args) under the C kernels and under numpy: (result or the
+    Malformed message) for each."""
+    out = []
+    for native in (True, False):
+        was = kernels.set_native(native)
+        try:
+            out.append(fn(*args))
+        except conditioned.Malformed as e:
+            out.append(str(e))
+        finally:
+            kernels.set_native(was)
+    return out
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return all(np.array_equal(np.asarray(x), np.asarray(y)) if not isinstance(x, (bytes, int)) else x == y
+               for x, y in zip(a, b))
+
+
+def test_fused_csparse_kernels_match_the_numpy_path():
+    """csparse_encode and csparse_select (C) against the numpy path of
+    encode_positions and decode_positions: the same bytes and the same
+    positions, from either side, over every bucket function, at densities
+    that complement buckets (more than half changed) and with movers."""
+    if not kernels.available():
+        pytest.skip("the C extension is not built") if not os.environ.get("CI") else pytest.fail("no C extension in CI")
+    rng = np.random.default_rng(17)
+    for fn, (_, w, _shift, _mask) in conditioned.BUCKETS.items():
+        for n in (1, 3, 1000, 70_000):
+            for density in (0.0005, 0.01, 0.2, 0.6, 0.95, 1.0):
+                old = floats(rng, n, w)
+                if rng.random() < 0.3:  # few buckets, so that some are mostly changed
+                    old = old & old.dtype.type((1 << (8 * w - 4)) - 1) | old.dtype.type(0x3 << (8 * w - 4))
+                new = step(rng, old, density, "ulp")
+                new = step(rng, new, 0.003, rng.choice(["carry", "random"]))
+                pos = np.flatnonzero(old != new)
+                if not pos.size:
+                    continue
+                enc = _both(conditioned.encode_positions, fn, old, new, pos)
+                assert _same(*enc)
+                table, bits, listed = enc[1]
+                assert np.array_equal(np.sort(np.asarray(listed)), pos)
+                for ref in (old, new):
+                    dec = _both(conditioned.decode_positions, fn, ref, table, bits, pos.size)
+                    assert _same(*dec)
+                    assert np.array_equal(np.asarray(dec[0][0]), np.asarray(listed))
+
+
+def test_fused_csparse_decoder_refuses_what_numpy_refuses():
+    """Mutated tables and position streams: the C decoder gives the numpy
+    path's answer, the same positions or the same refusal, and never
+    crashes or writes out of bounds."""
+    if not kernels.available():
+        pytest.skip("the C extension is not built") if not os.environ.get("CI") else pytest.fail("no C extension in CI")
+    rng = np.random.default_rng(19)
+    rnd = random.Random(19)
+    for density in (0.01, 0.3, 0.8):
+        old = floats(rng, 4000, 2)
+        old[:1500] = old[:1500] & 0x807F | 0x3C00  # one big bucket: complemented at 0.8
+        new = step(rng, old, density, "ulp")
+        new = step(rng, new, 0.003, "carry")
+        pos = np.flatnonzero(old != new)
+        table, bits, _ = conditioned.encode_positions(1, old, new, pos)
+        for t, b in _mutants([table, bits], rnd, 300):
+            for count in (pos.size, pos.size - 1):
+                got = _both(conditioned.decode_positions, 1, old, t, b, count)
+                assert _same(*got), got
+    # the kernel's own checks: entries it is handed that break the rules are refused
+    ref = floats(rng, 100, 2)
+    counts = kernels.bucket_counts(ref, 7, 0xFF, np.zeros(0, np.uint32))
+    b0 = int(np.argmax(counts[:256]))
+    bad = [[(b0, int(counts[b0]) + 1, 0)], [(b0, 1, 0), (b0, 1, 0)], [(300, 1, 0)], [(b0, 0, 0)],
+           [(b0, int(counts[b0]), 1)], [(b0, 1, 2 * 41)]]
+    was = kernels.set_native(True)
+    try:
+        for rows in bad:
+            with pytest.raises(ValueError):
+                kernels.csparse_select(ref, 7, 0xFF, np.zeros(0, np.uint32), np.array(rows, np.int64), counts,
+                                       b"\x80", b"", 1)
+        # counts that lie about ref: an error code, no write past the entry's share
+        lying = counts.copy()
+        lying[b0] += 5
+        got = kernels.csparse_select(ref, 7, 0xFF, np.zeros(0, np.uint32), np.array([(b0, 0, 1)], np.int64),
+                                     lying, b"", b"", int(lying[b0]))
+        assert got == kernels.CS_OUT_OF_RANGE
+        lying[b0] -= 10
+        got = kernels.csparse_select(ref, 7, 0xFF, np.zeros(0, np.uint32), np.array([(b0, 0, 1)], np.int64),
+                                     lying, b"", b"", int(lying[b0]))
+        assert got == kernels.CS_OUT_OF_RANGE
+    finally:
+        kernels.set_native(was)
+
+
 def test_conditioned_positions_pay_on_an_optimizer_like_step():
     """The physics the codec is for: an fp32 master moved by about lr,
     cast to bf16, changes small weights more often. CSPARSE must be picked
