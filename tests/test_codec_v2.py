@@ -254,13 +254,36 @@ def test_fused_csparse_decoder_refuses_what_numpy_refuses():
         lying[b0] += 5
         got = kernels.csparse_select(ref, 7, 0xFF, np.zeros(0, np.uint32), np.array([(b0, 0, 1)], np.int64),
                                      lying, b"", b"", int(lying[b0]))
-        assert got == kernels.CS_OUT_OF_RANGE
+        assert got[0] == kernels.CS_OUT_OF_RANGE
         lying[b0] -= 10
         got = kernels.csparse_select(ref, 7, 0xFF, np.zeros(0, np.uint32), np.array([(b0, 0, 1)], np.int64),
                                      lying, b"", b"", int(lying[b0]))
-        assert got == kernels.CS_OUT_OF_RANGE
+        assert got[0] == kernels.CS_OUT_OF_RANGE
+        # fused (counts not given): the pass counts the buckets as bucket_counts does
+        old = floats(rng, 5000, 2)
+        new = step(rng, old, 0.02, "ulp")
+        new = step(rng, new, 0.002, "carry")
+        pos = np.flatnonzero(old != new)
+        movers = conditioned.movers_of(1, old, new)
+        want = kernels.bucket_counts(old, 7, 0xFF, movers)
+        rows = np.array([(b0, 1, 0)], np.int64)
+        got = kernels.csparse_select(old, 7, 0xFF, movers, rows, None, b"\x80", b"", 1)
+        assert got[1].tolist() == want.tolist() and got[0].tolist() == [pos_of_rank(old, movers, b0, 0)]
+        with pytest.raises(ValueError):  # a complemented entry needs the counts
+            kernels.csparse_select(old, 7, 0xFF, movers, np.array([(b0, 0, 1)], np.int64), None, b"", b"", 1)
+        bad = movers[::-1].copy()
+        if bad.size > 1:
+            assert kernels.csparse_select(old, 7, 0xFF, bad, rows, None, b"\x80", b"", 1)[0] == kernels.CS_BAD_MOVERS
     finally:
         kernels.set_native(was)
+
+
+def pos_of_rank(ref, movers, b, j):
+    """The position of the word of rank j among the non-mover words of bucket b (slowly)."""
+    bk = (ref >> 7) & 0xFF
+    ok = np.ones(ref.size, bool)
+    ok[movers] = False
+    return int(np.flatnonzero((bk == b) & ok)[j])
 
 
 def test_conditioned_positions_pay_on_an_optimizer_like_step():

@@ -1475,7 +1475,8 @@ done:
    twins in conditioned.py give (tests/test_codec_v2.py checks it). */
 
 /* what csparse_select reports; conditioned.py holds the messages */
-enum { CS_OK = 0, CS_BAD_UNARY = 1, CS_BAD_REMAINDER_LENGTH = 2, CS_BAD_PADDING = 3, CS_OUT_OF_RANGE = 4 };
+enum { CS_OK = 0, CS_BAD_UNARY = 1, CS_BAD_REMAINDER_LENGTH = 2, CS_BAD_PADDING = 3, CS_OUT_OF_RANGE = 4,
+       CS_BAD_MOVERS = 5 };
 
 static void put_varint(uint8_t **p, uint64_t v)
 {
@@ -1730,8 +1731,8 @@ done:
     } while (0)
 #define DEFINE_CSELECT(W)                                                                            \
     HOT static int cselect_##W(const uint8_t *ref, size_t n, int shift, uint64_t mask, const uint32_t *mv, \
-                               size_t km, uint32_t *rem, const uint8_t *comp, uint32_t **step,         \
-                               uint32_t **stepend, uint32_t **dst, uint32_t **dend)                    \
+                               size_t km, uint32_t *rem, uint64_t *loaded, const uint8_t *comp,        \
+                               uint32_t **step, uint32_t **stepend, uint32_t **dst, uint32_t **dend)   \
     {                                                                                                \
         size_t i = 0, j = 0;                                                                          \
         int over = 0;                                                                                 \
@@ -1744,6 +1745,7 @@ done:
                     if (!comp[b])                                                                     \
                         CS_EMIT(b, i);                                                                \
                     rem[b] = step[b] < stepend[b] ? *step[b]++ : CS_NONE;                             \
+                    loaded[b] += rem[b];                                                              \
                 } else if (comp[b]) {                                                                 \
                     CS_EMIT(b, i);                                                                    \
                 }                                                                                     \
@@ -1771,10 +1773,11 @@ DEFINE_CSELECT(8)
    n_b. Nothing is written to out unless all of that holds. */
 static PyObject *csparse_select(PyObject *self, PyObject *args)
 {
-    Py_buffer a, mv, entb, cntb, un, rem, out;
+    Py_buffer a, mv, entb, cntb, un, rem, out, cout;
     int w, shift;
     unsigned long long mask;
-    if (!PyArg_ParseTuple(args, "y*iiKy*y*y*y*y*w*", &a, &w, &shift, &mask, &mv, &entb, &cntb, &un, &rem, &out))
+    if (!PyArg_ParseTuple(args, "y*iiKy*y*y*y*y*w*w*", &a, &w, &shift, &mask, &mv, &entb, &cntb, &un, &rem, &out,
+                          &cout))
         return NULL;
     PyObject *res = NULL;
     uint8_t *mem = NULL;
@@ -1782,40 +1785,51 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
         goto done;
     size_t n = (size_t)a.len / w, km = (size_t)mv.len / 4, nb = (size_t)mask + 1, ne = (size_t)entb.len / 24;
     size_t kout = (size_t)out.len / 4;
-    if (a.len % w || n >= UINT32_MAX || mv.len % 4 || entb.len % 24 || ne > nb || (size_t)cntb.len != 8 * nb ||
-        out.len % 4) {
+    /* no counts: they are not known yet (fused: the pass counts them, into
+       counts_out, and the bounds that need them are checked after it) */
+    int fused = cntb.len == 0;
+    if (a.len % w || n >= UINT32_MAX || mv.len % 4 || entb.len % 24 || ne > nb ||
+        (!fused && (size_t)cntb.len != 8 * nb) || out.len % 4 || (size_t)cout.len != 8 * (nb + 1)) {
         PyErr_SetString(PyExc_ValueError, "csparse_select: bad buffer sizes");
         goto done;
     }
     const int64_t *e = entb.buf, *cnt = cntb.buf;
+    int64_t *counts = cout.buf;
     uint64_t coded = 0, rbits = 0, listed = 0;
     for (size_t x = 0; x < ne; x++) {
         int64_t bx = e[3 * x], c = e[3 * x + 1], mode = e[3 * x + 2];
+        int64_t cap = fused ? (int64_t)n : (bx >= 0 && (size_t)bx < nb ? cnt[bx] : -1);
         if (bx < 0 || (size_t)bx >= nb || (x && bx <= e[3 * (x - 1)]) || c < 0 || mode < 0 ||
-            mode > 2 * MAX_RICE + 1 || cnt[bx] < 0 || cnt[bx] >= (int64_t)UINT32_MAX || c > cnt[bx] ||
-            ((mode & 1) && c == cnt[bx]) || (c == 0 && mode != 1)) {
+            mode > 2 * MAX_RICE + 1 || cap < 0 || cap >= (int64_t)UINT32_MAX || c > cap ||
+            ((mode & 1) && (fused || c == cap)) || (c == 0 && mode != 1)) {
             PyErr_SetString(PyExc_ValueError, "csparse_select: bad entries");
             goto done;
         }
         coded += (uint64_t)c;
         rbits += (uint64_t)c * (uint64_t)(mode >> 1);
-        listed += (mode & 1) ? (uint64_t)(cnt[bx] - c) : (uint64_t)c;
+        listed += (mode & 1) ? (uint64_t)(cap - c) : (uint64_t)c;
     }
     if (listed != kout) {
         PyErr_SetString(PyExc_ValueError, "csparse_select: out does not hold the listed words");
         goto done;
     }
-    /* scratch: step, stepend, dst, dend (nb each), steps (coded), rem, comp (nb) */
-    mem = PyMem_Calloc(1, 4 * (size_t)coded + nb * (4 + 4 * sizeof(uint32_t *) + 1) + 64);
+    /* scratch: step, stepend, dst, dend (nb each), loaded (nb), the last index and
+       the largest quotient of each entry (ne), steps (coded), rem, comp (nb) */
+    mem = PyMem_Calloc(1, 4 * (size_t)coded + nb * (4 + 4 * sizeof(uint32_t *) + 8 + 1) + 16 * ne + 64);
     if (!mem) {
         PyErr_NoMemory();
         goto done;
     }
     uint32_t **step = (uint32_t **)mem, **stepend = step + nb, **dst = stepend + nb, **dend = dst + nb;
-    uint32_t *steps = (uint32_t *)(dend + nb), *remc = steps + coded;
+    uint64_t *loaded = (uint64_t *)(dend + nb), *elast = loaded + nb, *eqmax = elast + ne;
+    uint32_t *steps = (uint32_t *)(eqmax + ne), *remc = steps + coded;
     uint8_t *comp = (uint8_t *)(remc + nb);
     int err = CS_OK;
     Py_BEGIN_ALLOW_THREADS
+    const uint32_t *mp = mv.buf;
+    for (size_t j = 0; j < km; j++)
+        if (mp[j] >= n || (j && mp[j] <= mp[j - 1]))
+            err = CS_BAD_MOVERS;
     /* the quotients, from the unary stream: into steps */
     const uint8_t *u = un.buf;
     size_t len = (size_t)un.len, last = 0;
@@ -1838,7 +1852,9 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
             }
         }
     }
-    if (ones != coded || (coded && len != last + 1) || (!coded && len))
+    if (err)
+        ;
+    else if (ones != coded || (coded && len != last + 1) || (!coded && len))
         err = CS_BAD_UNARY;
     else if ((uint64_t)rem.len != (rbits + 7) / 8)
         err = CS_BAD_REMAINDER_LENGTH;
@@ -1856,11 +1872,13 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
         int have = 0;
         size_t next = 0, qi = 0;
         for (size_t x = 0; x < ne && !err; x++) {
-            uint64_t c = (uint64_t)e[3 * x + 1], n_b = (uint64_t)cnt[e[3 * x]];
+            uint64_t c = (uint64_t)e[3 * x + 1], n_b = fused ? (uint64_t)n : (uint64_t)cnt[e[3 * x]];
             int r = (int)(e[3 * x + 2] >> 1);
             uint64_t prev = (uint64_t)-1;
             for (uint64_t y = 0; y < c; y++, qi++) {
                 uint64_t q = steps[qi];
+                if (q > eqmax[x])
+                    eqmax[x] = q;
                 if (q > (n_b >> r)) {
                     err = CS_OUT_OF_RANGE;
                     break;
@@ -1884,11 +1902,13 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
                 steps[qi] = (uint32_t)(idx - prev); /* from -1: the first is idx + 1 */
                 prev = idx;
             }
+            elast[x] = prev;
         }
     }
     if (!err) {
         for (size_t x = 0; x < nb; x++) {
             remc[x] = CS_NONE;
+            loaded[x] = CS_NONE;
             step[x] = stepend[x] = NULL;
             dst[x] = dend[x] = NULL;
         }
@@ -1898,27 +1918,35 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
             int cp = (int)(e[3 * x + 2] & 1);
             comp[bx] = (uint8_t)cp;
             dst[bx] = o;
-            o += cp ? (cnt[bx] - c) : c;
+            o += cp ? (cnt[bx] - c) : c; /* never fused */
             dend[bx] = o;
             step[bx] = s;
             stepend[bx] = s + c;
             s += c;
             remc[bx] = c ? *step[bx]++ : CS_NONE;
+            loaded[bx] = remc[bx];
         }
         int over;
         switch (w) {
-        case 2: over = cselect_2(a.buf, n, shift, mask, mv.buf, km, remc, comp, step, stepend, dst, dend); break;
-        case 4: over = cselect_4(a.buf, n, shift, mask, mv.buf, km, remc, comp, step, stepend, dst, dend); break;
-        default: over = cselect_8(a.buf, n, shift, mask, mv.buf, km, remc, comp, step, stepend, dst, dend); break;
+        case 2: over = cselect_2(a.buf, n, shift, mask, mv.buf, km, remc, loaded, comp, step, stepend, dst, dend); break;
+        case 4: over = cselect_4(a.buf, n, shift, mask, mv.buf, km, remc, loaded, comp, step, stepend, dst, dend); break;
+        default: over = cselect_8(a.buf, n, shift, mask, mv.buf, km, remc, loaded, comp, step, stepend, dst, dend); break;
         }
         /* every entry lists exactly its words: guaranteed when the counts
            are those of ref with these movers (every write above is bounded
            by its entry's share of out all the same) */
         if (over)
             err = CS_OUT_OF_RANGE;
+        /* each bucket's words: one countdown step each, from what was loaded */
+        for (size_t x = 0; x < nb; x++)
+            counts[x] = (int64_t)(loaded[x] - remc[x]);
+        counts[nb] = (int64_t)km;
         for (size_t x = 0; x < ne; x++) {
             int64_t bx = e[3 * x];
-            if (dst[bx] != dend[bx] || step[bx] != stepend[bx])
+            uint64_t n_b = (uint64_t)counts[bx], c = (uint64_t)e[3 * x + 1];
+            int r = (int)(e[3 * x + 2] >> 1);
+            if (dst[bx] != dend[bx] || step[bx] != stepend[bx] ||
+                (c && (eqmax[x] > (n_b >> r) || elast[x] >= n_b)))
                 err = CS_OUT_OF_RANGE;
         }
     }
@@ -1933,6 +1961,7 @@ done:
     PyBuffer_Release(&un);
     PyBuffer_Release(&rem);
     PyBuffer_Release(&out);
+    PyBuffer_Release(&cout);
     return res;
 }
 
@@ -1969,7 +1998,7 @@ static PyMethodDef methods[] = {
     {"bucket_select", bucket_select, METH_VARARGS, "(ref, word, shift, mask, movers, want, offsets, out) -> error"},
     {"csparse_encode", csparse_encode, METH_VARARGS, "(old, new, word, shift, mask, positions, listed_out) -> (table, bits)"},
     {"csparse_select", csparse_select, METH_VARARGS,
-     "(ref, word, shift, mask, movers, entries, counts, unary, remainder, out) -> error"},
+     "(ref, word, shift, mask, movers, entries, counts, unary, remainder, out, counts_out) -> error"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2016,6 +2045,7 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "CS_BAD_REMAINDER_LENGTH", CS_BAD_REMAINDER_LENGTH) < 0 ||
         PyModule_AddIntConstant(m, "CS_BAD_PADDING", CS_BAD_PADDING) < 0 ||
         PyModule_AddIntConstant(m, "CS_OUT_OF_RANGE", CS_OUT_OF_RANGE) < 0 ||
+        PyModule_AddIntConstant(m, "CS_BAD_MOVERS", CS_BAD_MOVERS) < 0 ||
         PyModule_AddStringConstant(m, "FEATURES", features) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -237,6 +237,7 @@ _CS_ERRORS = {
     kernels.CS_BAD_REMAINDER_LENGTH: "remainder stream has the wrong length",
     kernels.CS_BAD_PADDING: "nonzero padding in the remainder stream",
     kernels.CS_OUT_OF_RANGE: "position out of range",
+    kernels.CS_BAD_MOVERS: "mover list out of order",
 }
 
 
@@ -285,9 +286,20 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
         raise Malformed("trailing bytes in the bucket table")
     if ulen > len(bits):
         raise Malformed("unary stream longer than the position section")
-    counts = kernels.bucket_counts(ref, shift, mask, movers)
-    if counts is None:
-        raise Malformed("mover list out of order")
+    rows = np.array([(b, c, 2 * r + x) for b, c, r, x in entries], dtype=np.int64).reshape(-1, 3)
+    fused = None
+    if not any(e[3] for e in entries):
+        # no complemented entry: the listed order does not need the counts,
+        # so one pass lists the positions and counts the buckets (checked
+        # below in the same order as without it)
+        fused = kernels.csparse_select(ref, shift, mask, movers, rows, None, bits[:ulen], bits[ulen:],
+                                       sum(e[1] for e in entries))
+    if fused is not None and not isinstance(fused[0], int):
+        counts = fused[1]
+    else:
+        counts = kernels.bucket_counts(ref, shift, mask, movers)
+        if counts is None:
+            raise Malformed("mover list out of order")
     total = k_m
     for b, c, _, complement in entries:
         n_b = int(counts[b])
@@ -297,15 +309,12 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
     if total != count:
         raise Malformed(f"bucket table does not list {count} changed words")
     coded = sum(e[1] for e in entries)
-    if entries:
-        rows = np.array([(b, c, 2 * r + x) for b, c, r, x in entries], dtype=np.int64)
-    else:
-        rows = np.zeros((0, 3), dtype=np.int64)
-    got = kernels.csparse_select(ref, shift, mask, movers, rows, counts, bits[:ulen], bits[ulen:], total - k_m)
-    if isinstance(got, int):
-        raise Malformed(_CS_ERRORS[got])
-    if got is not None:
-        return np.concatenate([movers.astype(np.uint32), got]), k_m
+    if fused is None:
+        fused = kernels.csparse_select(ref, shift, mask, movers, rows, counts, bits[:ulen], bits[ulen:], total - k_m)
+    if fused is not None:
+        if isinstance(fused[0], int):
+            raise Malformed(_CS_ERRORS[fused[0]])
+        return np.concatenate([movers.astype(np.uint32), fused[0]]), k_m
     unary = np.frombuffer(bits, dtype=np.uint8, count=ulen)
     ones = np.flatnonzero(np.unpackbits(unary))
     if ones.size != coded or (coded and ulen != int(ones[-1]) // 8 + 1) or (not coded and ulen):

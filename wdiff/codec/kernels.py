@@ -34,7 +34,7 @@ MAX_WORDS = 0xFFFFFFFF
 #: the most buckets a bucket function of codec v2 may have (f64: 11 exponent bits)
 MAX_BUCKETS = 2048
 #: what :func:`csparse_select` reports, by error code (conditioned.py words them)
-CS_BAD_UNARY, CS_BAD_REMAINDER_LENGTH, CS_BAD_PADDING, CS_OUT_OF_RANGE = 1, 2, 3, 4
+CS_BAD_UNARY, CS_BAD_REMAINDER_LENGTH, CS_BAD_PADDING, CS_OUT_OF_RANGE, CS_BAD_MOVERS = 1, 2, 3, 4, 5
 #: what :func:`rice_decode` reports, by error code
 RICE_BAD_COUNT, RICE_BAD_REMAINDER_LENGTH, RICE_OUT_OF_RANGE, RICE_BAD_PADDING = 1, 2, 3, 4
 RICE_ERRORS = {
@@ -51,7 +51,7 @@ CONTRACT = {
     "RICE_BAD_REMAINDER_LENGTH": RICE_BAD_REMAINDER_LENGTH, "RICE_OUT_OF_RANGE": RICE_OUT_OF_RANGE,
     "RICE_BAD_PADDING": RICE_BAD_PADDING, "MAX_BUCKETS": MAX_BUCKETS, "CS_BAD_UNARY": CS_BAD_UNARY,
     "CS_BAD_REMAINDER_LENGTH": CS_BAD_REMAINDER_LENGTH, "CS_BAD_PADDING": CS_BAD_PADDING,
-    "CS_OUT_OF_RANGE": CS_OUT_OF_RANGE,
+    "CS_OUT_OF_RANGE": CS_OUT_OF_RANGE, "CS_BAD_MOVERS": CS_BAD_MOVERS,
 }
 
 
@@ -434,16 +434,22 @@ def csparse_encode(old: np.ndarray, new: np.ndarray, shift: int, mask: int, posi
 
 
 def csparse_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, entries: np.ndarray,
-                   counts: np.ndarray, unary, remainder, listed: int) -> np.ndarray | int | None:
+                   counts: np.ndarray | None, unary, remainder, listed: int):
     """The ``listed`` positions that CSPARSE's bucket entries code (rows of
-    (bucket, c, mode), already checked against ``counts``, the non-mover
-    words of each bucket), in the listed order, as uint32: one pass over
-    ``ref``. An error code (``CS_*``) when the streams are malformed; None
-    when the C kernels are not in use."""
+    (bucket, c, mode)), in the listed order, as uint32, in one pass over
+    ``ref``: (positions, or an error code ``CS_*`` when the streams are
+    malformed; the count of non-mover words of every bucket, then of the
+    movers, as the pass saw them). ``counts``: those counts, when known
+    (the entries are then checked against them); None when not, which
+    requires that no entry is complemented: the pass counts them, and
+    what needs them is checked after it. None when the C kernels are not
+    in use."""
     if not _use_native or ref.size >= MAX_WORDS:
         return None
     out = np.empty(listed, dtype=np.uint32)
+    seen = np.zeros(mask + 2, dtype=np.int64)
+    given = np.zeros(0, np.int64) if counts is None else np.ascontiguousarray(counts[: mask + 1], dtype=np.int64)
     err = _native.csparse_select(ref, ref.dtype.itemsize, shift, mask, np.ascontiguousarray(movers, dtype=np.uint32),
-                                 np.ascontiguousarray(entries, dtype=np.int64).reshape(-1),
-                                 np.ascontiguousarray(counts[: mask + 1], dtype=np.int64), unary, remainder, out)
-    return err or out
+                                 np.ascontiguousarray(entries, dtype=np.int64).reshape(-1), given, unary, remainder,
+                                 out, seen)
+    return (err or out), seen
