@@ -269,8 +269,17 @@ def test_fused_csparse_decoder_refuses_what_numpy_refuses():
         rows = np.array([(b0, 1, 0)], np.int64)
         got = kernels.csparse_select(old, 7, 0xFF, movers, rows, None, b"\x80", b"", 1)
         assert got[1].tolist() == want.tolist() and got[0].tolist() == [pos_of_rank(old, movers, b0, 0)]
-        with pytest.raises(ValueError):  # a complemented entry needs the counts
-            kernels.csparse_select(old, 7, 0xFF, movers, np.array([(b0, 0, 1)], np.int64), None, b"", b"", 1)
+        # complemented entries without the counts: staged, then put in place
+        b0, b1 = (int(b) for b in np.argsort(want[:256], kind="stable")[-2:])
+        rows = np.array(sorted([(b0, 0, 1), (b1, 1, 1)]), np.int64)
+        n0, n1 = int(want[b0]), int(want[b1])
+        got = kernels.csparse_select(old, 7, 0xFF, movers, rows, None, b"\x80", b"", n0 + n1 - 1)
+        every = {b: [pos_of_rank(old, movers, b, j) for j in range(int(want[b]))] for b in (b0, b1)}
+        expect = [p for b in sorted((b0, b1)) for p in (every[b] if b == b0 else every[b][1:])]
+        assert got[0].tolist() == expect
+        for listed in (n0 + n1 - 2, n0 + n1):  # a count that does not match: refused, nothing past out
+            assert kernels.csparse_select(old, 7, 0xFF, movers, rows, None, b"\x80", b"", listed)[0] == kernels.CS_OUT_OF_RANGE
+        rows = np.array([(b0, 1, 0)], np.int64)
         bad = movers[::-1].copy()
         if bad.size > 1:
             assert kernels.csparse_select(old, 7, 0xFF, bad, rows, None, b"\x80", b"", 1)[0] == kernels.CS_BAD_MOVERS

@@ -1476,7 +1476,7 @@ done:
 
 /* what csparse_select reports; conditioned.py holds the messages */
 enum { CS_OK = 0, CS_BAD_UNARY = 1, CS_BAD_REMAINDER_LENGTH = 2, CS_BAD_PADDING = 3, CS_OUT_OF_RANGE = 4,
-       CS_BAD_MOVERS = 5 };
+       CS_BAD_MOVERS = 5, CS_NO_MEMORY = 99 };
 
 static void put_varint(uint8_t **p, uint64_t v)
 {
@@ -1729,13 +1729,27 @@ done:
         else                                                                                         \
             over = 1;                                                                                \
     } while (0)
+/* the words of complemented buckets, whose shares of the listed order are
+   known only once the pass has counted them, are staged in position order
+   with their bucket, and put in place after it */
+#define CS_STAGE(b, i)                                                                               \
+    do {                                                                                             \
+        if (sp < send) {                                                                             \
+            tags[sp - sbase] = (uint16_t)(b);                                                        \
+            *sp++ = (uint32_t)(i);                                                                   \
+        } else {                                                                                     \
+            over = 1;                                                                                \
+        }                                                                                            \
+    } while (0)
 #define DEFINE_CSELECT(W)                                                                            \
     HOT static int cselect_##W(const uint8_t *ref, size_t n, int shift, uint64_t mask, const uint32_t *mv, \
                                size_t km, uint32_t *rem, uint64_t *loaded, const uint8_t *comp,        \
-                               uint32_t **step, uint32_t **stepend, uint32_t **dst, uint32_t **dend)   \
+                               uint32_t **step, uint32_t **stepend, uint32_t **dst, uint32_t **dend,   \
+                               uint32_t *sbase, uint32_t *send, uint16_t *tags, size_t *staged)        \
     {                                                                                                \
         size_t i = 0, j = 0;                                                                          \
         int over = 0;                                                                                 \
+        uint32_t *sp = sbase;                                                                         \
         while (1) {                                                                                   \
             size_t stop = j < km ? mv[j] : n;                                                         \
             for (; i < stop; i++) {                                                                   \
@@ -1747,7 +1761,7 @@ done:
                     rem[b] = step[b] < stepend[b] ? *step[b]++ : CS_NONE;                             \
                     loaded[b] += rem[b];                                                              \
                 } else if (comp[b]) {                                                                 \
-                    CS_EMIT(b, i);                                                                    \
+                    CS_STAGE(b, i);                                                                   \
                 }                                                                                     \
             }                                                                                         \
             if (j >= km)                                                                              \
@@ -1755,6 +1769,7 @@ done:
             i++;                                                                                      \
             j++;                                                                                      \
         }                                                                                             \
+        *staged = (size_t)(sp - sbase);                                                               \
         return over;                                                                                  \
     }
 
@@ -1795,27 +1810,32 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
     }
     const int64_t *e = entb.buf, *cnt = cntb.buf;
     int64_t *counts = cout.buf;
-    uint64_t coded = 0, rbits = 0, listed = 0;
+    uint64_t coded = 0, rbits = 0, listed = 0, plain = 0;
+    int any_comp = 0;
     for (size_t x = 0; x < ne; x++) {
         int64_t bx = e[3 * x], c = e[3 * x + 1], mode = e[3 * x + 2];
         int64_t cap = fused ? (int64_t)n : (bx >= 0 && (size_t)bx < nb ? cnt[bx] : -1);
         if (bx < 0 || (size_t)bx >= nb || (x && bx <= e[3 * (x - 1)]) || c < 0 || mode < 0 ||
             mode > 2 * MAX_RICE + 1 || cap < 0 || cap >= (int64_t)UINT32_MAX || c > cap ||
-            ((mode & 1) && (fused || c == cap)) || (c == 0 && mode != 1)) {
+            ((mode & 1) && !fused && c == cap) || (c == 0 && mode != 1)) {
             PyErr_SetString(PyExc_ValueError, "csparse_select: bad entries");
             goto done;
         }
         coded += (uint64_t)c;
         rbits += (uint64_t)c * (uint64_t)(mode >> 1);
         listed += (mode & 1) ? (uint64_t)(cap - c) : (uint64_t)c;
+        plain += (mode & 1) ? 0 : (uint64_t)c;
+        any_comp |= (int)(mode & 1);
     }
-    if (listed != kout) {
+    if ((!fused && listed != kout) || plain > kout) {
         PyErr_SetString(PyExc_ValueError, "csparse_select: out does not hold the listed words");
         goto done;
     }
     /* scratch: step, stepend, dst, dend (nb each), loaded (nb), the last index and
-       the largest quotient of each entry (ne), steps (coded), rem, comp (nb) */
-    mem = PyMem_Calloc(1, 4 * (size_t)coded + nb * (4 + 4 * sizeof(uint32_t *) + 8 + 1) + 16 * ne + 64);
+       the largest quotient of each entry (ne), steps (coded), rem (nb), the
+       staged words' buckets (kout - plain), comp (nb) */
+    mem = PyMem_Calloc(1, 4 * (size_t)coded + nb * (4 + 4 * sizeof(uint32_t *) + 8 + 1) + 16 * ne +
+                              2 * (kout - (size_t)plain) + 64);
     if (!mem) {
         PyErr_NoMemory();
         goto done;
@@ -1823,7 +1843,8 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
     uint32_t **step = (uint32_t **)mem, **stepend = step + nb, **dst = stepend + nb, **dend = dst + nb;
     uint64_t *loaded = (uint64_t *)(dend + nb), *elast = loaded + nb, *eqmax = elast + ne;
     uint32_t *steps = (uint32_t *)(eqmax + ne), *remc = steps + coded;
-    uint8_t *comp = (uint8_t *)(remc + nb);
+    uint16_t *tags = (uint16_t *)(remc + nb);
+    uint8_t *comp = (uint8_t *)(tags + (kout - (size_t)plain));
     int err = CS_OK;
     Py_BEGIN_ALLOW_THREADS
     const uint32_t *mp = mv.buf;
@@ -1912,13 +1933,15 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
             step[x] = stepend[x] = NULL;
             dst[x] = dend[x] = NULL;
         }
+        /* out: first the uncomplemented entries' words, each entry's share in
+           table order, then the staged words */
         uint32_t *o = out.buf, *s = steps;
         for (size_t x = 0; x < ne; x++) {
             int64_t bx = e[3 * x], c = e[3 * x + 1];
             int cp = (int)(e[3 * x + 2] & 1);
             comp[bx] = (uint8_t)cp;
             dst[bx] = o;
-            o += cp ? (cnt[bx] - c) : c; /* never fused */
+            o += cp ? 0 : c;
             dend[bx] = o;
             step[bx] = s;
             stepend[bx] = s + c;
@@ -1927,10 +1950,12 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
             loaded[bx] = remc[bx];
         }
         int over;
+        size_t staged = 0;
+        uint32_t *sbase = (uint32_t *)out.buf + plain, *send = (uint32_t *)out.buf + kout;
         switch (w) {
-        case 2: over = cselect_2(a.buf, n, shift, mask, mv.buf, km, remc, loaded, comp, step, stepend, dst, dend); break;
-        case 4: over = cselect_4(a.buf, n, shift, mask, mv.buf, km, remc, loaded, comp, step, stepend, dst, dend); break;
-        default: over = cselect_8(a.buf, n, shift, mask, mv.buf, km, remc, loaded, comp, step, stepend, dst, dend); break;
+        case 2: over = cselect_2(a.buf, n, shift, mask, mv.buf, km, remc, loaded, comp, step, stepend, dst, dend, sbase, send, tags, &staged); break;
+        case 4: over = cselect_4(a.buf, n, shift, mask, mv.buf, km, remc, loaded, comp, step, stepend, dst, dend, sbase, send, tags, &staged); break;
+        default: over = cselect_8(a.buf, n, shift, mask, mv.buf, km, remc, loaded, comp, step, stepend, dst, dend, sbase, send, tags, &staged); break;
         }
         /* every entry lists exactly its words: guaranteed when the counts
            are those of ref with these movers (every write above is bounded
@@ -1941,16 +1966,57 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
         for (size_t x = 0; x < nb; x++)
             counts[x] = (int64_t)(loaded[x] - remc[x]);
         counts[nb] = (int64_t)km;
+        uint64_t total = 0;
         for (size_t x = 0; x < ne; x++) {
             int64_t bx = e[3 * x];
             uint64_t n_b = (uint64_t)counts[bx], c = (uint64_t)e[3 * x + 1];
             int r = (int)(e[3 * x + 2] >> 1);
             if (dst[bx] != dend[bx] || step[bx] != stepend[bx] ||
-                (c && (eqmax[x] > (n_b >> r) || elast[x] >= n_b)))
+                (c && (eqmax[x] > (n_b >> r) || elast[x] >= n_b)) || ((e[3 * x + 2] & 1) && c >= n_b))
                 err = CS_OUT_OF_RANGE;
+            total += (e[3 * x + 2] & 1) ? n_b - c : c;
+        }
+        if (total != kout || staged != kout - plain)
+            err = CS_OUT_OF_RANGE;
+        if (!err && any_comp) {
+            /* the final order: each entry's share in table order, the
+               complemented ones from the staged words (stable: by position) */
+            uint32_t *fin = PyMem_RawMalloc(4 * kout + 4);
+            if (!fin) {
+                err = CS_NO_MEMORY;
+            } else {
+                const uint32_t *src = out.buf;
+                uint32_t *f = fin;
+                for (size_t x = 0; x < ne; x++) {
+                    int64_t bx = e[3 * x], c = e[3 * x + 1];
+                    if (e[3 * x + 2] & 1) {
+                        dst[bx] = f;
+                        f += counts[bx] - c;
+                        dend[bx] = f;
+                    } else {
+                        memcpy(f, src, 4 * (size_t)c);
+                        src += c;
+                        f += c;
+                    }
+                }
+                for (size_t y = 0; y < staged && !err; y++) {
+                    uint16_t bx = tags[y];
+                    if (dst[bx] < dend[bx])
+                        *dst[bx]++ = sbase[y];
+                    else
+                        err = CS_OUT_OF_RANGE;
+                }
+                if (!err)
+                    memcpy(out.buf, fin, 4 * kout);
+                PyMem_RawFree(fin);
+            }
         }
     }
     Py_END_ALLOW_THREADS
+    if (err == CS_NO_MEMORY) {
+        PyErr_NoMemory();
+        goto done;
+    }
     res = PyLong_FromLong(err);
 done:
     PyMem_Free(mem);

@@ -288,12 +288,10 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
         raise Malformed("unary stream longer than the position section")
     rows = np.array([(b, c, 2 * r + x) for b, c, r, x in entries], dtype=np.int64).reshape(-1, 3)
     fused = None
-    if not any(e[3] for e in entries):
-        # no complemented entry: the listed order does not need the counts,
-        # so one pass lists the positions and counts the buckets (checked
-        # below in the same order as without it)
-        fused = kernels.csparse_select(ref, shift, mask, movers, rows, None, bits[:ulen], bits[ulen:],
-                                       sum(e[1] for e in entries))
+    if count - k_m >= sum(e[1] for e in entries if not e[3]):
+        # one pass lists the positions and counts the buckets; what needs
+        # the counts is checked below, in the same order as without it
+        fused = kernels.csparse_select(ref, shift, mask, movers, rows, None, bits[:ulen], bits[ulen:], count - k_m)
     if fused is not None and not isinstance(fused[0], int):
         counts = fused[1]
     else:

@@ -440,10 +440,11 @@ def csparse_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, e
     ``ref``: (positions, or an error code ``CS_*`` when the streams are
     malformed; the count of non-mover words of every bucket, then of the
     movers, as the pass saw them). ``counts``: those counts, when known
-    (the entries are then checked against them); None when not, which
-    requires that no entry is complemented: the pass counts them, and
-    what needs them is checked after it. None when the C kernels are not
-    in use."""
+    (the entries are then checked against them); None when not: the pass
+    counts them, and what needs them is checked after it. None when the C kernels are not
+    in use. Without ``counts``, ``listed`` is what the record says it lists
+    (the words of complemented entries are then staged there): at least the
+    sum of the uncomplemented entries' c."""
     if not _use_native or ref.size >= MAX_WORDS:
         return None
     out = np.empty(listed, dtype=np.uint32)
