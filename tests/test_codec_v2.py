@@ -287,6 +287,74 @@ def test_fused_csparse_decoder_refuses_what_numpy_refuses():
         kernels.set_native(was)
 
 
+def test_value_section_kernels_match_their_numpy_twins():
+    """mod_values (encode) and mod_apply (decode, check, add in place) in C
+    against numpy: the same bytes, the same verdict on bad magnitudes and
+    on words in the wrong bucket, and a refused section leaves the buffer
+    as it was."""
+    if not kernels.available():
+        pytest.skip("the C extension is not built") if not os.environ.get("CI") else pytest.fail("no C extension in CI")
+    rng = np.random.default_rng(23)
+    for w in (1, 2, 4, 8):
+        for n in (1, 9, 5000):
+            for density in (0.001, 0.1, 1.0):
+                old = floats(rng, n, w)
+                new = step(rng, old, density, rng.choice(["ulp", "carry", "random"]))
+                pos = np.flatnonzero(old != new)
+                if not pos.size:
+                    continue
+                for dense in (False, True):
+                    at = np.arange(n) if dense else pos
+                    got = _twins(lambda *a: (lambda s, p: (s, bytes(p)))(*kernels.mod_values(*a)), old, new, at, dense)
+                    assert got[0] == got[1]
+                fns = [(0, 0, 0)] + [(fn, b[2], b[3]) for fn, b in conditioned.BUCKETS.items() if b[1] == w]
+                for fn, shift, mask in fns:
+                    movers = np.flatnonzero(((old[pos] >> old.dtype.type(shift)) & old.dtype.type(mask))
+                                            != ((new[pos] >> old.dtype.type(shift)) & old.dtype.type(mask))) if mask else []
+                    order = np.concatenate([pos[movers], np.delete(pos, movers)]).astype(np.uint32) if mask else pos
+                    s2, p2 = kernels.mod_values(old, new, order)
+                    variants = [(bytes(s2), bytes(p2), len(movers), 0)]
+                    bad = bytearray(p2)
+                    bad[0] |= 0x80  # the first word's magnitude >= 2^(8w-1)
+                    variants.append((bytes(s2), bytes(bad), len(movers), kernels.MV_BAD_MAGNITUDE))
+                    if mask:
+                        variants.append((bytes(s2), bytes(p2), len(movers) + 1 if len(movers) < order.size else 0, kernels.MV_WRONG_BUCKET))
+                    for sg, pl, km, want in variants:
+                        res = []
+                        for native in (True, False):
+                            was = kernels.set_native(native)
+                            try:
+                                buf = old.copy()
+                                code = kernels.mod_apply(buf, order, sg, pl, shift, mask, km)
+                            finally:
+                                kernels.set_native(was)
+                            res.append((code, buf.tobytes()))
+                        assert res[0] == res[1]
+                        if want == 0:
+                            assert res[0][0] == 0 and res[0][1] == new.tobytes()
+                        else:
+                            assert res[0] == (want, old.tobytes())
+    was = kernels.set_native(True)
+    try:  # a position outside the buffer: refused before any write
+        buf = floats(rng, 10, 2)
+        keep = buf.copy()
+        assert kernels.mod_apply(buf, np.array([3, 10], np.uint32), b"\x00", b"\x00" * 4, 0, 0, 0) == kernels.MV_OUT_OF_RANGE
+        assert np.array_equal(buf, keep)
+    finally:
+        kernels.set_native(was)
+
+
+def _twins(fn, *args):
+    out = []
+    for native in (True, False):
+        was = kernels.set_native(native)
+        try:
+            out.append(fn(*args))
+        finally:
+            kernels.set_native(was)
+    return out
+
+
 def pos_of_rank(ref, movers, b, j):
     """The position of the word of rank j among the non-mover words of bucket b (slowly)."""
     bk = (ref >> 7) & 0xFF

@@ -35,6 +35,8 @@ MAX_WORDS = 0xFFFFFFFF
 MAX_BUCKETS = 2048
 #: what :func:`csparse_select` reports, by error code (conditioned.py words them)
 CS_BAD_UNARY, CS_BAD_REMAINDER_LENGTH, CS_BAD_PADDING, CS_OUT_OF_RANGE, CS_BAD_MOVERS = 1, 2, 3, 4, 5
+#: what :func:`mod_apply` reports, by error code
+MV_BAD_MAGNITUDE, MV_WRONG_BUCKET, MV_OUT_OF_RANGE = 1, 2, 3
 #: what :func:`rice_decode` reports, by error code
 RICE_BAD_COUNT, RICE_BAD_REMAINDER_LENGTH, RICE_OUT_OF_RANGE, RICE_BAD_PADDING = 1, 2, 3, 4
 RICE_ERRORS = {
@@ -51,7 +53,8 @@ CONTRACT = {
     "RICE_BAD_REMAINDER_LENGTH": RICE_BAD_REMAINDER_LENGTH, "RICE_OUT_OF_RANGE": RICE_OUT_OF_RANGE,
     "RICE_BAD_PADDING": RICE_BAD_PADDING, "MAX_BUCKETS": MAX_BUCKETS, "CS_BAD_UNARY": CS_BAD_UNARY,
     "CS_BAD_REMAINDER_LENGTH": CS_BAD_REMAINDER_LENGTH, "CS_BAD_PADDING": CS_BAD_PADDING,
-    "CS_OUT_OF_RANGE": CS_OUT_OF_RANGE, "CS_BAD_MOVERS": CS_BAD_MOVERS,
+    "CS_OUT_OF_RANGE": CS_OUT_OF_RANGE, "CS_BAD_MOVERS": CS_BAD_MOVERS, "MV_BAD_MAGNITUDE": MV_BAD_MAGNITUDE,
+    "MV_WRONG_BUCKET": MV_WRONG_BUCKET, "MV_OUT_OF_RANGE": MV_OUT_OF_RANGE,
 }
 
 
@@ -454,3 +457,59 @@ def csparse_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, e
                                  np.ascontiguousarray(entries, dtype=np.int64).reshape(-1), given, unary, remainder,
                                  out, seen)
     return (err or out), seen
+
+
+# -- modular value sections (codec v2) -------------------------------------------------
+
+
+def mod_values(old: np.ndarray, new: np.ndarray, positions: np.ndarray, dense: bool = False):
+    """The sign bits (packed MSB first, bytes) and the byte planes (uint8,
+    this thread's scratch) of the modular differences ``new - old`` at
+    ``positions``, as a value section stores them: magnitudes less one
+    (``dense``: the magnitudes, zero allowed). One pass, no gathered copy;
+    the numpy twin is conditioned.sign_magnitude (dense_sign_magnitude) and
+    :func:`planes`."""
+    k, w = positions.size, new.dtype.itemsize
+    if _use_native and new.size < MAX_WORDS:
+        signs = bytearray((k + 7) // 8)
+        out = scratch("mplanes", k * w)
+        _native.mod_values(old, new, w, np.ascontiguousarray(positions, dtype=np.uint32), dense, signs, out)
+        return bytes(signs), out
+    d = new[positions] - old[positions]
+    bits = w * 8
+    neg = (d >> d.dtype.type(bits - 1)).astype(bool)
+    mag = np.where(neg, np.zeros_like(d) - d, d)
+    if not dense:
+        mag -= d.dtype.type(1)
+    return np.packbits(neg).tobytes(), planes(mag, scratch("mplanes", k * w))
+
+
+def mod_apply(buf: np.ndarray, positions: np.ndarray, signs: bytes, mplanes, shift: int, mask: int,
+              movers: int) -> int:
+    """Add the modular differences of a value section (sign bits, magnitude
+    planes: see :func:`mod_values`) to ``buf``'s words at ``positions``
+    (distinct), after checking every magnitude (below 2^(8w-1)) and, with a
+    ``mask``, that exactly the first ``movers`` positions change bucket
+    (``(word >> shift) & mask``). 0, or an ``MV_*`` code and ``buf``
+    untouched."""
+    k, w = positions.size, buf.dtype.itemsize
+    if _use_native and buf.size < MAX_WORDS:
+        return _native.mod_apply(buf, w, np.ascontiguousarray(positions, dtype=np.uint32), signs, mplanes, shift, mask,
+                                 movers)
+    positions = positions.astype(np.int64, copy=False)
+    if k and (positions.min() < 0 or positions.max() >= buf.size):
+        return MV_OUT_OF_RANGE
+    mag = unplanes(mplanes, k, buf.dtype)
+    t = buf.dtype.type
+    if (mag >> t(8 * w - 1)).any():
+        return MV_BAD_MAGNITUDE
+    neg = np.unpackbits(np.frombuffer(signs, dtype=np.uint8), count=k).astype(bool)
+    d = mag + t(1)
+    d = np.where(neg, np.zeros_like(d) - d, d)
+    if mask:
+        r = buf[positions]
+        moved = ((r >> t(shift)) & t(mask)) != (((r + d) >> t(shift)) & t(mask))
+        if not moved[:movers].all() or moved[movers:].any():
+            return MV_WRONG_BUCKET
+    buf[positions] += d
+    return 0
