@@ -167,6 +167,207 @@ def test_bucket_kernels_match_their_numpy_twins():
         kernels.set_native(was)
 
 
+def _both(fn, *args):
+    """fn(*args) under the C kernels and under numpy: (result or the
+    Malformed message) for each."""
+    out = []
+    for native in (True, False):
+        was = kernels.set_native(native)
+        try:
+            out.append(fn(*args))
+        except conditioned.Malformed as e:
+            out.append(str(e))
+        finally:
+            kernels.set_native(was)
+    return out
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return all(np.array_equal(np.asarray(x), np.asarray(y)) if not isinstance(x, (bytes, int)) else x == y
+               for x, y in zip(a, b))
+
+
+def test_fused_csparse_kernels_match_the_numpy_path():
+    """csparse_encode and csparse_select (C) against the numpy path of
+    encode_positions and decode_positions: the same bytes and the same
+    positions, from either side, over every bucket function, at densities
+    that complement buckets (more than half changed) and with movers."""
+    if not kernels.available():
+        pytest.skip("the C extension is not built") if not os.environ.get("CI") else pytest.fail("no C extension in CI")
+    rng = np.random.default_rng(17)
+    for fn, (_, w, _shift, _mask) in conditioned.BUCKETS.items():
+        for n in (1, 3, 1000, 70_000):
+            for density in (0.0005, 0.01, 0.2, 0.6, 0.95, 1.0):
+                old = floats(rng, n, w)
+                if rng.random() < 0.3:  # few buckets, so that some are mostly changed
+                    old = old & old.dtype.type((1 << (8 * w - 4)) - 1) | old.dtype.type(0x3 << (8 * w - 4))
+                new = step(rng, old, density, "ulp")
+                new = step(rng, new, 0.003, rng.choice(["carry", "random"]))
+                pos = np.flatnonzero(old != new)
+                if not pos.size:
+                    continue
+                enc = _both(conditioned.encode_positions, fn, old, new, pos)
+                assert _same(*enc)
+                table, bits, listed = enc[1]
+                assert np.array_equal(np.sort(np.asarray(listed)), pos)
+                for ref in (old, new):
+                    dec = _both(conditioned.decode_positions, fn, ref, table, bits, pos.size)
+                    assert _same(*dec)
+                    assert np.array_equal(np.asarray(dec[0][0]), np.asarray(listed))
+
+
+def test_fused_csparse_decoder_refuses_what_numpy_refuses():
+    """Mutated tables and position streams: the C decoder gives the numpy
+    path's answer, the same positions or the same refusal, and never
+    crashes or writes out of bounds."""
+    if not kernels.available():
+        pytest.skip("the C extension is not built") if not os.environ.get("CI") else pytest.fail("no C extension in CI")
+    rng = np.random.default_rng(19)
+    rnd = random.Random(19)
+    for density in (0.01, 0.3, 0.8):
+        old = floats(rng, 4000, 2)
+        old[:1500] = old[:1500] & 0x807F | 0x3C00  # one big bucket: complemented at 0.8
+        new = step(rng, old, density, "ulp")
+        new = step(rng, new, 0.003, "carry")
+        pos = np.flatnonzero(old != new)
+        table, bits, _ = conditioned.encode_positions(1, old, new, pos)
+        for t, b in _mutants([table, bits], rnd, 300):
+            for count in (pos.size, pos.size - 1):
+                got = _both(conditioned.decode_positions, 1, old, t, b, count)
+                assert _same(*got), got
+    # the kernel's own checks: entries it is handed that break the rules are refused
+    ref = floats(rng, 100, 2)
+    counts = kernels.bucket_counts(ref, 7, 0xFF, np.zeros(0, np.uint32))
+    b0 = int(np.argmax(counts[:256]))
+    bad = [[(b0, int(counts[b0]) + 1, 0)], [(b0, 1, 0), (b0, 1, 0)], [(300, 1, 0)], [(b0, 0, 0)],
+           [(b0, int(counts[b0]), 1)], [(b0, 1, 2 * 41)]]
+    was = kernels.set_native(True)
+    try:
+        for rows in bad:
+            with pytest.raises(ValueError):
+                kernels.csparse_select(ref, 7, 0xFF, np.zeros(0, np.uint32), np.array(rows, np.int64), counts,
+                                       b"\x80", b"", 1)
+        # counts that lie about ref: an error code, no write past the entry's share
+        lying = counts.copy()
+        lying[b0] += 5
+        got = kernels.csparse_select(ref, 7, 0xFF, np.zeros(0, np.uint32), np.array([(b0, 0, 1)], np.int64),
+                                     lying, b"", b"", int(lying[b0]))
+        assert got[0] == kernels.CS_OUT_OF_RANGE
+        lying[b0] -= 10
+        got = kernels.csparse_select(ref, 7, 0xFF, np.zeros(0, np.uint32), np.array([(b0, 0, 1)], np.int64),
+                                     lying, b"", b"", int(lying[b0]))
+        assert got[0] == kernels.CS_OUT_OF_RANGE
+        # fused (counts not given): the pass counts the buckets as bucket_counts does
+        old = floats(rng, 5000, 2)
+        new = step(rng, old, 0.02, "ulp")
+        new = step(rng, new, 0.002, "carry")
+        pos = np.flatnonzero(old != new)
+        movers = conditioned.movers_of(1, old, new)
+        want = kernels.bucket_counts(old, 7, 0xFF, movers)
+        rows = np.array([(b0, 1, 0)], np.int64)
+        got = kernels.csparse_select(old, 7, 0xFF, movers, rows, None, b"\x80", b"", 1)
+        assert got[1].tolist() == want.tolist() and got[0].tolist() == [pos_of_rank(old, movers, b0, 0)]
+        # complemented entries without the counts: staged, then put in place
+        b0, b1 = (int(b) for b in np.argsort(want[:256], kind="stable")[-2:])
+        rows = np.array(sorted([(b0, 0, 1), (b1, 1, 1)]), np.int64)
+        n0, n1 = int(want[b0]), int(want[b1])
+        got = kernels.csparse_select(old, 7, 0xFF, movers, rows, None, b"\x80", b"", n0 + n1 - 1)
+        every = {b: [pos_of_rank(old, movers, b, j) for j in range(int(want[b]))] for b in (b0, b1)}
+        expect = [p for b in sorted((b0, b1)) for p in (every[b] if b == b0 else every[b][1:])]
+        assert got[0].tolist() == expect
+        for listed in (n0 + n1 - 2, n0 + n1):  # a count that does not match: refused, nothing past out
+            assert kernels.csparse_select(old, 7, 0xFF, movers, rows, None, b"\x80", b"", listed)[0] == kernels.CS_OUT_OF_RANGE
+        rows = np.array([(b0, 1, 0)], np.int64)
+        bad = movers[::-1].copy()
+        if bad.size > 1:
+            assert kernels.csparse_select(old, 7, 0xFF, bad, rows, None, b"\x80", b"", 1)[0] == kernels.CS_BAD_MOVERS
+    finally:
+        kernels.set_native(was)
+
+
+def test_value_section_kernels_match_their_numpy_twins():
+    """mod_values (encode) and mod_apply (decode, check, add in place) in C
+    against numpy: the same bytes, the same verdict on bad magnitudes and
+    on words in the wrong bucket, and a refused section leaves the buffer
+    as it was."""
+    if not kernels.available():
+        pytest.skip("the C extension is not built") if not os.environ.get("CI") else pytest.fail("no C extension in CI")
+    rng = np.random.default_rng(23)
+    for w in (1, 2, 4, 8):
+        for n in (1, 9, 5000):
+            for density in (0.001, 0.1, 1.0):
+                old = floats(rng, n, w)
+                new = step(rng, old, density, rng.choice(["ulp", "carry", "random"]))
+                pos = np.flatnonzero(old != new)
+                if not pos.size:
+                    continue
+                for dense in (False, True):
+                    at = np.arange(n) if dense else pos
+                    got = _twins(_values_copied, old, new, at, dense)
+                    assert got[0] == got[1]
+                fns = [(0, 0, 0)] + [(fn, b[2], b[3]) for fn, b in conditioned.BUCKETS.items() if b[1] == w]
+                for fn, shift, mask in fns:
+                    movers = np.flatnonzero(((old[pos] >> old.dtype.type(shift)) & old.dtype.type(mask))
+                                            != ((new[pos] >> old.dtype.type(shift)) & old.dtype.type(mask))) if mask else []
+                    order = np.concatenate([pos[movers], np.delete(pos, movers)]).astype(np.uint32) if mask else pos
+                    s2, p2 = kernels.mod_values(old, new, order)
+                    variants = [(bytes(s2), bytes(p2), len(movers), 0)]
+                    bad = bytearray(p2)
+                    bad[0] |= 0x80  # the first word's magnitude >= 2^(8w-1)
+                    variants.append((bytes(s2), bytes(bad), len(movers), kernels.MV_BAD_MAGNITUDE))
+                    if mask:
+                        variants.append((bytes(s2), bytes(p2), len(movers) + 1 if len(movers) < order.size else 0, kernels.MV_WRONG_BUCKET))
+                    for sg, pl, km, want in variants:
+                        res = []
+                        for native in (True, False):
+                            was = kernels.set_native(native)
+                            try:
+                                buf = old.copy()
+                                code = kernels.mod_apply(buf, order, sg, pl, shift, mask, km)
+                            finally:
+                                kernels.set_native(was)
+                            res.append((code, buf.tobytes()))
+                        assert res[0] == res[1]
+                        if want == 0:
+                            assert res[0][0] == 0 and res[0][1] == new.tobytes()
+                        else:
+                            assert res[0] == (want, old.tobytes())
+    was = kernels.set_native(True)
+    try:  # a position outside the buffer: refused before any write
+        buf = floats(rng, 10, 2)
+        keep = buf.copy()
+        assert kernels.mod_apply(buf, np.array([3, 10], np.uint32), b"\x00", b"\x00" * 4, 0, 0, 0) == kernels.MV_OUT_OF_RANGE
+        assert np.array_equal(buf, keep)
+    finally:
+        kernels.set_native(was)
+
+
+def _values_copied(*args):
+    signs, mplanes = kernels.mod_values(*args)
+    return signs, bytes(mplanes)  # the planes are scratch: copied before the other twin runs
+
+
+def _twins(fn, *args):
+    out = []
+    for native in (True, False):
+        was = kernels.set_native(native)
+        try:
+            out.append(fn(*args))
+        finally:
+            kernels.set_native(was)
+    return out
+
+
+def pos_of_rank(ref, movers, b, j):
+    """The position of the word of rank j among the non-mover words of bucket b (slowly)."""
+    bk = (ref >> 7) & 0xFF
+    ok = np.ones(ref.size, bool)
+    ok[movers] = False
+    return int(np.flatnonzero((bk == b) & ok)[j])
+
+
 def test_conditioned_positions_pay_on_an_optimizer_like_step():
     """The physics the codec is for: an fp32 master moved by about lr,
     cast to bf16, changes small weights more often. CSPARSE must be picked

@@ -1468,6 +1468,701 @@ done:
     return res;
 }
 
+/* ---- CSPARSE, fused (codec v2) -------------------------------------------------
+   csparse_encode codes the positions of one chunk in one pass over the base
+   (the ranks) and one over the changed words; csparse_select lists them
+   again in one pass over the reference side. Both give exactly what the numpy
+   twins in conditioned.py give (tests/test_codec_v2.py checks it). */
+
+/* what csparse_select reports; conditioned.py holds the messages */
+enum { CS_OK = 0, CS_BAD_UNARY = 1, CS_BAD_REMAINDER_LENGTH = 2, CS_BAD_PADDING = 3, CS_OUT_OF_RANGE = 4,
+       CS_BAD_MOVERS = 5, CS_NO_MEMORY = 99 };
+
+static void put_varint(uint8_t **p, uint64_t v)
+{
+    while (v >= 0x80) {
+        *(*p)++ = (uint8_t)((v & 0x7F) | 0x80);
+        v >>= 7;
+    }
+    *(*p)++ = (uint8_t)v;
+}
+
+/* the Rice code of k increasing indices (gaps from -1) at parameter r,
+   appended to the unary and remainder writers */
+static void put_rice(bitw_t *u, bitw_t *rb, const uint32_t *p, size_t k, int r)
+{
+    const uint64_t low = r ? (((uint64_t)1 << r) - 1) : 0;
+    uint32_t prev = (uint32_t)-1;
+    for (size_t i = 0; i < k; i++) {
+        uint64_t gap = (uint32_t)(p[i] - prev - 1), q = gap >> r;
+        prev = p[i];
+        if (q < 32) {
+            put_bits(u, 1, (int)q + 1);
+        } else {
+            put_zeros(u, q);
+            put_bits(u, 1, 1);
+        }
+        if (r > 32) {
+            put_bits(rb, (gap & low) >> 32, r - 32);
+            put_bits(rb, gap & 0xffffffffu, 32);
+        } else if (r) {
+            put_bits(rb, gap & low, r);
+        }
+    }
+}
+
+/* the complement of the kb increasing ranks in [0, n_b): into out */
+static size_t complement_of(const uint32_t *ranks, size_t kb, uint32_t n_b, uint32_t *out)
+{
+    size_t c = 0, j = 0;
+    for (uint32_t x = 0; x < n_b; x++) {
+        if (j < kb && ranks[j] == x) {
+            j++;
+            continue;
+        }
+        out[c++] = x;
+    }
+    return c;
+}
+
+typedef struct {
+    uint32_t b, c, mode;
+    int r;
+    uint64_t ubits;
+} centry_t;
+
+/* csparse_encode(old, new, word, shift, mask, positions uint32, listed_out uint32)
+   -> (table, bits): the sections 0 and 1 of a CSPARSE record for the changed
+   positions (strictly increasing), and listed_out gets them in the listed
+   order (movers, then bucket by bucket). Raises ValueError on positions that
+   do not increase. */
+static PyObject *csparse_encode(PyObject *self, PyObject *args)
+{
+    Py_buffer a, b, pos, out;
+    int w, shift;
+    unsigned long long mask;
+    if (!PyArg_ParseTuple(args, "y*y*iiKy*w*", &a, &b, &w, &shift, &mask, &pos, &out))
+        return NULL;
+    PyObject *res = NULL, *table = NULL, *bits = NULL;
+    uint8_t *mem = NULL;
+    uint32_t *coded = NULL;
+    if (check_bucket_fn(w, shift, mask) < 0)
+        goto done;
+    size_t n = (size_t)a.len / w, k = (size_t)pos.len / 4, nb = (size_t)mask + 1;
+    if (a.len != b.len || a.len % w || n >= UINT32_MAX || pos.len % 4 || (size_t)out.len < 4 * k) {
+        PyErr_SetString(PyExc_ValueError, "csparse_encode: bad buffer sizes");
+        goto done;
+    }
+    /* scratch: counts (4 nb + 1), bucket starts (nb + 1), entries (nb),
+       buckets (k), ranks (k), sorted ranks (k), coded (n: complements) */
+    size_t cnt_n = 4 * nb + 1;
+    size_t need = 4 * cnt_n + 8 * (nb + 1) + sizeof(centry_t) * nb + 2 * k + 4 * k + 4 * k + 64;
+    mem = PyMem_Calloc(1, need);
+    if (!mem) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint32_t *cnt = (uint32_t *)mem;
+    uint64_t *start = (uint64_t *)(mem + ((4 * cnt_n + 7) & ~(size_t)7));
+    centry_t *ent = (centry_t *)(start + nb + 1);
+    uint32_t *orank = (uint32_t *)(ent + nb);
+    uint32_t *srank = orank + k;
+    uint16_t *ob = (uint16_t *)(srank + k);
+    uint32_t *listed = out.buf;
+    const uint32_t *p = pos.buf;
+    int err;
+    size_t km = 0, ne = 0;
+    uint64_t ubits = 0, rbits = 0, mbits = 0;
+    int r_m = 0;
+    Py_BEGIN_ALLOW_THREADS
+    switch (w) {
+    case 2: err = ranks_2(a.buf, b.buf, n, shift, mask, p, k, ob, orank, cnt); break;
+    case 4: err = ranks_4(a.buf, b.buf, n, shift, mask, p, k, ob, orank, cnt); break;
+    default: err = ranks_8(a.buf, b.buf, n, shift, mask, p, k, ob, orank, cnt); break;
+    }
+    if (!err) {
+        /* counting sort of the changed words by bucket (movers first), stable */
+        km = cnt[nb];
+        for (size_t i = 0; i < k; i++)
+            if (ob[i] != nb)
+                start[ob[i] + 1]++;
+        start[0] = km;
+        for (size_t x = 0; x < nb; x++)
+            start[x + 1] += start[x];
+        size_t mi = 0;
+        for (size_t i = 0; i < k; i++) {
+            if (ob[i] == nb) {
+                listed[mi++] = p[i];
+            } else {
+                uint64_t at = start[ob[i]]++;
+                listed[at] = p[i];
+                srank[at] = orank[i];
+            }
+        }
+        if (km) {
+            uint64_t bb = 0;
+            r_m = rice_param(listed, km, &bb);
+            mbits = bb;
+        }
+        /* start[x] is now the end of bucket x's run; its begin is start[x - 1]
+           (km for 0). The complements need at most the largest of them. */
+        uint64_t lo = km, most = 0;
+        for (size_t x = 0; x < nb; x++) {
+            uint64_t kb = start[x] - lo;
+            if (kb && 2 * kb > cnt[x] && cnt[x] - kb > most)
+                most = cnt[x] - kb;
+            lo = start[x];
+        }
+        coded = PyMem_RawMalloc(4 * (size_t)most + 4);
+        if (!coded)
+            err = 2;
+        lo = km;
+        for (size_t x = 0; x < nb && !err; x++) {
+            uint64_t hi = start[x];
+            size_t kb = (size_t)(hi - lo);
+            if (kb) {
+                uint32_t n_b = cnt[x];
+                int comp = 2 * (uint64_t)kb > n_b;
+                const uint32_t *cd = srank + lo;
+                size_t c = kb;
+                if (comp) {
+                    c = complement_of(srank + lo, kb, n_b, coded);
+                    cd = coded;
+                }
+                int r = 0;
+                uint64_t bb = 0;
+                if (c)
+                    r = rice_param(cd, c, &bb);
+                ent[ne].b = (uint32_t)x;
+                ent[ne].c = (uint32_t)c;
+                ent[ne].r = r;
+                ent[ne].mode = (uint32_t)(2 * r + comp);
+                ent[ne].ubits = c ? bb - (uint64_t)c * r : 0;
+                ubits += ent[ne].ubits;
+                rbits += (uint64_t)c * r;
+                ne++;
+            }
+            lo = hi;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (err == 2) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (err) {
+        PyErr_SetString(PyExc_ValueError, "csparse_encode: positions not increasing");
+        goto done;
+    }
+    uint64_t mubits = mbits - (uint64_t)km * r_m, mrbits = (uint64_t)km * r_m;
+    size_t ulen_m = (size_t)((mubits + 7) / 8), rlen_m = (size_t)((mrbits + 7) / 8);
+    size_t ulen = (size_t)((ubits + 7) / 8), rlen = (size_t)((rbits + 7) / 8);
+    table = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(10 * (5 + 3 * ne)));
+    bits = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(ulen_m + rlen_m + ulen + rlen));
+    if (!table || !bits)
+        goto done;
+    uint8_t *t0 = (uint8_t *)PyBytes_AS_STRING(table), *t = t0;
+    put_varint(&t, km);
+    put_varint(&t, (uint64_t)r_m);
+    put_varint(&t, ulen_m);
+    put_varint(&t, ne);
+    uint32_t prevb = (uint32_t)-1;
+    for (size_t e = 0; e < ne; e++) {
+        put_varint(&t, (uint64_t)(ent[e].b - prevb - 1));
+        put_varint(&t, ent[e].c);
+        put_varint(&t, ent[e].mode);
+        prevb = ent[e].b;
+    }
+    put_varint(&t, ulen);
+    if (_PyBytes_Resize(&table, (Py_ssize_t)(t - t0)) < 0)
+        goto done;
+    uint8_t *bp = (uint8_t *)PyBytes_AS_STRING(bits);
+    Py_BEGIN_ALLOW_THREADS
+    bitw_t um = {bp, 0, 0}, rm = {bp + ulen_m, 0, 0};
+    if (km) {
+        put_rice(&um, &rm, listed, km, r_m);
+        flush_bits(&um);
+        flush_bits(&rm);
+    }
+    bitw_t u = {bp + ulen_m + rlen_m, 0, 0}, rb = {bp + ulen_m + rlen_m + ulen, 0, 0};
+    uint64_t lo = km;
+    size_t e = 0;
+    for (size_t x = 0; x < nb && e < ne; x++) {
+        uint64_t hi = start[x];
+        if (hi > lo) {
+            const uint32_t *cd = srank + lo;
+            size_t c = ent[e].c;
+            if (ent[e].mode & 1) {
+                complement_of(srank + lo, (size_t)(hi - lo), cnt[x], coded);
+                cd = coded;
+            }
+            put_rice(&u, &rb, cd, c, ent[e].r);
+            e++;
+        }
+        lo = hi;
+    }
+    flush_bits(&u);
+    flush_bits(&rb);
+    Py_END_ALLOW_THREADS
+    res = PyTuple_Pack(2, table, bits);
+done:
+    Py_XDECREF(table);
+    Py_XDECREF(bits);
+    PyMem_RawFree(coded);
+    PyMem_Free(mem);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&pos);
+    PyBuffer_Release(&out);
+    return res;
+}
+
+#define CS_NONE 0xFFFFFFFFu /* a countdown that never reaches zero: n < 2^32 - 1 */
+
+/* one pass over the non-mover words of ref: every word counts down its
+   bucket's distance to the next coded index; at zero it is coded (listed
+   when x = 0, skipped when x = 1), and the next distance is loaded */
+#define CS_EMIT(b, i)                                                                                \
+    do {                                                                                             \
+        if (dst[b] < dend[b])                                                                        \
+            *dst[b]++ = (uint32_t)(i);                                                               \
+        else                                                                                         \
+            over = 1;                                                                                \
+    } while (0)
+/* the words of complemented buckets, whose shares of the listed order are
+   known only once the pass has counted them, are staged in position order
+   with their bucket, and put in place after it */
+#define CS_STAGE(b, i)                                                                               \
+    do {                                                                                             \
+        if (sp < send) {                                                                             \
+            tags[sp - sbase] = (uint16_t)(b);                                                        \
+            *sp++ = (uint32_t)(i);                                                                   \
+        } else {                                                                                     \
+            over = 1;                                                                                \
+        }                                                                                            \
+    } while (0)
+#define DEFINE_CSELECT(W)                                                                            \
+    HOT static int cselect_##W(const uint8_t *ref, size_t n, int shift, uint64_t mask, const uint32_t *mv, \
+                               size_t km, uint32_t *rem, uint64_t *loaded, const uint8_t *comp,        \
+                               uint32_t **step, uint32_t **stepend, uint32_t **dst, uint32_t **dend,   \
+                               uint32_t *sbase, uint32_t *send, uint16_t *tags, size_t *staged)        \
+    {                                                                                                \
+        size_t i = 0, j = 0;                                                                          \
+        int over = 0;                                                                                 \
+        uint32_t *sp = sbase;                                                                         \
+        while (1) {                                                                                   \
+            size_t stop = j < km ? mv[j] : n;                                                         \
+            for (; i < stop; i++) {                                                                   \
+                uint32_t b = BUCKET_AT(W, ref, i, shift, mask);                                       \
+                uint32_t left = --rem[b];                                                             \
+                if (left == 0) {                                                                      \
+                    if (!comp[b])                                                                     \
+                        CS_EMIT(b, i);                                                                \
+                    rem[b] = step[b] < stepend[b] ? *step[b]++ : CS_NONE;                             \
+                    loaded[b] += rem[b];                                                              \
+                } else if (comp[b]) {                                                                 \
+                    CS_STAGE(b, i);                                                                   \
+                }                                                                                     \
+            }                                                                                         \
+            if (j >= km)                                                                              \
+                break;                                                                                \
+            i++;                                                                                      \
+            j++;                                                                                      \
+        }                                                                                             \
+        *staged = (size_t)(sp - sbase);                                                               \
+        return over;                                                                                  \
+    }
+
+DEFINE_CSELECT(2)
+DEFINE_CSELECT(4)
+DEFINE_CSELECT(8)
+
+/* csparse_select(ref, word, shift, mask, movers uint32, entries int64 (E x 3:
+   bucket, c, mode), counts uint32/int64 n/a: counts int64 (mask + 1),
+   unary, remainder, out uint32) -> error code.
+   The entries and counts are checked by the caller (buckets increasing and
+   below mask + 1, c <= n_b, c < n_b when complemented, r <= MAX_RICE, the
+   listed total = len(out)); here: the unary stream holds exactly sum(c)
+   ones and ends with the last, the remainder stream is exactly its length
+   with zero padding, every quotient within n_b >> r and every index below
+   n_b. Nothing is written to out unless all of that holds. */
+static PyObject *csparse_select(PyObject *self, PyObject *args)
+{
+    Py_buffer a, mv, entb, cntb, un, rem, out, cout;
+    int w, shift;
+    unsigned long long mask;
+    if (!PyArg_ParseTuple(args, "y*iiKy*y*y*y*y*w*w*", &a, &w, &shift, &mask, &mv, &entb, &cntb, &un, &rem, &out,
+                          &cout))
+        return NULL;
+    PyObject *res = NULL;
+    uint8_t *mem = NULL;
+    if (check_bucket_fn(w, shift, mask) < 0)
+        goto done;
+    size_t n = (size_t)a.len / w, km = (size_t)mv.len / 4, nb = (size_t)mask + 1, ne = (size_t)entb.len / 24;
+    size_t kout = (size_t)out.len / 4;
+    /* no counts: they are not known yet (fused: the pass counts them, into
+       counts_out, and the bounds that need them are checked after it) */
+    int fused = cntb.len == 0;
+    if (a.len % w || n >= UINT32_MAX || mv.len % 4 || entb.len % 24 || ne > nb ||
+        (!fused && (size_t)cntb.len != 8 * nb) || out.len % 4 || (size_t)cout.len != 8 * (nb + 1)) {
+        PyErr_SetString(PyExc_ValueError, "csparse_select: bad buffer sizes");
+        goto done;
+    }
+    const int64_t *e = entb.buf, *cnt = cntb.buf;
+    int64_t *counts = cout.buf;
+    uint64_t coded = 0, rbits = 0, listed = 0, plain = 0;
+    int any_comp = 0;
+    for (size_t x = 0; x < ne; x++) {
+        int64_t bx = e[3 * x], c = e[3 * x + 1], mode = e[3 * x + 2];
+        int64_t cap = fused ? (int64_t)n : (bx >= 0 && (size_t)bx < nb ? cnt[bx] : -1);
+        if (bx < 0 || (size_t)bx >= nb || (x && bx <= e[3 * (x - 1)]) || c < 0 || mode < 0 ||
+            mode > 2 * MAX_RICE + 1 || cap < 0 || cap >= (int64_t)UINT32_MAX || c > cap ||
+            ((mode & 1) && !fused && c == cap) || (c == 0 && mode != 1)) {
+            PyErr_SetString(PyExc_ValueError, "csparse_select: bad entries");
+            goto done;
+        }
+        coded += (uint64_t)c;
+        rbits += (uint64_t)c * (uint64_t)(mode >> 1);
+        listed += (mode & 1) ? (uint64_t)(cap - c) : (uint64_t)c;
+        plain += (mode & 1) ? 0 : (uint64_t)c;
+        any_comp |= (int)(mode & 1);
+    }
+    if ((!fused && listed != kout) || plain > kout) {
+        PyErr_SetString(PyExc_ValueError, "csparse_select: out does not hold the listed words");
+        goto done;
+    }
+    /* scratch: step, stepend, dst, dend (nb each), loaded (nb), the last index and
+       the largest quotient of each entry (ne), steps (coded), rem (nb), the
+       staged words' buckets (kout - plain), comp (nb) */
+    mem = PyMem_Calloc(1, 4 * (size_t)coded + nb * (4 + 4 * sizeof(uint32_t *) + 8 + 1) + 16 * ne +
+                              2 * (kout - (size_t)plain) + 64);
+    if (!mem) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint32_t **step = (uint32_t **)mem, **stepend = step + nb, **dst = stepend + nb, **dend = dst + nb;
+    uint64_t *loaded = (uint64_t *)(dend + nb), *elast = loaded + nb, *eqmax = elast + ne;
+    uint32_t *steps = (uint32_t *)(eqmax + ne), *remc = steps + coded;
+    uint16_t *tags = (uint16_t *)(remc + nb);
+    uint8_t *comp = (uint8_t *)(tags + (kout - (size_t)plain));
+    int err = CS_OK;
+    Py_BEGIN_ALLOW_THREADS
+    const uint32_t *mp = mv.buf;
+    for (size_t j = 0; j < km; j++)
+        if (mp[j] >= n || (j && mp[j] <= mp[j - 1]))
+            err = CS_BAD_MOVERS;
+    /* the quotients, from the unary stream: into steps */
+    const uint8_t *u = un.buf;
+    size_t len = (size_t)un.len, last = 0;
+    uint64_t ones = 0, run = 0;
+    for (size_t i = 0; i < len; i++) {
+        uint8_t byte = u[i];
+        if (!byte) {
+            run += 8;
+            continue;
+        }
+        for (int bit = 7; bit >= 0; bit--) {
+            if ((byte >> bit) & 1) {
+                if (ones < coded)
+                    steps[ones] = run > UINT32_MAX ? UINT32_MAX : (uint32_t)run;
+                ones++;
+                last = i;
+                run = 0;
+            } else {
+                run++;
+            }
+        }
+    }
+    if (err)
+        ;
+    else if (ones != coded || (coded && len != last + 1) || (!coded && len))
+        err = CS_BAD_UNARY;
+    else if ((uint64_t)rem.len != (rbits + 7) / 8)
+        err = CS_BAD_REMAINDER_LENGTH;
+    else {
+        const uint8_t *rp = rem.buf;
+        for (uint64_t bt = rbits; bt < (uint64_t)rem.len * 8; bt++)
+            if ((rp[bt >> 3] >> (7 - (bt & 7))) & 1)
+                err = CS_BAD_PADDING;
+    }
+    if (!err) {
+        /* quotients and remainders into distances (index - previous index),
+           entry by entry, each index checked below n_b */
+        const uint8_t *rp = rem.buf;
+        uint64_t acc = 0;
+        int have = 0;
+        size_t next = 0, qi = 0;
+        for (size_t x = 0; x < ne && !err; x++) {
+            uint64_t c = (uint64_t)e[3 * x + 1], n_b = fused ? (uint64_t)n : (uint64_t)cnt[e[3 * x]];
+            int r = (int)(e[3 * x + 2] >> 1);
+            uint64_t prev = (uint64_t)-1;
+            for (uint64_t y = 0; y < c; y++, qi++) {
+                uint64_t q = steps[qi];
+                if (q > eqmax[x])
+                    eqmax[x] = q;
+                if (q > (n_b >> r)) {
+                    err = CS_OUT_OF_RANGE;
+                    break;
+                }
+                uint64_t low = 0;
+                for (int need = r; need > 0;) {
+                    if (have == 0) {
+                        acc = rp[next++];
+                        have = 8;
+                    }
+                    int take = need < have ? need : have;
+                    low = (low << take) | ((acc >> (have - take)) & ((1u << take) - 1));
+                    have -= take;
+                    need -= take;
+                }
+                uint64_t idx = prev + ((q << r) | low) + 1;
+                if (idx >= n_b) {
+                    err = CS_OUT_OF_RANGE;
+                    break;
+                }
+                steps[qi] = (uint32_t)(idx - prev); /* from -1: the first is idx + 1 */
+                prev = idx;
+            }
+            elast[x] = prev;
+        }
+    }
+    if (!err) {
+        for (size_t x = 0; x < nb; x++) {
+            remc[x] = CS_NONE;
+            loaded[x] = CS_NONE;
+            step[x] = stepend[x] = NULL;
+            dst[x] = dend[x] = NULL;
+        }
+        /* out: first the uncomplemented entries' words, each entry's share in
+           table order, then the staged words */
+        uint32_t *o = out.buf, *s = steps;
+        for (size_t x = 0; x < ne; x++) {
+            int64_t bx = e[3 * x], c = e[3 * x + 1];
+            int cp = (int)(e[3 * x + 2] & 1);
+            comp[bx] = (uint8_t)cp;
+            dst[bx] = o;
+            o += cp ? 0 : c;
+            dend[bx] = o;
+            step[bx] = s;
+            stepend[bx] = s + c;
+            s += c;
+            remc[bx] = c ? *step[bx]++ : CS_NONE;
+            loaded[bx] = remc[bx];
+        }
+        int over;
+        size_t staged = 0;
+        uint32_t *sbase = (uint32_t *)out.buf + plain, *send = (uint32_t *)out.buf + kout;
+        switch (w) {
+        case 2: over = cselect_2(a.buf, n, shift, mask, mv.buf, km, remc, loaded, comp, step, stepend, dst, dend, sbase, send, tags, &staged); break;
+        case 4: over = cselect_4(a.buf, n, shift, mask, mv.buf, km, remc, loaded, comp, step, stepend, dst, dend, sbase, send, tags, &staged); break;
+        default: over = cselect_8(a.buf, n, shift, mask, mv.buf, km, remc, loaded, comp, step, stepend, dst, dend, sbase, send, tags, &staged); break;
+        }
+        /* every entry lists exactly its words: guaranteed when the counts
+           are those of ref with these movers (every write above is bounded
+           by its entry's share of out all the same) */
+        if (over)
+            err = CS_OUT_OF_RANGE;
+        /* each bucket's words: one countdown step each, from what was loaded */
+        for (size_t x = 0; x < nb; x++)
+            counts[x] = (int64_t)(loaded[x] - remc[x]);
+        counts[nb] = (int64_t)km;
+        uint64_t total = 0;
+        for (size_t x = 0; x < ne; x++) {
+            int64_t bx = e[3 * x];
+            uint64_t n_b = (uint64_t)counts[bx], c = (uint64_t)e[3 * x + 1];
+            int r = (int)(e[3 * x + 2] >> 1);
+            if (dst[bx] != dend[bx] || step[bx] != stepend[bx] ||
+                (c && (eqmax[x] > (n_b >> r) || elast[x] >= n_b)) || ((e[3 * x + 2] & 1) && c >= n_b))
+                err = CS_OUT_OF_RANGE;
+            total += (e[3 * x + 2] & 1) ? n_b - c : c;
+        }
+        if (total != kout || staged != kout - plain)
+            err = CS_OUT_OF_RANGE;
+        if (!err && any_comp) {
+            /* the final order: each entry's share in table order, the
+               complemented ones from the staged words (stable: by position) */
+            uint32_t *fin = PyMem_RawMalloc(4 * kout + 4);
+            if (!fin) {
+                err = CS_NO_MEMORY;
+            } else {
+                const uint32_t *src = out.buf;
+                uint32_t *f = fin;
+                for (size_t x = 0; x < ne; x++) {
+                    int64_t bx = e[3 * x], c = e[3 * x + 1];
+                    if (e[3 * x + 2] & 1) {
+                        dst[bx] = f;
+                        f += counts[bx] - c;
+                        dend[bx] = f;
+                    } else {
+                        memcpy(f, src, 4 * (size_t)c);
+                        src += c;
+                        f += c;
+                    }
+                }
+                for (size_t y = 0; y < staged && !err; y++) {
+                    uint16_t bx = tags[y];
+                    if (dst[bx] < dend[bx])
+                        *dst[bx]++ = sbase[y];
+                    else
+                        err = CS_OUT_OF_RANGE;
+                }
+                if (!err)
+                    memcpy(out.buf, fin, 4 * kout);
+                PyMem_RawFree(fin);
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (err == CS_NO_MEMORY) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    res = PyLong_FromLong(err);
+done:
+    PyMem_Free(mem);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&mv);
+    PyBuffer_Release(&entb);
+    PyBuffer_Release(&cntb);
+    PyBuffer_Release(&un);
+    PyBuffer_Release(&rem);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&cout);
+    return res;
+}
+
+/* ---- modular value sections (codec v2) ------------------------------------------
+   The value section of MSPARSE, MBITMAP and CSPARSE holds, for the listed
+   words, D = new - old mod 2^(8w) as sign bits (MSB first) and the byte
+   planes of M = |D| - 1; CDENSE's (dense) the same with M = |D|. */
+
+enum { MV_OK = 0, MV_BAD_MAGNITUDE = 1, MV_WRONG_BUCKET = 2, MV_OUT_OF_RANGE = 3 };
+
+/* mod_values(old, new, word, positions uint32, dense, signs_out, planes_out):
+   signs_out gets ceil(k / 8) bytes, planes_out k * word bytes */
+static PyObject *mod_values(PyObject *self, PyObject *args)
+{
+    Py_buffer a, b, pos, sg, pl;
+    int w, dense;
+    if (!PyArg_ParseTuple(args, "y*y*iy*pw*w*", &a, &b, &w, &pos, &dense, &sg, &pl))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_word(w) < 0)
+        goto done;
+    size_t n = (size_t)a.len / w, k = (size_t)pos.len / 4;
+    if (a.len != b.len || a.len % w || pos.len % 4 || (size_t)sg.len != (k + 7) / 8 || (size_t)pl.len != k * w) {
+        PyErr_SetString(PyExc_ValueError, "mod_values: bad buffer sizes");
+        goto done;
+    }
+    const uint32_t *p = pos.buf;
+    int inside = 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (size_t i = 0; i < k; i++)
+        inside &= p[i] < n;
+    if (inside) {
+        const uint8_t *o = a.buf, *nw = b.buf;
+        uint8_t *s = sg.buf, *m = pl.buf;
+        const int bits = 8 * w;
+        const uint64_t full = w == 8 ? ~(uint64_t)0 : (((uint64_t)1 << bits) - 1);
+        memset(s, 0, (size_t)sg.len);
+        for (size_t i = 0; i < k; i++) {
+            uint64_t d = (load(nw + (size_t)p[i] * w, w) - load(o + (size_t)p[i] * w, w)) & full;
+            uint64_t neg = d >> (bits - 1);
+            uint64_t mag = (neg ? (0 - d) & full : d) - (dense ? 0 : 1);
+            mag &= full;
+            s[i >> 3] |= (uint8_t)(neg << (7 - (i & 7)));
+            for (int j = 0; j < w; j++)
+                m[(size_t)j * k + i] = (uint8_t)(mag >> (8 * (w - 1 - j)));
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (!inside) {
+        PyErr_SetString(PyExc_ValueError, "mod_values: position out of range");
+        goto done;
+    }
+    res = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&pos);
+    PyBuffer_Release(&sg);
+    PyBuffer_Release(&pl);
+    return res;
+}
+
+/* mod_apply(buf, word, positions uint32 (k, distinct), signs (ceil(k / 8)
+   bytes, padding checked by the caller), planes (k * word bytes), shift,
+   mask, movers) -> error code. Decodes the value section of k listed
+   words (M < 2^(8w-1) each, else 1), checks, when mask is nonzero, that
+   exactly the first `movers` of them change bucket (b(old + D) against
+   b(old), else 2), and only then adds D to buf's words. Positions must be
+   below buf's word count (else 3). Nothing is written unless all holds. */
+static PyObject *mod_apply(PyObject *self, PyObject *args)
+{
+    Py_buffer buf, pos, sg, pl;
+    int w, shift;
+    unsigned long long mask, km;
+    if (!PyArg_ParseTuple(args, "w*iy*y*y*iKK", &buf, &w, &pos, &sg, &pl, &shift, &mask, &km))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_word(w) < 0 || (mask && check_bucket_fn(w, shift, mask) < 0))
+        goto done;
+    size_t n = (size_t)buf.len / w, k = (size_t)pos.len / 4;
+    if (buf.len % w || pos.len % 4 || (size_t)sg.len != (k + 7) / 8 || (size_t)pl.len != k * w || km > k) {
+        PyErr_SetString(PyExc_ValueError, "mod_apply: bad buffer sizes");
+        goto done;
+    }
+    int err = MV_OK;
+    Py_BEGIN_ALLOW_THREADS
+    const uint32_t *p = pos.buf;
+    const uint8_t *s = sg.buf, *m = pl.buf;
+    uint8_t *d8 = buf.buf;
+    const int bits = 8 * w;
+    const uint64_t full = w == 8 ? ~(uint64_t)0 : (((uint64_t)1 << bits) - 1);
+    int bad_mag = 0, bad_bucket = 0, outside = 0;
+    for (size_t i = 0; i < k; i++) {
+        uint64_t mag = 0;
+        for (int j = 0; j < w; j++)
+            mag |= (uint64_t)m[(size_t)j * k + i] << (8 * (w - 1 - j));
+        bad_mag |= (int)(mag >> (bits - 1));
+        if (p[i] >= n) {
+            outside = 1;
+            continue;
+        }
+        if (mask) {
+            uint64_t neg = (s[i >> 3] >> (7 - (i & 7))) & 1;
+            uint64_t dv = neg ? (0 - (mag + 1)) & full : mag + 1;
+            uint64_t r = load(d8 + (size_t)p[i] * w, w);
+            uint64_t moved = ((r >> shift) & mask) != ((((r + dv) & full) >> shift) & mask);
+            bad_bucket |= (int)(moved != (uint64_t)(i < km));
+        }
+    }
+    if (outside)
+        err = MV_OUT_OF_RANGE;
+    else if (bad_mag)
+        err = MV_BAD_MAGNITUDE;
+    else if (bad_bucket)
+        err = MV_WRONG_BUCKET;
+    else
+        for (size_t i = 0; i < k; i++) {
+            uint64_t mag = 0;
+            for (int j = 0; j < w; j++)
+                mag |= (uint64_t)m[(size_t)j * k + i] << (8 * (w - 1 - j));
+            uint64_t neg = (s[i >> 3] >> (7 - (i & 7))) & 1;
+            uint64_t dv = neg ? (0 - (mag + 1)) & full : mag + 1;
+            uint8_t *at = d8 + (size_t)p[i] * w;
+            store(at, w, (load(at, w) + dv) & full);
+        }
+    Py_END_ALLOW_THREADS
+    res = PyLong_FromLong(err);
+done:
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&pos);
+    PyBuffer_Release(&sg);
+    PyBuffer_Release(&pl);
+    return res;
+}
+
 /* use_simd(on) -> previous: whether the scan may use the AVX2 kernels
    where the CPU has them (for tests of the portable ones) */
 static PyObject *use_simd(PyObject *self, PyObject *args)
@@ -1499,6 +2194,11 @@ static PyMethodDef methods[] = {
     {"bucket_ranks", bucket_ranks, METH_VARARGS, "(old, new, word, shift, mask, positions, buckets, ranks, counts) -> error"},
     {"bucket_counts", bucket_counts, METH_VARARGS, "(ref, word, shift, mask, movers, counts) -> error"},
     {"bucket_select", bucket_select, METH_VARARGS, "(ref, word, shift, mask, movers, want, offsets, out) -> error"},
+    {"mod_values", mod_values, METH_VARARGS, "(old, new, word, positions, dense, signs_out, planes_out) -> None"},
+    {"mod_apply", mod_apply, METH_VARARGS, "(buf, word, positions, signs, planes, shift, mask, movers) -> error"},
+    {"csparse_encode", csparse_encode, METH_VARARGS, "(old, new, word, shift, mask, positions, listed_out) -> (table, bits)"},
+    {"csparse_select", csparse_select, METH_VARARGS,
+     "(ref, word, shift, mask, movers, entries, counts, unary, remainder, out, counts_out) -> error"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1541,6 +2241,14 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "RICE_OUT_OF_RANGE", RICE_OUT_OF_RANGE) < 0 ||
         PyModule_AddIntConstant(m, "RICE_BAD_PADDING", RICE_BAD_PADDING) < 0 ||
         PyModule_AddIntConstant(m, "MAX_BUCKETS", MAX_BUCKETS) < 0 ||
+        PyModule_AddIntConstant(m, "CS_BAD_UNARY", CS_BAD_UNARY) < 0 ||
+        PyModule_AddIntConstant(m, "CS_BAD_REMAINDER_LENGTH", CS_BAD_REMAINDER_LENGTH) < 0 ||
+        PyModule_AddIntConstant(m, "CS_BAD_PADDING", CS_BAD_PADDING) < 0 ||
+        PyModule_AddIntConstant(m, "CS_OUT_OF_RANGE", CS_OUT_OF_RANGE) < 0 ||
+        PyModule_AddIntConstant(m, "CS_BAD_MOVERS", CS_BAD_MOVERS) < 0 ||
+        PyModule_AddIntConstant(m, "MV_BAD_MAGNITUDE", MV_BAD_MAGNITUDE) < 0 ||
+        PyModule_AddIntConstant(m, "MV_WRONG_BUCKET", MV_WRONG_BUCKET) < 0 ||
+        PyModule_AddIntConstant(m, "MV_OUT_OF_RANGE", MV_OUT_OF_RANGE) < 0 ||
         PyModule_AddStringConstant(m, "FEATURES", features) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -258,9 +258,7 @@ class _Trial:
         """The zigzagged modular differences of the changed words, as byte
         planes, in position order."""
         if self._mvalues is None:
-            pos, x = self.scan()
-            o = self.old[pos]
-            self._mvalues = _mvalues(self.cctx, (o ^ x) - o)
+            self._mvalues = _mvalues_at(self.cctx, self.old, self.new, self.scan()[0])
         return self._mvalues
 
     def bitmap(self) -> bytes:
@@ -317,8 +315,7 @@ class _Trial:
             return Encoded(CDENSE, self.bucket, self._k, (conditioned.mover_head(movers), _dense_values(self.cctx, d)))
         if codec == CSPARSE:
             table, bits, listed = conditioned.encode_positions(self.bucket, self.old, self.new, self.scan()[0])
-            d = self.new[listed] - self.old[listed]
-            return Encoded(CSPARSE, self.bucket, self.count, (table, bits, _mvalues(self.cctx, d)))
+            return Encoded(CSPARSE, self.bucket, self.count, (table, bits, _mvalues_at(self.cctx, self.old, self.new, listed)))
         if codec == DENSE:
             data, k = kernels.xor_planes(self.old, self.new, kernels.scratch("planes", self.new.nbytes))
             self._k = k
@@ -342,6 +339,14 @@ def _mvalues(cctx: zstandard.ZstdCompressor, d: np.ndarray) -> bytes:
     return conditioned.varint(len(signs)) + signs + _compress_planes(cctx, mag)
 
 
+def _mvalues_at(cctx: zstandard.ZstdCompressor, old: np.ndarray, new: np.ndarray, positions: np.ndarray) -> bytes:
+    """:func:`_mvalues` of ``new - old`` at ``positions``, without gathering
+    them first (one pass of the C kernels)."""
+    signs, mplanes = kernels.mod_values(old, new, positions)
+    signs = cctx.compress(signs)
+    return conditioned.varint(len(signs)) + signs + cctx.compress(mplanes)
+
+
 def _dense_values(cctx: zstandard.ZstdCompressor, d: np.ndarray) -> bytes:
     """The value section of CDENSE: as :func:`_mvalues`, but over every word,
     with magnitudes |D| (zero allowed)."""
@@ -350,9 +355,9 @@ def _dense_values(cctx: zstandard.ZstdCompressor, d: np.ndarray) -> bytes:
     return conditioned.varint(len(signs)) + signs + _compress_planes(cctx, mag)
 
 
-def _read_mvalues(data, count: int, w: int, *, where: str, dense: bool = False) -> np.ndarray:
-    """The modular differences of a value section (see :func:`_mvalues`;
-    with ``dense``, :func:`_dense_values`)."""
+def _value_frames(data, count: int, w: int, *, where: str) -> tuple[bytes, bytes]:
+    """The sign bits (padding checked) and the magnitude planes of a value
+    section, decompressed."""
     data = bytes(data)
     try:
         slen, at = conditioned.read_varint(data)
@@ -361,10 +366,17 @@ def _read_mvalues(data, count: int, w: int, *, where: str, dense: bool = False) 
     if slen > len(data) - at:
         raise FormatError(f"{where}: value section: sign frame longer than the section")
     signs = decompress_exact(data[at : at + slen], (count + 7) // 8, where=where)
-    neg = np.unpackbits(np.frombuffer(signs, dtype=np.uint8))
-    if neg[count:].any():
+    if count % 8 and signs[-1] & (0xFF >> (count % 8)):
         raise FormatError(f"{where}: nonzero padding in the sign bits")
-    mag = unplanes(decompress_exact(data[at + slen :], count * w, where=where), count, w)
+    return signs, decompress_exact(data[at + slen :], count * w, where=where)
+
+
+def _read_mvalues(data, count: int, w: int, *, where: str, dense: bool = False) -> np.ndarray:
+    """The modular differences of a value section (see :func:`_mvalues`;
+    with ``dense``, :func:`_dense_values`)."""
+    signs, mplanes = _value_frames(data, count, w, where=where)
+    neg = np.unpackbits(np.frombuffer(signs, dtype=np.uint8))
+    mag = unplanes(mplanes, count, w)
     neg = neg[:count].astype(bool)
     d = conditioned.from_dense_sign_magnitude(neg, mag) if dense else conditioned.from_sign_magnitude(neg, mag)
     if d is None:
@@ -423,7 +435,9 @@ def decode_into(
     contents are ignored). ``parts`` are the payload sections; sections a
     codec does not use must be empty. Every length and position is checked."""
     if codec in MODULAR:
-        positions, d = _modular(codec, param, count, parts, buf, True, where=where)
+        positions, d = _modular(codec, param, count, parts, buf, True, where=where, into=True)
+        if d is None:  # added already
+            return
         if positions is None:
             buf += d
         else:
@@ -466,10 +480,12 @@ def combine(codec: int, dst: np.ndarray, delta: np.ndarray, *, inverse: bool = F
         dst += delta
 
 
-def _modular(codec, param, count, parts, ref, ref_is_base, *, where):
+def _modular(codec, param, count, parts, ref, ref_is_base, *, where, into=False):
     """(positions or None for every word, modular differences) of a MODULAR
     record, checked; ``ref`` is a side of the delta (read by CSPARSE only,
-    and by the mover check)."""
+    and by the mover check). With ``into`` (``ref`` the base), the sparse
+    codecs add their differences to ``ref`` once all is checked, and give
+    (positions, None)."""
     used = 1 if codec == MDENSE else 2 if codec in (MBITMAP, CDENSE) else 3
     if any(len(p) for p in parts[used:]):
         raise FormatError(f"{where}: malformed record (unused payload section)")
@@ -519,6 +535,17 @@ def _modular(codec, param, count, parts, ref, ref_is_base, *, where):
         except conditioned.Malformed as e:
             raise FormatError(f"{where}: {e}") from None
         values = parts[2]
+    if into:
+        signs, mplanes = _value_frames(values, count, w, where=where)
+        _, _, shift, mask = conditioned.BUCKETS[param] if codec == CSPARSE else (None, None, 0, 0)
+        err = kernels.mod_apply(ref, positions, signs, mplanes, shift, mask, movers if codec == CSPARSE else 0)
+        if err == kernels.MV_BAD_MAGNITUDE:
+            raise FormatError(f"{where}: a value's magnitude is out of range")
+        if err == kernels.MV_WRONG_BUCKET:
+            raise FormatError(f"{where}: csparse record lists a word in the wrong bucket")
+        if err:
+            raise FormatError(f"{where}: position out of range")
+        return positions, None
     d = _read_mvalues(values, count, w, where=where)
     if codec == CSPARSE:
         # the movers, and only they, change bucket: what makes the positions

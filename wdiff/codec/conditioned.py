@@ -177,6 +177,9 @@ def encode_positions(fn: int, old: np.ndarray, new: np.ndarray, positions: np.nd
     words among the others (whose bucket is the same on both sides, so that
     either side can list them)."""
     _, _, shift, mask = BUCKETS[fn]
+    fused = kernels.csparse_encode(old, new, shift, mask, positions)
+    if fused is not None:
+        return fused
     nb = mask + 1
     bk, rank, counts = kernels.bucket_ranks(old, new, shift, mask, positions)
     positions = positions.astype(np.int64, copy=False)
@@ -229,6 +232,15 @@ def encode_positions(fn: int, old: np.ndarray, new: np.ndarray, positions: np.nd
     return bytes(table), u_m + rem_m + unary + rem, np.concatenate([movers, kp])
 
 
+_CS_ERRORS = {
+    kernels.CS_BAD_UNARY: "unary stream does not hold the listed gaps",
+    kernels.CS_BAD_REMAINDER_LENGTH: "remainder stream has the wrong length",
+    kernels.CS_BAD_PADDING: "nonzero padding in the remainder stream",
+    kernels.CS_OUT_OF_RANGE: "position out of range",
+    kernels.CS_BAD_MOVERS: "mover list out of order",
+}
+
+
 def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count: int) -> tuple[np.ndarray, int]:
     """Inverse of :func:`encode_positions`, given either side of the delta
     (``ref``, the base or the target: the buckets of the words that are not
@@ -274,9 +286,18 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
         raise Malformed("trailing bytes in the bucket table")
     if ulen > len(bits):
         raise Malformed("unary stream longer than the position section")
-    counts = kernels.bucket_counts(ref, shift, mask, movers)
-    if counts is None:
-        raise Malformed("mover list out of order")
+    rows = np.array([(b, c, 2 * r + x) for b, c, r, x in entries], dtype=np.int64).reshape(-1, 3)
+    fused = None
+    if count - k_m >= sum(e[1] for e in entries if not e[3]):
+        # one pass lists the positions and counts the buckets; what needs
+        # the counts is checked below, in the same order as without it
+        fused = kernels.csparse_select(ref, shift, mask, movers, rows, None, bits[:ulen], bits[ulen:], count - k_m)
+    if fused is not None and not isinstance(fused[0], int):
+        counts = fused[1]
+    else:
+        counts = kernels.bucket_counts(ref, shift, mask, movers)
+        if counts is None:
+            raise Malformed("mover list out of order")
     total = k_m
     for b, c, _, complement in entries:
         n_b = int(counts[b])
@@ -286,6 +307,12 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
     if total != count:
         raise Malformed(f"bucket table does not list {count} changed words")
     coded = sum(e[1] for e in entries)
+    if fused is None:
+        fused = kernels.csparse_select(ref, shift, mask, movers, rows, counts, bits[:ulen], bits[ulen:], total - k_m)
+    if fused is not None:
+        if isinstance(fused[0], int):
+            raise Malformed(_CS_ERRORS[fused[0]])
+        return np.concatenate([movers.astype(np.uint32), fused[0]]), k_m
     unary = np.frombuffer(bits, dtype=np.uint8, count=ulen)
     ones = np.flatnonzero(np.unpackbits(unary))
     if ones.size != coded or (coded and ulen != int(ones[-1]) // 8 + 1) or (not coded and ulen):

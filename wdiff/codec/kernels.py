@@ -33,6 +33,10 @@ MAX_RICE = 40
 MAX_WORDS = 0xFFFFFFFF
 #: the most buckets a bucket function of codec v2 may have (f64: 11 exponent bits)
 MAX_BUCKETS = 2048
+#: what :func:`csparse_select` reports, by error code (conditioned.py words them)
+CS_BAD_UNARY, CS_BAD_REMAINDER_LENGTH, CS_BAD_PADDING, CS_OUT_OF_RANGE, CS_BAD_MOVERS = 1, 2, 3, 4, 5
+#: what :func:`mod_apply` reports, by error code
+MV_BAD_MAGNITUDE, MV_WRONG_BUCKET, MV_OUT_OF_RANGE = 1, 2, 3
 #: what :func:`rice_decode` reports, by error code
 RICE_BAD_COUNT, RICE_BAD_REMAINDER_LENGTH, RICE_OUT_OF_RANGE, RICE_BAD_PADDING = 1, 2, 3, 4
 RICE_ERRORS = {
@@ -47,7 +51,10 @@ CONTRACT = {
     "MAX_RICE": MAX_RICE, "MAX_WORDS": MAX_WORDS, "F_NONE": _KIND_NONE, "F_BF16": _KIND_BF16,
     "F_F32": _KIND_F32, "F_F64": _KIND_F64, "F_LUT": _KIND_LUT, "RICE_BAD_COUNT": RICE_BAD_COUNT,
     "RICE_BAD_REMAINDER_LENGTH": RICE_BAD_REMAINDER_LENGTH, "RICE_OUT_OF_RANGE": RICE_OUT_OF_RANGE,
-    "RICE_BAD_PADDING": RICE_BAD_PADDING, "MAX_BUCKETS": MAX_BUCKETS,
+    "RICE_BAD_PADDING": RICE_BAD_PADDING, "MAX_BUCKETS": MAX_BUCKETS, "CS_BAD_UNARY": CS_BAD_UNARY,
+    "CS_BAD_REMAINDER_LENGTH": CS_BAD_REMAINDER_LENGTH, "CS_BAD_PADDING": CS_BAD_PADDING,
+    "CS_OUT_OF_RANGE": CS_OUT_OF_RANGE, "CS_BAD_MOVERS": CS_BAD_MOVERS, "MV_BAD_MAGNITUDE": MV_BAD_MAGNITUDE,
+    "MV_WRONG_BUCKET": MV_WRONG_BUCKET, "MV_OUT_OF_RANGE": MV_OUT_OF_RANGE,
 }
 
 
@@ -407,3 +414,102 @@ def bucket_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, wa
     if want.size and (want >= counts[seg]).any():
         return None
     return order[starts[seg] + want]
+
+
+# -- CSPARSE positions, fused (codec v2) ---------------------------------------------
+#
+# The numpy twins are conditioned.encode_positions and decode_positions
+# themselves: these return None when the C kernels are not in use, and the
+# caller takes the numpy path.
+
+
+def csparse_encode(old: np.ndarray, new: np.ndarray, shift: int, mask: int, positions: np.ndarray):
+    """(table, bits, listed positions as uint32) of a CSPARSE record for the
+    changed ``positions`` (strictly increasing), in one pass over ``old``
+    and one over the changed words; None when the C kernels are not in use.
+    The same bytes as the numpy path of :func:`conditioned.encode_positions`."""
+    if not _use_native or old.size >= MAX_WORDS:
+        return None
+    pos = np.ascontiguousarray(positions, dtype=np.uint32)
+    listed = np.empty(pos.size, dtype=np.uint32)
+    table, bits = _native.csparse_encode(old, new, old.dtype.itemsize, shift, mask, pos, listed)
+    return table, bits, listed
+
+
+def csparse_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, entries: np.ndarray,
+                   counts: np.ndarray | None, unary, remainder, listed: int):
+    """The ``listed`` positions that CSPARSE's bucket entries code (rows of
+    (bucket, c, mode)), in the listed order, as uint32, in one pass over
+    ``ref``: (positions, or an error code ``CS_*`` when the streams are
+    malformed; the count of non-mover words of every bucket, then of the
+    movers, as the pass saw them). ``counts``: those counts, when known
+    (the entries are then checked against them); None when not: the pass
+    counts them, and what needs them is checked after it. None when the C kernels are not
+    in use. Without ``counts``, ``listed`` is what the record says it lists
+    (the words of complemented entries are then staged there): at least the
+    sum of the uncomplemented entries' c."""
+    if not _use_native or ref.size >= MAX_WORDS:
+        return None
+    out = np.empty(listed, dtype=np.uint32)
+    seen = np.zeros(mask + 2, dtype=np.int64)
+    given = np.zeros(0, np.int64) if counts is None else np.ascontiguousarray(counts[: mask + 1], dtype=np.int64)
+    err = _native.csparse_select(ref, ref.dtype.itemsize, shift, mask, np.ascontiguousarray(movers, dtype=np.uint32),
+                                 np.ascontiguousarray(entries, dtype=np.int64).reshape(-1), given, unary, remainder,
+                                 out, seen)
+    return (err or out), seen
+
+
+# -- modular value sections (codec v2) -------------------------------------------------
+
+
+def mod_values(old: np.ndarray, new: np.ndarray, positions: np.ndarray, dense: bool = False):
+    """The sign bits (packed MSB first, bytes) and the byte planes (uint8,
+    this thread's scratch) of the modular differences ``new - old`` at
+    ``positions``, as a value section stores them: magnitudes less one
+    (``dense``: the magnitudes, zero allowed). One pass, no gathered copy;
+    the numpy twin is conditioned.sign_magnitude (dense_sign_magnitude) and
+    :func:`planes`."""
+    k, w = positions.size, new.dtype.itemsize
+    if _use_native and new.size < MAX_WORDS:
+        signs = bytearray((k + 7) // 8)
+        out = scratch("mplanes", k * w)
+        _native.mod_values(old, new, w, np.ascontiguousarray(positions, dtype=np.uint32), dense, signs, out)
+        return bytes(signs), out
+    d = new[positions] - old[positions]
+    bits = w * 8
+    neg = (d >> d.dtype.type(bits - 1)).astype(bool)
+    mag = np.where(neg, np.zeros_like(d) - d, d)
+    if not dense:
+        mag -= d.dtype.type(1)
+    return np.packbits(neg).tobytes(), planes(mag, scratch("mplanes", k * w))
+
+
+def mod_apply(buf: np.ndarray, positions: np.ndarray, signs: bytes, mplanes, shift: int, mask: int,
+              movers: int) -> int:
+    """Add the modular differences of a value section (sign bits, magnitude
+    planes: see :func:`mod_values`) to ``buf``'s words at ``positions``
+    (distinct), after checking every magnitude (below 2^(8w-1)) and, with a
+    ``mask``, that exactly the first ``movers`` positions change bucket
+    (``(word >> shift) & mask``). 0, or an ``MV_*`` code and ``buf``
+    untouched."""
+    k, w = positions.size, buf.dtype.itemsize
+    if _use_native and buf.size < MAX_WORDS:
+        return _native.mod_apply(buf, w, np.ascontiguousarray(positions, dtype=np.uint32), signs, mplanes, shift, mask,
+                                 movers)
+    positions = positions.astype(np.int64, copy=False)
+    if k and (positions.min() < 0 or positions.max() >= buf.size):
+        return MV_OUT_OF_RANGE
+    mag = unplanes(mplanes, k, buf.dtype)
+    t = buf.dtype.type
+    if (mag >> t(8 * w - 1)).any():
+        return MV_BAD_MAGNITUDE
+    neg = np.unpackbits(np.frombuffer(signs, dtype=np.uint8), count=k).astype(bool)
+    d = mag + t(1)
+    d = np.where(neg, np.zeros_like(d) - d, d)
+    if mask:
+        r = buf[positions]
+        moved = ((r >> t(shift)) & t(mask)) != (((r + d) >> t(shift)) & t(mask))
+        if not moved[:movers].all() or moved[movers:].any():
+            return MV_WRONG_BUCKET
+    buf[positions] += d
+    return 0
