@@ -120,37 +120,43 @@ def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, lev
     smallest of a word codec at the guessed width (when the base has bytes
     [lo, hi)), zstd against the base window around the same offsets, and
     (when the file grew or shrank by more than the window) around the
-    offsets shifted by that growth. When all of these left more than a
+    offsets shifted by that growth. When the word codec leaves more than a
     quarter of the range (the bytes are not where they were: a re-save in
-    another order, say), the range is looked up in ``index`` (the whole base
-    file's content keys, see BaseIndex): it is cut where the place its bytes
-    come from changes (at the byte that best separates the two sources) into
-    pieces, grouped into records whose windows cover the places found; they
-    are kept when they are smaller together than the single record."""
+    another order, say), the range is first looked up in ``index`` (the whole
+    base file's content keys, see BaseIndex): it is cut where the place its
+    bytes come from changes (at the byte that best separates the two
+    sources) into pieces, grouped into records whose windows cover the
+    places found. Those records are kept when they are smaller together
+    than the single record (whose zstd windows are not tried when the
+    records found take at most a quarter of the range)."""
     shifts = [0] + ([growth] if abs(growth) > fd.WINDOW_BYTES else [])
-    best = _best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where)
-    if index is None or best[2].size * 4 <= hi - lo:
-        return [(lo, hi, *best)]
-    groups = _located(base_fd, base_size, lo, hi, new, index.get(), where=where)
-    if not groups:
-        return [(lo, hi, *best)]
-    out: list[Candidate] = []
+    n = hi - lo
+    word = _best_of(base_fd, base_size, lo, hi, new, level, [], where=where) if hi <= base_size else None
+    if word is not None and word[2].size * 4 <= n:
+        # in place: the bytes did not move (zstd is tried unless the word codec left 1/32)
+        return [(lo, hi, *_best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where))]
+    found: list[Candidate] = []
     total = 0
-    for glo, ghi, (slo, shi) in groups:
-        part = new[glo - lo : ghi - lo]
-        c = _best_of(base_fd, base_size, glo, ghi, part, level, [("at", slo, shi)], where=where,
-                     word_codec=slo == glo and shi == ghi)
-        out.append((glo, ghi, *c))
-        total += c[2].size + fmt.RECORD.size
-        if total >= best[2].size:
-            return [(lo, hi, *best)]
-    return out
+    if index is not None:
+        for glo, ghi, (slo, shi) in _located(base_fd, base_size, lo, hi, new, index.get(), where=where):
+            c = _best_of(base_fd, base_size, glo, ghi, new[glo - lo : ghi - lo], level, [("at", slo, shi)],
+                         where=where, word_codec=False)
+            found.append((glo, ghi, *c))
+            total += c[2].size + fmt.RECORD.size
+    if found and total * 4 <= n:
+        # the places found explain the range: windows nearby cannot do much better
+        best = word
+    else:
+        best = _best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where)
+    if found and (best is None or total < best[2].size + fmt.RECORD.size):
+        return found
+    return [(lo, hi, *best)]
 
 
 #: a record's window: the base bytes its pieces come from, with this margin
 #: on each side, at most GROUP_SPAN bytes in all (zstandard indexes at most
 #: 16 MiB of a dictionary)
-LOCATE_MARGIN, GROUP_SPAN = 256 * 1024, 12 * 1024 * 1024
+LOCATE_MARGIN, GROUP_SPAN = 64 * 1024, 16 * 1024 * 1024
 
 
 class BaseIndex:
@@ -218,13 +224,18 @@ def _located(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, index: 
              where: str) -> list[tuple[int, int, tuple[int, int]]]:
     """Target [lo, hi) cut into groups (glo, ghi, (slo, shi)): the base
     window [slo, shi) its bytes come from, as found by samples of
-    ``index.step`` offsets every 8 steps; [] when no sample is found."""
+    ``index.step`` offsets every 8 steps and at the range's end; [] when no
+    sample is found."""
     t = np.frombuffer(new, dtype=np.uint8)
     step = index.step
     every = 8 * step
     shifts: list[tuple[int, int]] = []  # (target offset of the sample, shift = target - base)
     prev = None
-    for s in range(0, t.size - fd.KEY_BYTES + 1, every):
+    starts = list(range(0, t.size - fd.KEY_BYTES + 1, every))
+    end = max(0, t.size - step - fd.KEY_BYTES + 1)  # the range's last bytes too
+    if starts and starts[-1] < end:
+        starts.append(end)
+    for s in starts:
         window = t[s : s + step + fd.KEY_BYTES - 1]
         keys = fd.rolling_keys(window)
         pos, offs = index.lookup(keys)
@@ -250,7 +261,8 @@ def _located(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, index: 
         if not pieces:
             pieces.append([0, t.size, d])
         else:
-            c = _cut(base_fd, base_size, lo, t, last, min(t.size, s + step), pieces[-1][2], d, where=where)
+            c = _cut(base_fd, base_size, lo, t, max(last, pieces[-1][0]), min(t.size, s + step), pieces[-1][2], d,
+                     where=where)
             pieces[-1][1] = c
             pieces.append([c, t.size, d])
         last = s
