@@ -5,8 +5,10 @@ range by range, and rebuild it, streaming, with every range checked.
 A target byte that no DELTA record covers is the base file's byte at the
 same offset. The encoder writes a record for each run of 1 MiB blocks whose
 digests differ from the base's (cut into ranges of at most RANGE_BYTES), and
-keeps, per range, the smallest of its candidates (codec.filedelta). Memory
-is bounded by a few ranges, whatever the file's size.
+keeps, per range, the smallest of its candidates (codec.filedelta); a range
+whose bytes are not where they were is looked up in an index of the whole
+base file (BaseIndex) and cut where their source moves. Memory is bounded
+by a few ranges and the index (at most 48 MiB), whatever the file's size.
 """
 
 from __future__ import annotations
