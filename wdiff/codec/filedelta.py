@@ -173,14 +173,16 @@ def _powers(x: int, n: int) -> np.ndarray:
         return np.cumprod(out, dtype=np.uint64)
 
 
-_POW_CACHE: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_POW_CACHE: list[tuple[np.ndarray, np.ndarray]] = []
 
 
 def _pows(n: int) -> tuple[np.ndarray, np.ndarray]:
-    got = _POW_CACHE.get(n)
-    if got is None:
-        got = _POW_CACHE[n] = (_powers(_P, n), _powers(_PINV, n))
-    return got
+    """P^i and P^-i for i < n (the longest asked for so far is kept)."""
+    got = _POW_CACHE[-1] if _POW_CACHE else None
+    if got is None or got[0].size < n:
+        got = (_powers(_P, n), _powers(_PINV, n))
+        _POW_CACHE[:] = [got]
+    return got[0][:n], got[1][:n]
 
 
 def keys_at(rows: np.ndarray) -> np.ndarray:

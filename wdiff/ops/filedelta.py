@@ -82,14 +82,18 @@ Candidate = tuple  # (lo, hi, word, codec, encoded, base digest)
 
 
 def _best_of(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, level: int, shifts, *, where: str,
-             word_codec: bool = True):
+             word_codec: bool = True, word=None):
     """The smallest of: a word codec at the guessed width (when the base has
     bytes [lo, hi) and ``word_codec``), then zstd against the base window
     around [lo, hi) shifted by each of ``shifts`` in turn (a window tried
-    once); the earlier on a tie. Returns (word, codec, encoded, base digest)."""
-    best = None
+    once); the earlier on a tie. Returns (word, codec, encoded, base digest).
+    ``word``: the word codec's candidate, already encoded (it is not again)."""
+    best = word
     n = hi - lo
-    if word_codec and hi <= base_size:
+    if word is not None:
+        if best[2].size * SKIP_ZSTD_BELOW <= n:
+            return best
+    elif word_codec and hi <= base_size:
         old = pread_exact(base_fd, lo, n, where=where)
         x = fd.encode_xor(np.frombuffer(old, dtype=np.uint8), np.frombuffer(new, dtype=np.uint8), level)
         if x is not None:
@@ -136,7 +140,7 @@ def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, lev
     word = _best_of(base_fd, base_size, lo, hi, new, level, [], where=where) if hi <= base_size else None
     if word is not None and word[2].size * 4 <= n:
         # in place: the bytes did not move (zstd is tried unless the word codec left 1/32)
-        return [(lo, hi, *_best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where))]
+        return [(lo, hi, *_best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where, word=word))]
     found: list[Candidate] = []
     total = 0
     if index is not None:
@@ -149,7 +153,8 @@ def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, lev
         # the places found explain the range: windows nearby cannot do much better
         best = word
     else:
-        best = _best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where)
+        best = _best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where, word=word,
+                        word_codec=word is not None)
     if found and (best is None or total < best[2].size + fmt.RECORD.size):
         return found
     return [(lo, hi, *best)]
