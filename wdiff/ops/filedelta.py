@@ -162,8 +162,8 @@ def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, lev
 
 #: a record's window: the base bytes its pieces come from, with this margin
 #: on each side, at most GROUP_SPAN bytes in all (zstandard indexes at most
-#: 16 MiB of a dictionary)
-LOCATE_MARGIN, GROUP_SPAN = 64 * 1024, 16 * 1024 * 1024
+#: 16 MiB less 2 bytes of a dictionary at the fast levels)
+LOCATE_MARGIN, GROUP_SPAN = 64 * 1024, 16 * 1024 * 1024 - 64 * 1024
 
 
 class BaseIndex:
