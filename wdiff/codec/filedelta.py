@@ -214,7 +214,22 @@ def constant_rows(rows: np.ndarray) -> np.ndarray:
 
 
 __all__ = [
-    "CODECS", "CODEC_NAMES", "MAX_DICT_BYTES", "RANGE_BYTES", "WINDOW_BYTES", "XOR_CODECS", "ZSTD_BASE",
-    "KEY_BYTES", "constant_rows", "decode_xor", "decode_zstd_base", "dict_range", "digest", "encode_xor",
-    "encode_zstd_base", "guess_width", "keys_at", "rolling_keys",
+    "CODECS",
+    "CODEC_NAMES",
+    "KEY_BYTES",
+    "MAX_DICT_BYTES",
+    "RANGE_BYTES",
+    "WINDOW_BYTES",
+    "XOR_CODECS",
+    "ZSTD_BASE",
+    "constant_rows",
+    "decode_xor",
+    "decode_zstd_base",
+    "dict_range",
+    "digest",
+    "encode_xor",
+    "encode_zstd_base",
+    "guess_width",
+    "keys_at",
+    "rolling_keys",
 ]

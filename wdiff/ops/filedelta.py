@@ -282,7 +282,7 @@ def _located(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, index: 
         slo = max(0, min(base_size, lo + a - d - LOCATE_MARGIN))
         shi = max(slo, min(base_size, lo + b - d + LOCATE_MARGIN))
         if groups:
-            glo, ghi, (plo, phi) = groups[-1]
+            glo, _, (plo, phi) = groups[-1]
             ulo, uhi = min(plo, slo), max(phi, shi)
             if uhi - ulo <= GROUP_SPAN and lo + b - glo <= fd.RANGE_BYTES:
                 groups[-1] = (glo, lo + b, (ulo, uhi))
