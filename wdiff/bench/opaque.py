@@ -20,6 +20,12 @@ Cases:
   append         2 MiB appended to the file
   truncate       the last 3 MiB cut off, 1% moved in what is left
   reorder        two of the eight arrays swapped (a re-save in another key order)
+  reorder-many   256 arrays of the file shuffled (many small moves)
+  torch-resave   48 arrays of varied sizes re-saved in another order (the
+                 zip headers renumbered with them)
+  resave-1%      the same re-save, with 1% of the values moved too
+  far-move       a 140 MiB file whose first and last 16 MiB of arrays swap
+                 places (moved 108 MiB, past any nearby window; zeros between)
   unrelated      B has nothing in common with A (the worst case)
 
 A measurement tool, not a test.
@@ -39,7 +45,7 @@ import time
 import numpy as np
 
 CASES = ("bin-fp32-1%", "bin-fp32-30%", "bin-bf16-1%", "optim-dense", "gguf-insert", "gguf-insert-6M",
-         "append", "truncate", "reorder", "unrelated")
+         "append", "truncate", "reorder", "reorder-many", "torch-resave", "resave-1%", "far-move", "unrelated")
 
 
 def _zip_like(arrays: list[bytes], rng) -> bytes:
@@ -116,6 +122,21 @@ def make_case(case: str, size: int, seed: int = 7) -> tuple[str, bytes, bytes]:
         head, blocks = _gguf_like(rng, size)
         extra = rng.bytes(6 << 20) if case.endswith("6M") else rng.bytes(64 << 10)
         return "model.gguf", head + blocks, head + extra + blocks
+    if case == "reorder-many":
+        parts = [_weights(rng, n // 256).tobytes() for _ in range(256)]
+        order = rng.permutation(256)
+        return "pytorch_model.bin", _zip_like(parts, rng), _zip_like([parts[k] for k in order], np.random.default_rng(seed))
+    if case in ("torch-resave", "resave-1%"):
+        sizes = rng.integers(1, 64, size=48)
+        parts = [_weights(rng, int(n * k // sizes.sum())) for k in sizes]
+        order = rng.permutation(48)
+        moved = [_moved(rng, p, 0.01) if case == "resave-1%" else p for p in parts]
+        return ("pytorch_model.bin", _zip_like([p.tobytes() for p in parts], rng),
+                _zip_like([moved[k].tobytes() for k in order], np.random.default_rng(seed)))
+    if case == "far-move":
+        x, y = _weights(rng, 4 << 20).tobytes(), _weights(rng, 4 << 20).tobytes()
+        gap = bytes(108 << 20)
+        return "model.gguf", x + gap + y, y + gap + x
     if case == "unrelated":
         return "model.gguf", _weights(rng, n).tobytes(), _weights(rng, n).tobytes()
     raise ValueError(case)
@@ -165,7 +186,7 @@ def run_case(case: str, size: int, work: str, threads: int) -> dict:
 
 
 def _mb(n) -> str:
-    return "-" if n is None else f"{n / 1e6:.2f}"
+    return "-" if n is None else f"{n / 1e6:.3f}"
 
 
 def print_table(rows: list[dict]) -> None:

@@ -158,7 +158,78 @@ def decode_xor(codec: int, word: int, param: int, count: int, parts, old: bytes,
     return buf.tobytes()
 
 
+# -- finding where a target's bytes lie in the base file --------------------
+#: the bytes a content key covers, and its multiplier (odd: invertible mod 2^64)
+KEY_BYTES = 32
+_P = 0x9E3779B97F4A7C15
+_PINV = pow(_P, -1, 1 << 64)
+
+
+def _powers(x: int, n: int) -> np.ndarray:
+    out = np.empty(n, dtype=np.uint64)
+    out[0] = 1
+    out[1:] = np.uint64(x)
+    with np.errstate(over="ignore"):
+        return np.cumprod(out, dtype=np.uint64)
+
+
+_POW_CACHE: list[tuple[np.ndarray, np.ndarray]] = []
+
+
+def _pows(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """P^i and P^-i for i < n (the longest asked for so far is kept)."""
+    got = _POW_CACHE[-1] if _POW_CACHE else None
+    if got is None or got[0].size < n:
+        got = (_powers(_P, n), _powers(_PINV, n))
+        _POW_CACHE[:] = [got]
+    return got[0][:n], got[1][:n]
+
+
+def keys_at(rows: np.ndarray) -> np.ndarray:
+    """The content key of each row of a (k, KEY_BYTES) uint8 array: the
+    polynomial sum(x[i] P^(KEY_BYTES-1-i)) mod 2^64 (as rolling_keys gives)."""
+    pw = _pows(KEY_BYTES)[0][::-1]
+    with np.errstate(over="ignore"):
+        return (rows.astype(np.uint64) * pw).sum(axis=1, dtype=np.uint64)
+
+
+def rolling_keys(x: np.ndarray) -> np.ndarray:
+    """The content key of every KEY_BYTES-byte window of ``x`` (uint8):
+    element j is the key of x[j : j + KEY_BYTES]."""
+    n = x.size
+    if n < KEY_BYTES:
+        return np.empty(0, dtype=np.uint64)
+    pw, pv = _pows(n)
+    with np.errstate(over="ignore"):
+        q = np.empty(n + 1, dtype=np.uint64)
+        q[0] = 0
+        np.cumsum(x.astype(np.uint64) * pv, dtype=np.uint64, out=q[1:])
+        return (q[KEY_BYTES:] - q[: n + 1 - KEY_BYTES]) * pw[KEY_BYTES - 1 :]
+
+
+def constant_rows(rows: np.ndarray) -> np.ndarray:
+    """True where a (k, KEY_BYTES) row holds one byte value only (zeros,
+    padding: such content matches anywhere and is not worth locating)."""
+    return (rows == rows[:, :1]).all(axis=1)
+
+
 __all__ = [
-    "CODECS", "CODEC_NAMES", "MAX_DICT_BYTES", "RANGE_BYTES", "WINDOW_BYTES", "XOR_CODECS", "ZSTD_BASE",
-    "decode_xor", "decode_zstd_base", "dict_range", "digest", "encode_xor", "encode_zstd_base", "guess_width",
+    "CODECS",
+    "CODEC_NAMES",
+    "KEY_BYTES",
+    "MAX_DICT_BYTES",
+    "RANGE_BYTES",
+    "WINDOW_BYTES",
+    "XOR_CODECS",
+    "ZSTD_BASE",
+    "constant_rows",
+    "decode_xor",
+    "decode_zstd_base",
+    "dict_range",
+    "digest",
+    "encode_xor",
+    "encode_zstd_base",
+    "guess_width",
+    "keys_at",
+    "rolling_keys",
 ]

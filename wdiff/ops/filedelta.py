@@ -5,15 +5,16 @@ range by range, and rebuild it, streaming, with every range checked.
 A target byte that no DELTA record covers is the base file's byte at the
 same offset. The encoder writes a record for each run of 1 MiB blocks whose
 digests differ from the base's (cut into ranges of at most RANGE_BYTES), and
-keeps, per range, the smallest of its candidates (codec.filedelta). Memory
-is bounded by a few ranges, whatever the file's size.
+keeps, per range, the smallest of its candidates (codec.filedelta); a range
+whose bytes are not where they were is looked up in an index of the whole
+base file (BaseIndex) and cut where their source moves. Memory is bounded
+by a few ranges and the index (at most 48 MiB), whatever the file's size.
 """
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import os
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -81,14 +82,18 @@ Candidate = tuple  # (lo, hi, word, codec, encoded, base digest)
 
 
 def _best_of(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, level: int, shifts, *, where: str,
-             word_codec: bool = True):
+             word_codec: bool = True, word=None):
     """The smallest of: a word codec at the guessed width (when the base has
     bytes [lo, hi) and ``word_codec``), then zstd against the base window
     around [lo, hi) shifted by each of ``shifts`` in turn (a window tried
-    once); the earlier on a tie. Returns (word, codec, encoded, base digest)."""
-    best = None
+    once); the earlier on a tie. Returns (word, codec, encoded, base digest).
+    ``word``: the word codec's candidate, already encoded (it is not again)."""
+    best = word
     n = hi - lo
-    if word_codec and hi <= base_size:
+    if word is not None:
+        if best[2].size * SKIP_ZSTD_BELOW <= n:
+            return best
+    elif word_codec and hi <= base_size:
         old = pread_exact(base_fd, lo, n, where=where)
         x = fd.encode_xor(np.frombuffer(old, dtype=np.uint8), np.frombuffer(new, dtype=np.uint8), level)
         if x is not None:
@@ -100,9 +105,11 @@ def _best_of(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, level: 
             return best
     tried: set[tuple[int, int]] = set()
     for shift in shifts:
-        shift, margin = shift if isinstance(shift, tuple) else (shift, fd.WINDOW_BYTES)
-        dlo = min(base_size, max(0, lo - shift - margin))
-        dhi = min(base_size, max(dlo, hi - shift + margin))
+        if isinstance(shift, tuple):  # ("at", dlo, dhi): a window found by BaseIndex
+            dlo, dhi = shift[1], shift[2]
+        else:
+            dlo = min(base_size, max(0, lo - shift - fd.WINDOW_BYTES))
+            dhi = min(base_size, max(dlo, hi - shift + fd.WINDOW_BYTES))
         if (dlo, dhi) in tried:
             continue
         tried.add((dlo, dhi))
@@ -114,93 +121,199 @@ def _best_of(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, level: 
 
 
 def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, level: int, growth: int,
-                 *, where: str, base_map=None) -> list[Candidate]:
+                 *, where: str, index: BaseIndex | None = None) -> list[Candidate]:
     """The records for target bytes [lo, hi) = ``new``: one record, the
     smallest of a word codec at the guessed width (when the base has bytes
     [lo, hi)), zstd against the base window around the same offsets, and
     (when the file grew or shrank by more than the window) around the
-    offsets shifted by that growth. When all of these left more than a
-    quarter of the range (the bytes are not where they were: a re-save in another
-    order, say) and probes of the range are found in the base within
-    SEARCH_BYTES (``base_map``: the base file, mapped), windows around the
-    places found are tried too, and the range is also encoded as 1 MiB
-    pieces, each the smallest of the same candidates with its own probes;
-    the pieces are kept when they are smaller together."""
+    offsets shifted by that growth. When the word codec leaves more than a
+    quarter of the range (the bytes are not where they were: a re-save in
+    another order, say), the range is first looked up in ``index`` (the whole
+    base file's content keys, see BaseIndex): it is cut where the place its
+    bytes come from changes (at the byte that best separates the two
+    sources) into pieces, grouped into records whose windows cover the
+    places found. Those records are kept when they are smaller together
+    than the single record (whose zstd windows are not tried when the
+    records found take at most a quarter of the range)."""
     shifts = [0] + ([growth] if abs(growth) > fd.WINDOW_BYTES else [])
-    best = _best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where)
-    if base_map is None or best[2].size * 4 <= hi - lo:
-        return [(lo, hi, *best)]
-    found = [x for x in _probe_shifts(base_map, base_size, lo, new, probes=1) if x not in shifts]
-    if not found:
-        return [(lo, hi, *best)]
-    return _refine(base_fd, base_map, base_size, lo, hi, new, level, shifts, found, best, where=where)
-
-
-def _refine(base_fd: int, base_map, base_size: int, lo: int, hi: int, new: bytes, level: int, shifts, found,
-            best, *, where: str) -> list[Candidate]:
-    """A poorly matched range with probe ``found`` shifts: the best of the
-    range as one record with windows at those shifts too, and of its four
-    quarters, each refined the same way with probes of its own (down to
-    MIN_PIECE_BYTES), kept when they are smaller together. A probe's shift
-    is exact, so its window has a margin of PIECE_MARGIN only."""
     n = hi - lo
-    near = [(x, min(fd.WINDOW_BYTES, max(PIECE_MARGIN, n))) for x in found]
-    c = _best_of(base_fd, base_size, lo, hi, new, level, near, where=where, word_codec=False)
-    if best is None or c[2].size < best[2].size:
-        best = c
-    if best[2].size * SKIP_ZSTD_BELOW <= n or n < 4 * MIN_PIECE_BYTES:
-        return [(lo, hi, *best)]
-    pieces: list[Candidate] = []
+    word = _best_of(base_fd, base_size, lo, hi, new, level, [], where=where) if hi <= base_size else None
+    if word is not None and word[2].size * 4 <= n:
+        # in place: the bytes did not move (zstd is tried unless the word codec left 1/32)
+        return [(lo, hi, *_best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where, word=word))]
+    found: list[Candidate] = []
     total = 0
-    step = -(-n // 4)
-    for plo in range(lo, hi, step):
-        phi = min(hi, plo + step)
-        part = new[plo - lo : phi - lo]
-        mine = found + [x for x in _probe_shifts(base_map, base_size, plo, part) if x not in found + shifts]
-        first = _best_of(base_fd, base_size, plo, phi, part, level, shifts, where=where)
-        got = [(plo, phi, *first)] if first[2].size * SKIP_ZSTD_BELOW <= phi - plo else _refine(
-            base_fd, base_map, base_size, plo, phi, part, level, shifts, mine, first, where=where)
-        pieces += got
-        total += sum(g[4].size + fmt.RECORD.size for g in got)
-        if total >= best[2].size:
-            return [(lo, hi, *best)]
-    return pieces
+    if index is not None:
+        for glo, ghi, (slo, shi) in _located(base_fd, base_size, lo, hi, new, index.get(), where=where):
+            c = _best_of(base_fd, base_size, glo, ghi, new[glo - lo : ghi - lo], level, [("at", slo, shi)],
+                         where=where, word_codec=False)
+            found.append((glo, ghi, *c))
+            total += c[2].size + fmt.RECORD.size
+    if found and total * 4 <= n:
+        # the places found explain the range: windows nearby cannot do much better
+        best = word
+    else:
+        best = _best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where, word=word,
+                        word_codec=word is not None)
+    if found and (best is None or total < best[2].size + fmt.RECORD.size):
+        return found
+    return [(lo, hi, *best)]
 
 
-#: the smallest piece a poorly matched range is cut into, and the margin of
-#: a window around a place a probe found
-MIN_PIECE_BYTES, PIECE_MARGIN = 16 * 1024, 256 * 1024
+#: a record's window: the base bytes its pieces come from, with this margin
+#: on each side, at most GROUP_SPAN bytes in all (zstandard indexes at most
+#: 16 MiB less 2 bytes of a dictionary at the fast levels)
+LOCATE_MARGIN, GROUP_SPAN = 64 * 1024, 16 * 1024 * 1024 - 64 * 1024
 
 
-#: a range that no nearby window encodes in under half its size is searched
-#: for: probes of PROBE_BYTES at PROBES places, each looked for within
-#: SEARCH_BYTES on either side of its own offset in the base
-PROBE_BYTES, PROBES, SEARCH_BYTES = 32, 2, 32 * 1024 * 1024
+class BaseIndex:
+    """Content keys of the base file, built once per file on first use, in
+    bounded memory: the key (codec.filedelta.keys_at) of the KEY_BYTES bytes
+    at each multiple of ``step`` bytes (4 KiB, doubled until there are at
+    most MAX_KEYS of them), constant runs left out, as sorted numpy arrays
+    (the first offset for a key seen more than once): 16 bytes per entry,
+    at most 32 MiB, plus a 16 MiB filter, whatever the file's size.
+
+    A target sample of ``step`` consecutive offsets, hashed at every offset,
+    meets each place its bytes may come from at exactly one offset."""
+
+    MAX_KEYS = 1 << 21
+    FILTER_BITS = 24
+
+    def __init__(self, base_fd: int, base_size: int, *, where: str) -> None:
+        self.fd, self.size, self.where = base_fd, base_size, where
+        self.step = 4096
+        while base_size // self.step > self.MAX_KEYS:
+            self.step *= 2
+        self._lock = threading.Lock()
+        self._built = False
+
+    def get(self) -> BaseIndex:
+        with self._lock:
+            if not self._built:
+                self._build()
+                self._built = True
+        return self
+
+    def _build(self) -> None:
+        step, keys, offs = self.step, [], []
+        piece = max(step, PIECE // step * step)
+        for at in range(0, self.size - fd.KEY_BYTES + 1, piece):
+            n = min(piece, self.size - at)
+            buf = np.frombuffer(pread_exact(self.fd, at, n, where=self.where), dtype=np.uint8)
+            k = (n - fd.KEY_BYTES) // step + 1
+            rows = np.lib.stride_tricks.as_strided(buf, (k, fd.KEY_BYTES), (step, 1))
+            keep = ~fd.constant_rows(rows)
+            keys.append(fd.keys_at(rows[keep]))
+            offs.append(at + np.flatnonzero(keep).astype(np.uint64) * step)
+        key = np.concatenate(keys) if keys else np.empty(0, np.uint64)
+        off = np.concatenate(offs) if offs else np.empty(0, np.uint64)
+        order = np.lexsort((off, key))
+        key, off = key[order], off[order]
+        first = np.ones(key.size, dtype=bool)
+        first[1:] = key[1:] != key[:-1]
+        self.keys, self.offs = key[first], off[first]
+        self.filter = np.zeros(1 << self.FILTER_BITS, dtype=bool)
+        self.filter[self.keys >> np.uint64(64 - self.FILTER_BITS)] = True
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(positions in ``keys``, base offsets) of the keys the base has."""
+        cand = np.flatnonzero(self.filter[keys >> np.uint64(64 - self.FILTER_BITS)])
+        if not cand.size:
+            return cand, cand.astype(np.uint64)
+        k = keys[cand]
+        j = np.minimum(np.searchsorted(self.keys, k), self.keys.size - 1)
+        hit = self.keys[j] == k
+        return cand[hit], self.offs[j[hit]]
 
 
-def _probe_shifts(base_map, base_size: int, lo: int, new: bytes, probes: int = PROBES) -> list[int]:
-    """Shifts (target offset minus base offset) at which probes of ``new``
-    (the target bytes from ``lo``, at (2k + 1)/(2 probes) of them) occur in
-    the base, first occurrence each, in probe order; probes of fewer than 8
-    distinct byte values (zeros, padding) are skipped: they would match
-    anywhere. The pages scanned are dropped from the mapping afterwards, so
-    the search holds no more memory than a window."""
-    out: list[int] = []
-    n = len(new)
-    for k in range(probes):
-        at = (2 * k + 1) * n // (2 * probes)
-        probe = new[at : at + PROBE_BYTES]
-        if len(probe) < PROBE_BYTES or len(set(probe)) < 8:
+def _located(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, index: BaseIndex, *,
+             where: str) -> list[tuple[int, int, tuple[int, int]]]:
+    """Target [lo, hi) cut into groups (glo, ghi, (slo, shi)): the base
+    window [slo, shi) its bytes come from, as found by samples of
+    ``index.step`` offsets every 8 steps and at the range's end; [] when no
+    sample is found."""
+    t = np.frombuffer(new, dtype=np.uint8)
+    step = index.step
+    every = 8 * step
+    shifts: list[tuple[int, int]] = []  # (target offset of the sample, shift = target - base)
+    prev = None
+    starts = list(range(0, t.size - fd.KEY_BYTES + 1, every))
+    end = max(0, t.size - step - fd.KEY_BYTES + 1)  # the range's last bytes too
+    if starts and starts[-1] < end:
+        starts.append(end)
+    for s in starts:
+        window = t[s : s + step + fd.KEY_BYTES - 1]
+        keys = fd.rolling_keys(window)
+        pos, offs = index.lookup(keys)
+        found = []
+        for j, o in zip(pos.tolist(), offs.tolist()):
+            if t[s + j : s + j + fd.KEY_BYTES].tobytes() == pread_exact(base_fd, o, fd.KEY_BYTES, where=where):
+                found.append(lo + s + j - o)
+        if not found:
             continue
-        t = lo + at
-        start, end = max(0, t - SEARCH_BYTES), min(base_size, t + SEARCH_BYTES)
-        p = base_map.find(probe, start, end)
-        start &= ~(mmap.PAGESIZE - 1)
-        with contextlib.suppress(OSError, ValueError):
-            base_map.madvise(mmap.MADV_DONTNEED, start, end - start)
-        if p >= 0 and t - p not in out:
-            out.append(t - p)
-    return out
+        d = prev if prev in found else found[0]
+        shifts.append((s, d))
+        prev = d
+    if not shifts:
+        return []
+    # pieces of one shift, cut between samples of different shifts at the
+    # byte that best separates them
+    pieces: list[list[int]] = []  # [start, end, shift], relative to lo
+    last = 0
+    for s, d in shifts:
+        if pieces and pieces[-1][2] == d:
+            last = s
+            continue
+        if not pieces:
+            pieces.append([0, t.size, d])
+        else:
+            c = _cut(base_fd, base_size, lo, t, max(last, pieces[-1][0]), min(t.size, s + step), pieces[-1][2], d,
+                     where=where)
+            pieces[-1][1] = c
+            pieces.append([c, t.size, d])
+        last = s
+    # group pieces while the union of their windows stays small
+    groups: list[tuple[int, int, tuple[int, int]]] = []
+    for p in pieces:
+        a, b, d = p
+        if b <= a:
+            continue
+        slo = max(0, min(base_size, lo + a - d - LOCATE_MARGIN))
+        shi = max(slo, min(base_size, lo + b - d + LOCATE_MARGIN))
+        if groups:
+            glo, _, (plo, phi) = groups[-1]
+            ulo, uhi = min(plo, slo), max(phi, shi)
+            if uhi - ulo <= GROUP_SPAN and lo + b - glo <= fd.RANGE_BYTES:
+                groups[-1] = (glo, lo + b, (ulo, uhi))
+                continue
+        if shi - slo > GROUP_SPAN:  # a long piece: its window is as long as it is
+            shi = slo + GROUP_SPAN
+        groups.append((lo + a, lo + b, (slo, shi)))
+    return groups
+
+
+def _cut(base_fd: int, base_size: int, lo: int, t: np.ndarray, a: int, b: int, d0: int, d1: int, *,
+         where: str) -> int:
+    """The offset c in [a, b] (relative to lo) that makes the most target
+    bytes of [a, c) equal to the base's at shift d0 and of [c, b) at d1."""
+    n = b - a
+    if n <= 0:
+        return b
+
+    def eq(d: int) -> np.ndarray:
+        blo, bhi = lo + a - d, lo + b - d
+        out = np.zeros(n, dtype=bool)
+        clo, chi = max(0, blo), min(base_size, bhi)
+        if chi > clo:
+            old = np.frombuffer(pread_exact(base_fd, clo, chi - clo, where=where), dtype=np.uint8)
+            out[clo - blo : chi - blo] = old == t[a + clo - blo : a + chi - blo]
+        return out
+
+    e0, e1 = eq(d0), eq(d1)
+    # score(c) = sum(e0[:c]) + sum(e1[c:]); the first best c
+    score = np.concatenate(([0], np.cumsum(e0.astype(np.int64) - e1)))
+    return a + int(np.argmax(score))
 
 
 #: ranges encoded at once, at most (each holds about 40 MiB while it is encoded)
@@ -225,17 +338,14 @@ def write_file_delta(w: BundleWriter, i: int, base_path: str, base_size: int, a_
         os.close(bfd)
         raise io_error(target_path, e) from None
 
-    try:
-        base_map = mmap.mmap(bfd, base_size, prot=mmap.PROT_READ) if base_size else None
-    except OSError:  # a file system that cannot map: no search
-        base_map = None
+    index = BaseIndex(bfd, base_size, where=base_path) if base_size >= fd.KEY_BYTES else None
 
     def encode(rng: tuple[int, int]):
         lo, hi = rng
         new = pread_exact(tfd, lo, hi - lo, where=target_path)
         return [(plo, phi, word, codec, enc, base_digest, fd.digest(new[plo - lo : phi - lo]))
                 for plo, phi, word, codec, enc, base_digest in encode_range(
-                    bfd, base_size, lo, hi, new, level, target_size - base_size, where=base_path, base_map=base_map)]
+                    bfd, base_size, lo, hi, new, level, target_size - base_size, where=base_path, index=index)]
 
     n = max(1, min(threads, MAX_THREADS))
     try:
@@ -251,8 +361,6 @@ def write_file_delta(w: BundleWriter, i: int, base_path: str, base_size: int, a_
             stats[name] = (r + 1, b + rh.payload_len + fmt.RECORD.size)
             reporter.advance(hi - lo)
     finally:
-        if base_map is not None:
-            base_map.close()
         os.close(bfd)
         os.close(tfd)
     return stats
