@@ -108,9 +108,11 @@ def decompressor() -> zstandard.ZstdDecompressor:
     return d
 
 
-def decompress_exact(data, size: int, *, where: str) -> bytes:
+def decompress_exact(data, size: int, *, where: str, dctx: zstandard.ZstdDecompressor | None = None) -> bytes:
     """Decompress one zstd frame that must hold exactly ``size`` bytes. Never
-    allocates more than ``size`` bytes, whatever the frame declares."""
+    allocates more than ``size`` bytes, whatever the frame declares.
+    ``dctx``: a decompressor of one's own (with a dictionary) instead of the
+    shared one."""
     try:
         params = zstandard.get_frame_parameters(data)
     except zstandard.ZstdError:
@@ -118,7 +120,7 @@ def decompress_exact(data, size: int, *, where: str) -> bytes:
     if params.content_size != size:
         raise FormatError(f"{where}: compressed data declares {params.content_size} bytes, expected {size}")
     try:
-        reader = decompressor().stream_reader(data, read_across_frames=True)
+        reader = (dctx or decompressor()).stream_reader(data, read_across_frames=True)
         out = reader.read(size) if size else b""
         extra = reader.read(1)
     except zstandard.ZstdError as e:

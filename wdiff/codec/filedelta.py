@@ -27,7 +27,7 @@ import xxhash
 import zstandard
 
 from ..errors import FormatError
-from .chunk import BITMAP, DENSE, RAW, SPARSE, Encoded, decode_into, encode_delta
+from .chunk import BITMAP, DENSE, RAW, SPARSE, Encoded, decode_into, decompress_exact, encode_delta
 from .dtypes import uint_type
 
 ZSTD_BASE = 16
@@ -130,23 +130,12 @@ def dict_range(part: bytes, base_size: int, *, where: str) -> tuple[int, int]:
 def decode_zstd_base(window: bytes, frame: bytes, size: int, *, where: str) -> bytes:
     """Exactly ``size`` bytes from a ZSTD_BASE frame; never allocates more,
     whatever the frame declares."""
-    try:
-        params = zstandard.get_frame_parameters(frame)
-    except zstandard.ZstdError:
-        raise FormatError(f"{where}: not a zstd frame") from None
-    if params.content_size != size:
-        raise FormatError(f"{where}: compressed data declares {params.content_size} bytes, expected {size}")
     d = zstandard.ZstdCompressionDict(window, dict_type=zstandard.DICT_TYPE_RAWCONTENT) if window else None
     try:
         dctx = zstandard.ZstdDecompressor(dict_data=d, max_window_size=1 << MAX_WINDOW_LOG)
-        reader = dctx.stream_reader(frame, read_across_frames=True)
-        out = reader.read(size) if size else b""
-        extra = reader.read(1)
     except zstandard.ZstdError as e:
         raise FormatError(f"{where}: corrupt compressed data ({e})") from None
-    if len(out) != size or extra:
-        raise FormatError(f"{where}: compressed data does not hold exactly {size} bytes")
-    return out
+    return decompress_exact(frame, size, where=where, dctx=dctx)
 
 
 def decode_xor(codec: int, word: int, param: int, count: int, parts, old: bytes, *, where: str) -> bytes:
