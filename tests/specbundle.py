@@ -1039,7 +1039,9 @@ def unZ_dict(frame: bytes, m: int, window: bytes, what: str) -> bytes:
         refuse(f"{what}: the frame names a dictionary id")
     if params.window_size > MAX_ZSTD_WINDOW:
         refuse(f"{what}: window size above 2^28")
-    d = zstandard.ZstdCompressionDict(bytes(window), dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+    # an empty window is an empty dictionary: no history (python-zstandard
+    # refuses an empty dictionary object, so none is passed)
+    d = zstandard.ZstdCompressionDict(bytes(window), dict_type=zstandard.DICT_TYPE_RAWCONTENT) if window else None
     try:
         dobj = zstandard.ZstdDecompressor(dict_data=d, max_window_size=MAX_ZSTD_WINDOW).decompressobj()
         out, got, p = [], 0, 0
@@ -1066,7 +1068,7 @@ def unZ_dict(frame: bytes, m: int, window: bytes, what: str) -> bytes:
 
 
 def Z_dict(x: bytes, window: bytes, level: int = 3) -> bytes:
-    d = zstandard.ZstdCompressionDict(bytes(window), dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+    d = zstandard.ZstdCompressionDict(bytes(window), dict_type=zstandard.DICT_TYPE_RAWCONTENT) if window else None
     return zstandard.ZstdCompressor(level=level, dict_data=d, write_content_size=True, write_checksum=False,
                                     write_dict_id=False).compress(bytes(x))
 
@@ -1663,9 +1665,13 @@ def index_entry(f: FileInfo, source: str) -> dict:
 
 
 def pack(base: Checkpoint | None, target: Checkpoint, rng: random.Random, *, level: int = 3,
-         writer: str = "specbundle 1") -> Bundle:
+         writer: str = "specbundle 1", version: int = 1) -> Bundle:
     """A valid bundle from ``base`` (None: an anchor) to ``target``, with
-    random valid choices."""
+    random valid choices. Version 3 adds codec v2 chunks (any bucket function
+    of the word size) and companion files of source delta (DELTA records of
+    random ranges, codecs, widths and windows). Versions 2 and 3 match base
+    sources by qualified name; for a tree whose tensor files share one
+    directory that is the rule of version 1."""
     bfiles = base.by_path() if base else {}
     btensors = base.tensors() if base else {}
     entries, records = [], []
@@ -1674,6 +1680,10 @@ def pack(base: Checkpoint | None, target: Checkpoint, rng: random.Random, *, lev
         if f.kind == "file":
             same = bf is not None and bf.kind == "file" and bf.digest == f.digest
             source = "base" if same and rng.random() < 0.85 else "bundle"
+            if version >= 3 and bf is not None and bf.kind == "file" and not (same and source == "base") \
+                    and rng.random() < 0.8:
+                source = "delta"
+                records.extend(delta_records(j, bf.data, f.data, rng, level=level))
             entries.append(index_entry(f, source))
             if source == "bundle":
                 records.append(Rec(FILE, ZSTD, 1, 0, j, 0, f.size, 0, ZERO, f.digest, [Z(f.data, level), b"", b""]))
@@ -1701,12 +1711,20 @@ def pack(base: Checkpoint | None, target: Checkpoint, rng: random.Random, *, lev
                     continue
                 x = xor(old, new)
                 nz = len(changed_positions(x, w))
-                codec = rng.choice([RAW, SPARSE, BITMAP, DENSE] if nz else [RAW])
+                codec = rng.choice(([RAW, SPARSE, BITMAP, DENSE] + (list(V2_CODECS) * 2 if version >= 3 else []))
+                                   if nz else [RAW])
                 basedig = _chunk_digest(cov, lo, hi, old)
             else:
                 old, codec, basedig = None, RAW, ZERO
-            r = rng.choice([None, 0, rng.randrange(0, 41)]) if codec == SPARSE else None
-            param, count, secs = encode_chunk(codec, old, new, w, r=r, level=level)
+            fns = [fn for fn, (fw, _, _) in BUCKETS.items() if fw == w]
+            if codec in (CSPARSE, CDENSE) and not fns:
+                codec = MSPARSE
+            r = rng.choice([None, 0, rng.randrange(0, 41)]) if codec in (SPARSE, MSPARSE) else None
+            if codec in V2_CODECS:
+                param, count, secs = encode_v2(codec, old, new, w, fn=rng.choice(fns) if fns else None, r=r,
+                                               level=level, complement=rng.choice([0.5, 0.0, 2.0]))
+            else:
+                param, count, secs = encode_chunk(codec, old, new, w, r=r, level=level)
             if sum(len(s) for s in secs) > 2 * (hi - lo) + 65536:  # a Rice parameter too far off
                 param, count, secs = encode_chunk(RAW, old, new, w, level=level)
                 codec = RAW
@@ -1721,10 +1739,66 @@ def pack(base: Checkpoint | None, target: Checkpoint, rng: random.Random, *, lev
         "format": "wdiff-bundle",
         "records": {"bytes": 0, "count": 0, "digest": H(b"").hex()},
         "target": {"fingerprint": target.fingerprint.hex(), "files": entries},
-        "version": 1,
+        "version": version,
         "writer": writer,
     }
-    return Bundle(records, index)
+    return Bundle(records, index, version=version)
+
+
+def delta_record(j: int, old: bytes, new: bytes, lo: int, hi: int, rng: random.Random, *, level: int = 3,
+                 codec: int | None = None, word: int | None = None, window: tuple | None = None) -> Rec:
+    """One valid DELTA record for target bytes new[lo:hi] against base file
+    ``old`` (random codec, width and window unless given)."""
+    piece = new[lo:hi]
+    bsize = len(old)
+    if codec is None:
+        codec = ZSTD_BASE if hi > bsize or rng.random() < 0.4 else rng.choice(V1_CODECS)
+    if codec == ZSTD_BASE:
+        if window is None:
+            m = rng.choice([0, 1 << 12, 1 << 16, 1 << 20])
+            dlo = max(0, min(bsize, lo - m))
+            dhi = max(dlo, min(bsize, hi + m))
+            if rng.random() < 0.1:
+                dlo = dhi = rng.randrange(0, bsize + 1)
+        else:
+            dlo, dhi = window
+        w_ = old[dlo:dhi]
+        return Rec(DELTA, ZSTD_BASE, 1, 0, j, lo, hi, 0, H(w_), H(piece),
+                   [struct.pack("<QQ", dlo, dhi), Z_dict(piece, w_, level), b""])
+    ws = [x for x in (1, 2, 4, 8) if (hi - lo) % x == 0]
+    word = word or rng.choice(ws)
+    base_b = old[lo:hi]
+    if codec != RAW and base_b == piece:
+        codec = RAW
+    r = rng.choice([None, 0, rng.randrange(0, 41)]) if codec == SPARSE else None
+    param, count, secs = encode_chunk(codec, base_b, piece, word, r=r, level=level)
+    if sum(len(x) for x in secs) > 2 * (hi - lo) + 65536:
+        codec = RAW
+        param, count, secs = encode_chunk(RAW, base_b, piece, word, level=level)
+    return Rec(DELTA, codec, word, param, j, lo, hi, count, H(base_b), H(piece), secs)
+
+
+def delta_records(j: int, old: bytes, new: bytes, rng: random.Random, *, level: int = 3) -> list:
+    """DELTA records that rebuild ``new`` from ``old``: every 64 KiB piece
+    that differs (or lies past the base file) is covered, in random ranges."""
+    step = rng.choice([1 << 12, 1 << 16])
+    size, bsize = len(new), len(old)
+    marks = [old[i:i + step] != new[i:i + step] or i + step > bsize for i in range(0, size, step)]
+    out = []
+    i = 0
+    while i < len(marks):
+        if not marks[i]:
+            i += 1
+            continue
+        k = i
+        while k < len(marks) and marks[k] and (k - i) * step < (4 << 20):
+            k += 1
+        lo, hi = i * step, min(size, k * step)
+        if rng.random() < 0.3 and hi - lo > 16:  # ragged ends, in random places
+            lo += rng.randrange(0, 8) if old[lo:lo + 8] == new[lo:lo + 8] else 0
+        out.append(delta_record(j, old, new, lo, hi, rng, level=level))
+        i = k
+    return out
 
 
 def _cut(tensors, has, rng):
