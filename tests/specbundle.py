@@ -1592,6 +1592,14 @@ def read(data: bytes, base: Checkpoint | None) -> dict:
                 content = bf.data
             if len(content) != f["size"] or D(content).hex() != f["digest"]:
                 refuse(f"{f['path']}: companion digest")
+            # READING A BUNDLE step 7 (since 2.1): a companion file "taken from a
+            # FILE record" at a *.safetensors path must not be a strict tensor
+            # file. SPEC: the step names FILE records only; a file rebuilt from
+            # DELTA records can become one just as well (the base file is a
+            # companion, the result need not be), and the result would not have
+            # the target fingerprint either; this reader refuses both.
+            if f["source"] != "base" and strict_header(f["path"], content) is not None:
+                refuse(f"{f['path']}: a companion file whose bytes are a strict tensor file")
             out[f["path"]] = content
             continue
         hb, h = headers[j]

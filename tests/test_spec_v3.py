@@ -198,3 +198,35 @@ def test_wdiff_applies_spec_written_v3_bundles(v3_world, seed):
     assert _read_tree(out) == want
     kinds = {(r.type, r.codec) for r in bnd.records}
     assert any(t == sb.DELTA for t, _ in kinds) and any(c in sb.V2_CODECS for t, c in kinds if t == sb.CHUNK)
+
+
+def test_delta_rebuilt_companion_that_is_a_tensor_file_is_refused(tmp_path):
+    """READING A BUNDLE step 7 refuses a companion file taken from a FILE
+    record at a *.safetensors path whose bytes are a strict tensor file (the
+    result would not have the target fingerprint). A file of source delta can
+    become one the same way: the base's file at that path is a companion (not
+    strict), the DELTA records make it strict. Both readers must refuse."""
+    import random
+
+    bad = sb.write_st([("x", "U8", (4,), b"abcd")])
+    bad = bad[:8] + bad[8:].replace(b"[0,4]", b"[1,5]") + b"z"  # a gap: not strict, a companion
+    good = sb.write_st([("x", "U8", (5,), b"abcde")])
+    assert len(good) == len(bad) and sb.strict_header("m.safetensors", bad) is None
+    A = _tree(tmp_path / "A", {"m.safetensors": bad})
+    base = sb.scan(A)
+    entry = {"path": "m.safetensors", "kind": "file", "size": len(good), "digest": sb.D(good).hex(),
+             "source": "delta"}
+    rec = sb.delta_record(0, bad, good, 0, len(good), random.Random(0), codec=sb.RAW, word=1)
+    index = {"base": {"fingerprint": base.fingerprint.hex(),
+                      "files": [[f.path, f.kind, f.size, f.digest.hex()] for f in base.files]},
+             "block_size": sb.B, "format": "wdiff-bundle",
+             "records": {"bytes": 0, "count": 0, "digest": sb.H(b"").hex()},
+             "target": {"fingerprint": "", "files": [entry]}, "version": 3, "writer": "t"}
+    data = sb.serialize(sb.Bundle([rec], index, version=3))
+    with pytest.raises(sb.SpecError, match="strict tensor file"):
+        sb.read(data, base)
+    (tmp_path / "b.wdb").write_bytes(data)
+    with pytest.raises(wdiff.WdiffError) as e:
+        wdiff.apply(str(tmp_path / "b.wdb"), A, str(tmp_path / "OUT"))
+    assert e.value.exit_code == 4
+    assert not (tmp_path / "OUT").exists()
