@@ -89,8 +89,9 @@ def make_scenarios(root: str, *, big: bool = True) -> list[Scenario]:
     """Small checkpoints covering the shapes of bundle wdiff and the spec
     allow: sparse, bitmap, dense and raw chunks, an anchor with odd dtypes
     and names, structural changes (added, removed, retyped, reshaped and
-    moved tensors, a file turning into a directory and back), and a large
-    tensor cut into block-aligned pieces."""
+    moved tensors, a file turning into a directory and back), a large
+    tensor cut into block-aligned pieces, and a version 3 one (codec v2
+    chunks, companion files of source delta)."""
     rng = np.random.default_rng(20261201)
     out = []
 

@@ -1,4 +1,7 @@
-"""An independent reader and writer of the wdiff bundle format, version 1.
+"""An independent reader and writer of the wdiff bundle format, versions 1
+to 3 (version 2: tensor names scoped by directory; version 3: codec v2 CHUNK
+records, codecs 5 to 9, and DELTA records of companion files, word codecs at
+any width and ZSTD_BASE).
 
 Written from man/wdiff-format.5 alone: nothing here imports wdiff, and no
 rule is taken from wdiff's code. It holds
@@ -49,6 +52,20 @@ gives wdiff's index limits (this reader checks the 64 MiB one):
   declared size); python-zstandard's decompressobj refuses above 2^27.
 * The payload bound 2(hi - lo) + 65536 makes some SPARSE encodings that the
   codec rules allow (large r, many positions) invalid; a writer must check.
+
+Version 3 (read and written here from "Codec v2: modular differences" and
+"DELTA records"; wdiff agrees on every bundle the suite has tried):
+
+* INDEX, Consistency checks said "every source is "base" or "bundle"" while
+  Members allows "delta" from version 3 on; now fixed in the page.
+* READING A BUNDLE step 7 refused a strict tensor file only for a companion
+  "taken from a FILE record"; DELTA records can make one too (the base file
+  at the path is a companion, the result need not be). wdiff refuses it
+  (test_spec_v3); the page now says "or rebuilt from DELTA records".
+* WRITING A BUNDLE said "version 1 ... version 2 otherwise", leaving no room
+  for version 3; now it says version 3 only for its additions (CHANGES).
+* The base scan here applies the version-1 rule (names unique across the
+  checkpoint) to a base of any version; the bundles tried hold one directory.
 """
 
 from __future__ import annotations
