@@ -1445,7 +1445,6 @@ def _rebuild(f: dict, bf: "FileInfo | None", recs: list) -> bytes:
         refuse(f"{f['path']}: source delta, but the base has no companion file there")
     bdata = bf.data
     size = f["size"]
-    out = bytearray(bdata[:size]) + bytearray(max(0, size - len(bdata)))
     gaps = []
     pos = 0
     for r in recs:
@@ -1455,6 +1454,9 @@ def _rebuild(f: dict, bf: "FileInfo | None", recs: list) -> bytes:
     for a, b in gaps:
         if b > a and b > len(bdata):
             refuse(f"{f['path']}: a byte at or after the base file's size is not covered by a DELTA record")
+    # only now, with every byte accounted for, is size bounded by the base
+    # file and the records (each at most MAX_CHUNK_BYTES): allocate
+    out = bytearray(bdata[:size]) + bytearray(max(0, size - len(bdata)))
     for r in recs:
         new = decode_delta(r, bdata, size)
         if H(new) != r.target:
