@@ -1351,7 +1351,8 @@ def check_index(index, index_offset: int, version: int = 1) -> None:
             if not isinstance(row, list) or len(row) != 4:
                 refuse("base row")
             p, k, s, d = row
-            if path_problem(p) or k not in ("safetensors", "file") or not _int_ok(s) or not _digest_ok(d):
+            if path_problem(p) or k not in ("safetensors", "file") or not _int_ok(s) or not _digest_ok(d) \
+                    or p.count("/") > 32:
                 refuse("base row fields")
             if prev is not None and path_key(p) <= path_key(prev):
                 refuse("base.files out of order")
@@ -1380,6 +1381,8 @@ def check_index(index, index_offset: int, version: int = 1) -> None:
         p = f["path"]
         if path_problem(p):
             refuse(f"target path {p!r}: {path_problem(p)}")
+        if p.count("/") > 32:  # (since 2.1) at most 33 components
+            refuse(f"target path {p!r}: more than 33 components")
         if f["source"] not in ("base", "bundle", "delta") or not _int_ok(f["size"]) or not _digest_ok(f["digest"]):
             refuse("target entry fields")
         if f["source"] == "delta":
