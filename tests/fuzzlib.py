@@ -1494,7 +1494,8 @@ def m_v3_table(ctx):
     if c == 0:
         E = max(0, E + ctx.rng.choice([-1, 1]))
     elif c == 1 and ents:
-        ents[ctx.rng.randrange(len(ents))][1] += ctx.rng.choice([-1, 1, 1 << 20])
+        e_ = ents[ctx.rng.randrange(len(ents))]
+        e_[1] = max(0, e_[1] + ctx.rng.choice([-1, 1, 1 << 20]))
     elif c == 2 and ents:
         ents[ctx.rng.randrange(len(ents))][2] ^= ctx.rng.choice([1, 2, 64, 82])
     elif c == 3 and ents:

@@ -667,6 +667,8 @@ BUCKET_OF = {"BF16": 1, "F16": 2, "F32": 3, "C64": 3, "F64": 4}
 
 
 def varint(v: int) -> bytes:
+    if v < 0 or v >> 64:
+        raise ValueError(f"no varint for {v}")
     out = bytearray()
     while True:
         b = v & 0x7F
