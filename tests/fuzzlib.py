@@ -89,8 +89,9 @@ def make_scenarios(root: str, *, big: bool = True) -> list[Scenario]:
     """Small checkpoints covering the shapes of bundle wdiff and the spec
     allow: sparse, bitmap, dense and raw chunks, an anchor with odd dtypes
     and names, structural changes (added, removed, retyped, reshaped and
-    moved tensors, a file turning into a directory and back), and a large
-    tensor cut into block-aligned pieces."""
+    moved tensors, a file turning into a directory and back), a large
+    tensor cut into block-aligned pieces, and a version 3 one (codec v2
+    chunks, companion files of source delta)."""
     rng = np.random.default_rng(20261201)
     out = []
 
@@ -153,6 +154,57 @@ def make_scenarios(root: str, *, big: bool = True) -> list[Scenario]:
         "new.txt": b"new"})
     out.append(("struct", a, b, 1.0))
 
+    # version 3: codec v2 chunks where they win (integers moved by a few
+    # units, a bf16 optimizer step, fp32 that all moves a little, dense f64
+    # ulps) and companion files of source delta: a 1.1 MiB fp32 blob changed
+    # in place (word codecs), a 1.1 MiB file with an inserted block
+    # (ZSTD_BASE), and small ones that wdiff stores whole but the spec's
+    # writer gives DELTA records (one grown past the base file's end)
+    def ulp(a, density):
+        b = a.copy()
+        k = max(1, int(density * a.size))
+        pos = rng.choice(a.size, size=k, replace=False)
+        d = rng.choice([1, 1, 1, 2, 3], size=k).astype(a.dtype)
+        b[pos] = np.where(rng.random(k) < 0.5, a[pos] - d, a[pos] + d)
+        return b
+
+    def V(name, dt, arr):
+        return (name, dt, arr.shape, arr.tobytes())
+
+    master = (rng.standard_normal(16384) * 0.02).astype(np.float32)
+    bf = lambda x: ((x.view(np.uint32).astype(np.uint64) + 0x7FFF + ((x.view(np.uint32) >> 16) & 1))  # noqa: E731
+                    >> 16).astype(np.uint16)
+    lr = np.float32(3e-7) * np.where(rng.random(master.size) < 0.5, -1, 1).astype(np.float32)
+    u8 = rng.integers(0, 255, 8192, dtype=np.uint8)
+    u8b = u8.copy()
+    u8b[rng.choice(u8.size, int(0.4 * u8.size), replace=False)] += np.uint8(1)
+    i16 = rng.integers(0, 1 << 15, 8192, dtype=np.int16).view(np.uint16)
+    i32 = rng.integers(0, 1 << 30, 4096, dtype=np.int32).view(np.uint32)
+    f32 = (rng.standard_normal(4096) * 0.02).astype(np.float32)
+    f64 = (rng.standard_normal(1024) * 0.02).astype(np.float64).view(np.uint64)
+    vb = [V("u8", "U8", u8), V("i16", "I16", i16), V("i32", "I32", i32), V("bf", "BF16", bf(master)),
+          V("f32", "F32", f32), V("f64", "F64", f64), V("f16", "F16", bf(master[:2048]))]
+    vt = [V("u8", "U8", u8b), V("i16", "I16", ulp(i16, 0.005)), V("i32", "I32", ulp(i32, 0.1)),
+          V("bf", "BF16", bf(master + lr)), V("f32", "F32", (f32 * np.float32(0.999) + np.float32(1e-7))),
+          V("f64", "F64", ulp(f64, 0.95)), V("f16", "F16", ulp(bf(master[:2048]), 0.02))]
+    opt = (np.abs(rng.standard_normal(290_000)) * 1e-3).astype(np.float32)
+    opt2 = opt.copy()
+    idx = rng.choice(opt.size, 2000, replace=False)
+    opt2[idx] = np.nextafter(opt[idx], np.float32(np.inf))
+    gg = rng.integers(0, 16, (1 << 20) + 70_000, dtype=np.uint8).tobytes()
+    gg2 = gg[:300_123] + rng.integers(0, 256, 20_000, dtype=np.uint8).tobytes() + gg[300_123:]
+    sm = rng.integers(0, 256, 150_000, dtype=np.uint8).tobytes()
+    sm2 = bytearray(sm)
+    for k in rng.choice(len(sm), 300, replace=False):
+        sm2[k] ^= 0x21
+    a = _write_tree(os.path.join(root, "v3-A"), {
+        "model.safetensors": sb.write_st(vb), "opt.bin": b"PK" + opt.tobytes(), "w.gguf": gg,
+        "small.bin": sm, "grow.bin": sm[:70_000], "config.json": b'{"step": 1}'})
+    b = _write_tree(os.path.join(root, "v3-B"), {
+        "model.safetensors": sb.write_st(vt), "opt.bin": b"PK" + opt2.tobytes(), "w.gguf": gg2,
+        "small.bin": bytes(sm2), "grow.bin": sm[:90_000] + b"tail", "config.json": b'{"step": 2}'})
+    out.append(("v3", a, b, 1.0))
+
     if big:
         # a large tensor: 4 MiB units and block-aligned pieces, multi-block chunks
         t = T("t", "U8", (4 * (1 << 20) + (1 << 19),))
@@ -166,15 +218,14 @@ def make_scenarios(root: str, *, big: bool = True) -> list[Scenario]:
     for name, a, b, weight in out:
         sc = Scenario(name, a, b, sb.scan(a) if a else None, sb.scan(b), weight=weight)
         path = os.path.join(root, f"{name}.wdb")
-        # format version 1: the reference reader (specbundle) is one of version 1
-        if a:
-            wdiff.pack(a, b, path, format_version=1)
-        else:
-            wdiff.pack(None, b, path, format_version=1)
+        # format version 1 for the version-1 scenarios (as before); the
+        # version 3 one as wdiff writes it by default
+        v = 3 if name == "v3" else 1
+        wdiff.pack(a, b, path, format_version=v) if a else wdiff.pack(None, b, path, format_version=v)
         with open(path, "rb") as f:
             sc.bundles.append(("wdiff", f.read()))
-        for seed in range(2):
-            spec = sb.pack(sc.base, sc.target, random.Random(seed))
+        for seed in range(3 if v == 3 else 2):
+            spec = sb.pack(sc.base, sc.target, random.Random(seed), version=v)
             sc.bundles.append((f"spec{seed}", sb.serialize(spec, level=3)))
         scenarios.append(sc)
     return scenarios
@@ -437,7 +488,7 @@ def m_type(ctx):
 @mutation("rec.codec", 2)
 def m_codec(ctx):
     r = ctx.b.records[ctx.pick_rec()]
-    r.codec = ctx.rng.choice([c for c in (0, 1, 2, 3, 4, 5, 255) if c != r.codec])
+    r.codec = ctx.rng.choice([c for c in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 255) if c != r.codec])
 
 
 @mutation("rec.word", 1.5)
@@ -1262,6 +1313,520 @@ def m_index_huge(ctx):
                               "source": "bundle"})
             ctx.b.records.append(sb.Rec(sb.FILE, sb.ZSTD, 1, 0, j + k, 0, 0, 0, sb.ZERO, sb.D(b""),
                                         [sb.Z(b""), b"", b""]))
+
+
+# -- version 3: codec v2 and DELTA records -------------------------------------------------------
+
+V2 = sb.V2_CODECS
+#: the v1 codec a v2 codec mirrors (same section layout, other meaning), and back
+MIRROR = {sb.MSPARSE: sb.SPARSE, sb.MBITMAP: sb.BITMAP, sb.MDENSE: sb.DENSE, sb.CSPARSE: sb.SPARSE,
+          sb.CDENSE: sb.DENSE, sb.SPARSE: sb.MSPARSE, sb.BITMAP: sb.MBITMAP, sb.DENSE: sb.MDENSE}
+
+
+def _fns(w):
+    return [fn for fn, (fw, _, _) in sb.BUCKETS.items() if fw == w]
+
+
+def _encode_any(ctx, codec, old, new, w, **kw):
+    if codec in V2:
+        fns = _fns(w)
+        if codec in (sb.CSPARSE, sb.CDENSE) and not fns:
+            raise Skip
+        return sb.encode_v2(codec, old, new, w, fn=ctx.rng.choice(fns) if fns else None, **kw)
+    return sb.encode_chunk(codec, old, new, w, **kw)
+
+
+def _set_version(ctx, v):
+    ctx.b.version = v
+    ctx.b.index["version"] = v
+
+
+@mutation("v3.codec_swap", 2)
+def m_v3_codec_swap(ctx):
+    """A v2 codec number on v1 sections or the other way (same layout, other
+    meaning: XOR against modular difference, plain positions against bucket
+    positions), or another v2 codec's number."""
+    r = ctx.b.records[ctx.pick_rec(sb.CHUNK, tuple(MIRROR))]
+    if ctx.rng.random() < 0.7:
+        r.codec = MIRROR[r.codec]
+        if r.codec in (sb.CSPARSE, sb.CDENSE) or r.codec in (sb.SPARSE, sb.DENSE):
+            pass
+    else:
+        r.codec = ctx.rng.choice([c for c in V2 + (10, 15, 16, 17) if c != r.codec])
+    if r.codec in (sb.CSPARSE, sb.CDENSE) and r.param not in sb.BUCKETS:
+        r.param = ctx.rng.choice(_fns(r.word) or [1])
+
+
+@mutation("v3.v2_in_old_version", 2)
+def m_v3_old_version(ctx):
+    """Codec v2 or DELTA records in a bundle that states version 1 or 2
+    (preamble and index both, so only the records betray it); or a v1
+    bundle re-encoded with a v2 codec."""
+    if ctx.b.version >= 3:
+        _set_version(ctx, ctx.rng.choice([1, 2]))
+        return
+    i = ctx.pick_rec(sb.CHUNK)
+    r, h, cov, old, new = ctx.chunk(i)
+    if old is None or old == new:
+        raise Skip
+    codec = ctx.rng.choice(V2)
+    r.param, r.count, r.sections = _encode_any(ctx, codec, old, new, r.word)
+    r.codec, r.lens = codec, None
+
+
+@mutation("v3.version_up", 1)
+def m_v3_version_up(ctx):
+    """A v1 bundle restated as version 2 or 3 (valid, by the v2 scoping rule
+    on a one-directory tree), or as version 4."""
+    _set_version(ctx, ctx.rng.choice([2, 3, 3, 4]))
+
+
+@mutation("v3.reencode", 2.5)
+def m_v3_reencode(ctx):
+    """A chunk re-encoded with a random codec v2 (valid in version 3), any
+    bucket function of the word size, any complement rule, any Rice r."""
+    i = ctx.pick_rec(sb.CHUNK)
+    r, h, cov, old, new = ctx.chunk(i)
+    if old is None or old == new:
+        raise Skip
+    codec = ctx.rng.choice(V2)
+    kw = {"complement": ctx.rng.choice([0.0, 0.5, 2.0])} if codec == sb.CSPARSE else {}
+    if codec in (sb.MSPARSE, sb.CSPARSE):
+        kw["r"] = ctx.rng.choice([None, 0, 3, 40])
+        if codec == sb.CSPARSE:
+            kw["rm"] = ctx.rng.choice([None, 0, 40])
+    r.param, r.count, r.sections = _encode_any(ctx, codec, old, new, r.word, **kw)
+    r.codec, r.lens = codec, None
+    if sum(len(s) for s in r.sections) > 2 * (r.hi - r.lo) + 65536:
+        pass  # an extreme Rice parameter: the payload bound refuses it
+
+
+@mutation("v3.bucket_fn", 2)
+def m_v3_bucket_fn(ctx):
+    """CSPARSE/CDENSE with another bucket function: one of another word size,
+    none (0, 5, 255), or a valid one of the same size stated without
+    re-encoding (the positions then lie)."""
+    r = ctx.b.records[ctx.pick_rec(sb.CHUNK, (sb.CSPARSE, sb.CDENSE))]
+    r.param = ctx.rng.choice([p for p in (0, 1, 2, 3, 4, 5, 255) if p != r.param])
+
+
+def _movers(sec: bytes):
+    km, p = sb.read_varint(sec, 0, "")
+    rm, p = sb.read_varint(sec, p, "")
+    um, p = sb.read_varint(sec, p, "")
+    return km, rm, um, p
+
+
+@mutation("v3.movers_lie", 3)
+def m_v3_movers(ctx):
+    """A mover list that lies: k_m off by one, a mover added or dropped (the
+    list re-coded, everything else kept), r_m or u_m wrong, r_m or u_m with
+    no movers, r_m above 40."""
+    i = ctx.pick_rec(sb.CHUNK, (sb.CSPARSE, sb.CDENSE))
+    r, h, cov, old, new = ctx.chunk(i)
+    n = (r.hi - r.lo) // r.word
+    s0, s1, s2 = r.sections
+    km, rm, um, p = _movers(s0)
+    if r.codec == sb.CSPARSE:
+        mu_end = um + (km * rm + 7) // 8
+        mover_bits, rest_bits = s1[:mu_end], s1[mu_end:]
+        table_rest = s0[p:]
+    else:
+        mover_bits, table_rest = s0[p:], b""
+    movers = sb.rice_decode0(mover_bits[:um], mover_bits[um:], km, rm, n, "")
+    c = ctx.rng.randrange(7)
+    if c == 0:
+        km = max(0, km + ctx.rng.choice([-1, 1]))
+    elif c in (1, 2):
+        if c == 1 or not movers:
+            extra = ctx.rng.randrange(n)
+            movers = sorted(set(movers) | {extra})
+        else:
+            movers = [m for m in movers if m != ctx.rng.choice(movers)]
+        km = len(movers)
+        u, m = sb.rice_encode(movers, rm) if movers else (b"", b"")
+        mover_bits, um = u + m, len(u)
+    elif c == 3:
+        rm = ctx.rng.choice([rm + 1, max(0, rm - 1), 41, 64])
+    elif c == 4:
+        um = max(0, um + ctx.rng.choice([-1, 1]))
+    elif c == 5:
+        km, rm, um, mover_bits = 0, ctx.rng.choice([0, 1]), ctx.rng.choice([0, 1]), b""
+    else:
+        movers = list(range(min(n, km + 3)))  # consecutive movers from 0
+        km = len(movers)
+        u, m = sb.rice_encode(movers, rm)
+        mover_bits, um = u + m, len(u)
+    head = sb.varint(km) + sb.varint(rm) + sb.varint(um)
+    if r.codec == sb.CSPARSE:
+        r.sections = [head + table_rest, mover_bits + rest_bits, s2]
+    else:
+        r.sections = [head + mover_bits, s1, s2]
+    r.lens = None
+
+
+def _table(s0: bytes):
+    km, rm, um, p = _movers(s0)
+    E, p = sb.read_varint(s0, p, "")
+    ents = []
+    for _ in range(E):
+        d, p = sb.read_varint(s0, p, "")
+        c, p = sb.read_varint(s0, p, "")
+        mode, p = sb.read_varint(s0, p, "")
+        ents.append([d, c, mode])
+    u, p = sb.read_varint(s0, p, "")
+    return [km, rm, um], ents, u, s0[p:]
+
+
+@mutation("v3.csparse_table", 3)
+def m_v3_table(ctx):
+    """A CSPARSE table that lies or overflows: E off by one, an entry's count
+    or mode (complement flag, Rice r) changed, buckets out of order or past
+    2^e, more entries than buckets, u wrong, trailing bytes, a non-minimal or
+    overlong varint, k_m above k."""
+    r = ctx.b.records[ctx.pick_rec(sb.CHUNK, sb.CSPARSE)]
+    s0 = r.sections[0]
+    mv, ents, u, rest = _table(s0)
+    e = sb.BUCKETS.get(r.param, (0, 0, 8))[2]
+    c = ctx.rng.randrange(11)
+    tail = b""
+    E = len(ents)
+    if c == 0:
+        E = max(0, E + ctx.rng.choice([-1, 1]))
+    elif c == 1 and ents:
+        e_ = ents[ctx.rng.randrange(len(ents))]
+        e_[1] = max(0, e_[1] + ctx.rng.choice([-1, 1, 1 << 20]))
+    elif c == 2 and ents:
+        ents[ctx.rng.randrange(len(ents))][2] ^= ctx.rng.choice([1, 2, 64, 82])
+    elif c == 3 and ents:
+        ents[ctx.rng.randrange(len(ents))][0] = ctx.rng.choice([(1 << e) - 1, 1 << e, (1 << e) + 1, 1 << 40])
+    elif c == 4:
+        ents = ents + [[0, 1, 0]] * ctx.rng.choice([1, (1 << e) + 1 - len(ents)])
+        E = len(ents)
+    elif c == 5:
+        u = max(0, u + ctx.rng.choice([-1, 1, 1000]))
+    elif c == 6:
+        tail = b"\0"
+    elif c == 7:
+        mv[0] = r.count + 1  # k_m above k
+    elif c == 8 and len(ents) >= 2:
+        ents[1][0] = ctx.rng.choice([0, 1])  # a later bucket than it was: positions land elsewhere
+    elif c == 9:
+        mv[0] = mv[0]  # non-minimal varint for k_m below
+        head = bytes([mv[0] | 0x80, 0x00]) + sb.varint(mv[1]) + sb.varint(mv[2])
+        r.sections[0] = head + sb.varint(E) + b"".join(sb.varint(a) + sb.varint(b) + sb.varint(m) for a, b, m in ents[:E]) + sb.varint(u)
+        return
+    else:
+        r.sections[0] = s0 + b"\x80" * 11  # an overlong varint after the end
+        return
+    head = b"".join(sb.varint(x) for x in mv)
+    body = b"".join(sb.varint(a) + sb.varint(b) + sb.varint(m) for a, b, m in ents[:E])
+    r.sections[0] = head + sb.varint(E) + body + sb.varint(u) + tail
+
+
+def _value_sec(r):
+    if r.codec in (sb.MSPARSE, sb.CSPARSE):
+        return 2
+    if r.codec in (sb.MBITMAP, sb.CDENSE):
+        return 1
+    raise Skip
+
+
+@mutation("v3.value_section", 3)
+def m_v3_values(ctx):
+    """Sign and magnitude frames of the wrong length (k +- 1), L off by one
+    or past the section, a truncated or non-minimal varint, sign padding set,
+    a magnitude at 2^(8w-1) (V) or a sign on a zero (V0)."""
+    i = ctx.pick_rec(sb.CHUNK, (sb.MSPARSE, sb.MBITMAP, sb.CSPARSE, sb.CDENSE))
+    r = ctx.b.records[i]
+    k = _value_sec(r)
+    w = r.word
+    sec = r.sections[k]
+    L, p = sb.read_varint(sec, 0, "")
+    sign, mag = sec[p:p + L], sec[p + L:]
+    cnt = r.count if r.codec != sb.CDENSE else (r.hi - r.lo) // w
+    sbits = sb._bits(sb.unZ(sign, (cnt + 7) // 8))
+    mags = sb.unP(sb.unZ(mag, cnt * w), w)
+    c = ctx.rng.randrange(9)
+    if c == 0:
+        sbits = np.concatenate([sbits, np.zeros(8, np.uint8)])
+    elif c == 1:
+        sbits = sbits[:-8] if len(sbits) >= 8 else sbits
+    elif c == 2:
+        mags = mags + bytes(w)
+    elif c == 3:
+        mags = mags[:-w]
+    elif c == 4:
+        if cnt % 8 == 0:
+            raise Skip
+        sbits = sbits.copy()
+        sbits[-1] = 1
+    elif c == 5:
+        m = bytearray(mags)
+        j = ctx.rng.randrange(cnt)
+        m[j * w:(j + 1) * w] = ((1 << (8 * w - 1)) + ctx.rng.choice([0, 0, 1])).to_bytes(w, "little")[:w]
+        mags = bytes(m)
+    elif c == 6:
+        m = np.frombuffer(mags, sb._UINT[w])
+        zero = np.flatnonzero(m == 0)
+        if not len(zero):
+            raise Skip
+        sbits = sbits.copy()
+        sbits[int(zero[0])] = 1
+    elif c == 7:
+        sfr = sb.Z(np.packbits(sbits).tobytes() if len(sbits) else b"")
+        r.sections[k] = sb.varint(len(sfr) + ctx.rng.choice([-1, 1, 1 << 30])) + sfr + sb.Z(sb.P(mags, w))
+        return
+    else:
+        r.sections[k] = bytes([0x80 | (L & 0x7F), L >> 7 if L >> 7 else 0]) + sec[p:] if L < 128 else sec[:1]
+        return
+    sfr = sb.Z(np.packbits(sbits).tobytes() if len(sbits) else b"")
+    r.sections[k] = sb.varint(len(sfr)) + sfr + sb.Z(sb.P(mags, w))
+
+
+@mutation("v3.count", 2)
+def m_v3_count(ctx):
+    """count off by one (or 0, n, n + 1) on a codec v2 record."""
+    r = ctx.b.records[ctx.pick_rec(sb.CHUNK, V2)]
+    n = (r.hi - r.lo) // max(r.word, 1)
+    r.count = ctx.rng.choice([0, max(0, r.count - 1), r.count + 1, n, n + 1])
+
+
+@mutation("v3.retarget", 2)
+def m_v3_retarget(ctx):
+    """A codec v2 chunk that produces other bytes, target restated: valid."""
+    i = ctx.pick_rec(sb.CHUNK, V2)
+    r, h, cov, old, new = ctx.chunk(i)
+    t = sb._UINT[r.word]
+    a = np.frombuffer(new, t).copy()
+    pos = ctx.rng.randrange(a.size)
+    a[pos] = t(int(a[pos]) + ctx.rng.choice([1, -1 % (1 << (8 * r.word)), 1 << (8 * r.word - 1)]))
+    a = a.tobytes()
+    if a == old:
+        raise Skip
+    r.param, r.count, r.sections = _encode_any(ctx, r.codec, old, a, r.word)
+    r.lens = None
+    r.target = sb._chunk_digest(cov, r.lo, r.hi, a)
+    region = bytearray(ctx.region(r.file))
+    region[r.lo:r.hi] = a
+    ctx.files[r.file]["tensors"] = [sb.D(region[t_.begin:t_.end]).hex() for t_ in h.tensors]
+
+
+# DELTA records
+def _delta(ctx, codec=None):
+    i = ctx.pick_rec(sb.DELTA, codec)
+    r = ctx.b.records[i]
+    f = ctx.files[r.file]
+    bf = ctx.sc.base.by_path().get(f["path"]) if ctx.sc.base else None
+    tf = ctx.sc.target.by_path().get(f["path"])
+    if bf is None or tf is None or bf.kind != "file" or tf.kind != "file":
+        raise Skip
+    return i, r, f, bf.data, tf.data
+
+
+def _restate_file(ctx, j, content):
+    f = ctx.files[j]
+    f["size"], f["digest"] = len(content), sb.D(content).hex()
+
+
+@mutation("delta.range", 3)
+def m_delta_range(ctx):
+    """DELTA ranges out of bounds, overlapping, out of order, empty or
+    reversed, or past MAX_CHUNK_BYTES, each re-encoded where it can be (so
+    digests match the claimed bytes)."""
+    i, r, f, old, new = _delta(ctx)
+    c = ctx.rng.randrange(7)
+    rs = [k for k in ctx.recs(sb.DELTA) if ctx.b.records[k].file == r.file]
+    if c == 0:  # past the target size, base and target restated
+        hi = f["size"] + ctx.rng.choice([1, 8, 1 << 20])
+        r.hi = hi
+    elif c == 1 and len(rs) >= 2:  # overlap the previous one
+        k = rs.index(i)
+        prev = ctx.b.records[rs[k - 1]] if k else None
+        if prev is None:
+            raise Skip
+        lo = prev.hi - ctx.rng.choice([1, 8, 4096])
+        if lo < 0 or lo >= r.hi:
+            raise Skip
+        ctx.b.records[i] = sb.delta_record(r.file, old, new, lo, r.hi, ctx.rng)
+    elif c == 2 and len(rs) >= 2:  # wrong order
+        a, b = rs[0], rs[1]
+        ctx.b.records[a], ctx.b.records[b] = ctx.b.records[b], ctx.b.records[a]
+    elif c == 3:
+        r.lo, r.hi = r.hi, r.lo
+    elif c == 4:
+        r.hi = r.lo
+    elif c == 5:  # longer than MAX_CHUNK_BYTES
+        r.hi = r.lo + sb.MAX_CHUNK_BYTES + 1
+    else:  # a valid different cut: split the record in two
+        if r.hi - r.lo < 16:
+            raise Skip
+        mid = ctx.rng.randrange(r.lo + 1, r.hi)
+        ctx.b.records[i:i + 1] = [sb.delta_record(r.file, old, new, r.lo, mid, ctx.rng),
+                                  sb.delta_record(r.file, old, new, mid, r.hi, ctx.rng)]
+
+
+@mutation("delta.wrong_file", 2)
+def m_delta_file(ctx):
+    """A DELTA record for a tensor file, a companion of source base or
+    bundle, or a file past the list; or a CHUNK/FILE type on a delta file."""
+    i, r, f, old, new = _delta(ctx)
+    c = ctx.rng.randrange(4)
+    if c == 0:
+        r.file = ctx.rng.choice(ctx.tensor_files())
+    elif c == 1:
+        others = [j for j, g in enumerate(ctx.files) if g["kind"] == "file" and g["source"] != "delta"]
+        if not others:
+            raise Skip
+        r.file = ctx.rng.choice(others)
+    elif c == 2:
+        r.type = ctx.rng.choice([sb.CHUNK, sb.FILE])
+    else:
+        r.file = len(ctx.files)
+    ctx.b.records.sort(key=lambda x: x.file)
+
+
+@mutation("delta.window", 3)
+def m_delta_window(ctx):
+    """ZSTD_BASE windows outside the base file, reversed, too large, or a
+    valid other window (re-encoded: valid); section 0 not 16 bytes."""
+    i, r, f, old, new = _delta(ctx, sb.ZSTD_BASE)
+    bsize = len(old)
+    c = ctx.rng.randrange(6)
+    dlo, dhi = struct.unpack("<QQ", r.sections[0]) if len(r.sections[0]) == 16 else (0, 0)
+    if c == 0:
+        dhi = bsize + ctx.rng.choice([1, 4096, 1 << 40])
+    elif c == 1:
+        dlo, dhi = dhi + 1, dlo
+    elif c == 2:
+        dlo, dhi = 0, sb.MAX_CHUNK_BYTES + 1
+    elif c == 3:
+        r.sections[0] = r.sections[0] + b"\0" * ctx.rng.choice([1, 8])
+        return
+    elif c == 4:  # valid: another window, re-encoded
+        a = ctx.rng.randrange(0, bsize + 1)
+        b2 = ctx.rng.randrange(a, min(bsize, a + (4 << 20)) + 1)
+        ctx.b.records[i] = sb.delta_record(r.file, old, new, r.lo, r.hi, ctx.rng, codec=sb.ZSTD_BASE,
+                                           window=(a, b2))
+        return
+    else:  # the base digest of the claimed window, frame unchanged
+        dlo = max(0, dlo - ctx.rng.choice([1, 4096]))
+    r.sections[0] = struct.pack("<QQ", min(dlo, (1 << 64) - 1), min(dhi, (1 << 64) - 1))
+    r.base = sb.H(old[dlo:dhi])
+
+
+@mutation("delta.word", 2.5)
+def m_delta_word(ctx):
+    """Word widths that do not divide the range, ranges of word codecs past
+    the base file, another width stated without re-encoding, or a valid
+    re-encoding at a random width and word codec."""
+    i, r, f, old, new = _delta(ctx)
+    c = ctx.rng.randrange(4)
+    if c == 0:
+        ws = [w for w in (2, 4, 8) if (r.hi - r.lo) % w]
+        if not ws:
+            lo = r.lo + 1 if r.hi - r.lo > 8 else None
+            if lo is None:
+                raise Skip
+            r.lo = lo
+        r.word = ctx.rng.choice(ws) if ws else r.word
+        if r.codec == sb.ZSTD_BASE:
+            r.codec = sb.RAW
+    elif c == 1:
+        r.word = ctx.rng.choice([w for w in (1, 2, 4, 8) if w != r.word])
+    elif c == 2:  # a word codec over a range past the base file
+        if r.hi <= len(old):
+            raise Skip
+        ws = [w for w in (1, 2, 4, 8) if (r.hi - r.lo) % w == 0]
+        padded = old + bytes(r.hi - len(old))
+        p, cnt, secs = sb.encode_chunk(sb.RAW, padded[r.lo:r.hi], new[r.lo:r.hi], ctx.rng.choice(ws))
+        r.codec, r.param, r.count, r.sections = sb.RAW, p, cnt, secs
+        r.base = sb.H(old[r.lo:r.hi])
+    else:
+        if r.hi > len(old):
+            raise Skip
+        ctx.b.records[i] = sb.delta_record(r.file, old, new, r.lo, r.hi, ctx.rng,
+                                           codec=ctx.rng.choice(sb.V1_CODECS))
+
+
+@mutation("delta.codec", 1.5)
+def m_delta_codec(ctx):
+    """DELTA with a codec it does not have: 4 (ZSTD), 5 to 9 (codec v2),
+    17, or ZSTD_BASE fields (word, param, count, len2) not 1/0/0/0."""
+    i, r, f, old, new = _delta(ctx)
+    c = ctx.rng.randrange(3)
+    if c == 0:
+        r.codec = ctx.rng.choice([4, 5, 6, 7, 8, 9, 15, 17, 255])
+    elif c == 1 and r.codec == sb.ZSTD_BASE:
+        k = ctx.rng.randrange(4)
+        if k == 0:
+            r.word = ctx.rng.choice([2, 4, 8])
+        elif k == 1:
+            r.param = 1
+        elif k == 2:
+            r.count = 1
+        else:
+            r.sections[2] = b"x"
+    else:
+        r.codec = sb.ZSTD_BASE if r.codec != sb.ZSTD_BASE else sb.RAW
+
+
+@mutation("delta.source", 3)
+def m_delta_source(ctx):
+    """Source "delta" where it cannot be: a file the base lacks (renamed),
+    a tensor file, an anchor, a version 1/2 bundle; "delta" turned into
+    "base" or "bundle" with its records kept or dropped; a delta file's
+    records dropped (bytes past the base file's end uncovered)."""
+    c = ctx.rng.randrange(6)
+    if c == 0:
+        js = [j for j, f in enumerate(ctx.files) if f["source"] == "delta"]
+        if not js:
+            raise Skip
+        j = ctx.rng.choice(js)
+        ctx.rename(j, ctx.files[j]["path"] + ".renamed")
+    elif c == 1:
+        j = ctx.rng.choice(ctx.tensor_files())
+        ctx.files[j]["source"] = "delta"
+    elif c == 2:
+        ctx.b.index["base"] = None
+    elif c == 3:
+        js = [j for j, f in enumerate(ctx.files) if f["source"] == "delta"]
+        if not js:
+            raise Skip
+        _set_version(ctx, ctx.rng.choice([1, 2]))
+    elif c == 4:
+        js = [j for j, f in enumerate(ctx.files) if f["source"] == "delta"]
+        if not js:
+            raise Skip
+        j = ctx.rng.choice(js)
+        ctx.files[j]["source"] = ctx.rng.choice(["base", "bundle"])
+        if ctx.rng.random() < 0.5:
+            ctx.b.records = [r for r in ctx.b.records if r.file != j]
+    else:
+        js = [j for j, f in enumerate(ctx.files) if f["source"] == "delta"]
+        if not js:
+            raise Skip
+        j = ctx.rng.choice(js)
+        rs = [k for k, r in enumerate(ctx.b.records) if r.file == j]
+        if not rs:
+            raise Skip
+        del ctx.b.records[ctx.rng.choice(rs) if ctx.rng.random() < 0.6 else rs[-1]]
+
+
+@mutation("delta.retarget", 2)
+def m_delta_retarget(ctx):
+    """A DELTA record that produces other bytes (a flip, or a size change of
+    the last range), the file's size and digest restated: valid."""
+    i, r, f, old, new = _delta(ctx)
+    a = bytearray(new)
+    for _ in range(ctx.rng.choice([1, 3, 40])):
+        k = ctx.rng.randrange(r.lo, r.hi)
+        a[k] ^= 1 << ctx.rng.randrange(8)
+    a = bytes(a)
+    ctx.b.records[i] = sb.delta_record(r.file, old, a, r.lo, r.hi, ctx.rng)
+    # the rebuilt file: other records' bytes are those of the pristine target
+    _restate_file(ctx, r.file, a)
+
 
 
 def mutate(sc: Scenario, rng: random.Random, *, kinds=None, stack=None):
