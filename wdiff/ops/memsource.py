@@ -182,11 +182,10 @@ def pack_memory(
         base_rows = tuple(fmt.FileRow(d.path, d.kind, d.size, d.digest) for d in mA.files) if mA else ()
         mB = pair.db.manifest(B)
         index = fmt.Index(
-            version=max(w.version, tally.version), writer=WRITER, base_fingerprint=base_fp, base_files=base_rows,
+            version=w.version, writer=WRITER, base_fingerprint=base_fp, base_files=base_rows,
             target_fingerprint=mB.fingerprint, files=tuple(targets), records_count=w.count,
             records_bytes=w.records_bytes, records_digest=w.records_digest,
         )
-        w.raise_version(index.version)  # a codec v2 record was the smallest somewhere
         bundle_id = w.finish(index)
     reporter.done()
     return PackResult(

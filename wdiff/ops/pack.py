@@ -143,7 +143,7 @@ def pack(
         base_rows = tuple(fmt.FileRow(d.path, d.kind, d.size, d.digest) for d in mA.files) if mA else ()
         mB = pair.db.manifest(B)
         index = fmt.Index(
-            version=max(w.version, tally.version),
+            version=w.version,
             writer=WRITER,
             base_fingerprint=base_fp,
             base_files=base_rows,
@@ -153,7 +153,6 @@ def pack(
             records_bytes=w.records_bytes,
             records_digest=w.records_digest,
         )
-        w.raise_version(index.version)
         bundle_id = w.finish(index)
     pair.remember_target()
     reporter.done()
@@ -225,8 +224,6 @@ class Tally:
         #: may a changed companion file with a base be written as DELTA records?
         self.file_deltas = False
         self.threads = 1  # for the ranges of one companion file
-        #: the lowest format version that holds every codec written
-        self.version = fmt.VERSION
 
     def file_stats(self, stats: dict[str, tuple[int, int]]) -> None:
         """Count the DELTA records of one companion file."""
@@ -245,7 +242,7 @@ class Tally:
             return
         rh = self.w.add(chunk_record(res.file, res.unit, res.base_digests, res.target_digests, enc), enc.parts)
         name = CODEC_NAMES[enc.codec]
-        self.version = max(self.version, CODEC_VERSION[enc.codec])
+        self.w.raise_version(CODEC_VERSION[enc.codec])  # a codec v2 record needs version 3
         self.stats[name] = self.stats.get(name, CodecStat()).add(enc.count, rh.payload_len + fmt.RECORD.size)
         self.changed_elements += enc.count
         self.changed_tensors.update(_changed_spans(res.unit, res.base_digests, res.target_digests))

@@ -306,12 +306,11 @@ class _Inverse:
             results = ordered_map(run, [(i, p, u) for i, p, u in work], threads=self.threads)
             targets = self._records(w, tally, A, results)
             index = fmt.Index(
-                version=max(w.version, version, tally.version), writer=WRITER, base_fingerprint=F.target_fingerprint,
+                version=w.version, writer=WRITER, base_fingerprint=F.target_fingerprint,
                 base_files=tuple(fmt.FileRow(f.path, f.kind, f.size, f.digest) for f in F.files),
                 target_fingerprint=F.base_fingerprint, files=tuple(targets),
                 records_count=w.count, records_bytes=w.records_bytes, records_digest=w.records_digest,
             )
-            w.raise_version(index.version)
             bundle_id = w.finish(index)
         self.reporter.done()
         return PackResult(

@@ -463,11 +463,10 @@ def _write(steps, versions, A, out: str, *, level: int, threads: int, reporter: 
             scratch.close()
         base_fp, base_rows = first.base_fingerprint, first.base_files
         index = fmt.Index(
-            version=max(w.version, version, tally.version), writer=WRITER, base_fingerprint=base_fp, base_files=base_rows,
+            version=w.version, writer=WRITER, base_fingerprint=base_fp, base_files=base_rows,
             target_fingerprint=last.target_fingerprint, files=tuple(targets),
             records_count=w.count, records_bytes=w.records_bytes, records_digest=w.records_digest,
         )
-        w.raise_version(index.version)
         bundle_id = w.finish(index)
     reporter.done()
     return PackResult(
