@@ -260,7 +260,7 @@ class _Trial:
         """The zigzagged modular differences of the changed words, as byte
         planes, in position order."""
         if self._mvalues is None:
-            self._mvalues = _mvalues_at(self.cctx, self.old, self.new, self.scan()[0])
+            self._mvalues = _mvalues_at(self.old, self.new, self.scan()[0])
         return self._mvalues
 
     def bitmap(self) -> bytes:
@@ -316,8 +316,8 @@ class _Trial:
             self._k = int(np.count_nonzero(d))
             return Encoded(CDENSE, self.bucket, self._k, (conditioned.mover_head(movers), _dense_values(self.cctx, d)))
         if codec == CSPARSE:
-            table, bits, listed = conditioned.encode_positions(self.bucket, self.old, self.new, self.scan()[0])
-            return Encoded(CSPARSE, self.bucket, self.count, (table, bits, _mvalues_at(self.cctx, self.old, self.new, listed)))
+            table, bits, listed, runs = conditioned.encode_positions(self.bucket, self.old, self.new, self.scan()[0])
+            return Encoded(CSPARSE, self.bucket, self.count, (table, bits, _mvalues_at(self.old, self.new, listed, runs)))
         if codec == DENSE:
             data, k = kernels.xor_planes(self.old, self.new, kernels.scratch("planes", self.new.nbytes))
             self._k = k
@@ -332,34 +332,45 @@ class _Trial:
         return self.encode(codecs[sizes.index(min(sizes))])
 
 
-def _mvalues(cctx: zstandard.ZstdCompressor, d: np.ndarray) -> bytes:
-    """The value section of MSPARSE, MBITMAP and CSPARSE: varint length of
-    the sign frame, the sign frame (zstd of the sign bits), the magnitude
-    frame (zstd of the byte planes of |D| - 1)."""
-    neg, mag = conditioned.sign_magnitude(d)
-    signs = cctx.compress(neg.tobytes())
-    return conditioned.varint(len(signs)) + signs + _compress_planes(cctx, mag)
-
-
-def _mvalues_at(cctx: zstandard.ZstdCompressor, old: np.ndarray, new: np.ndarray, positions: np.ndarray) -> bytes:
-    """:func:`_mvalues` of ``new - old`` at ``positions``, without gathering
-    them first (one pass of the C kernels)."""
+def _mvalues_at(old: np.ndarray, new: np.ndarray, positions: np.ndarray, runs: list[int] | None = None) -> bytes:
+    """The value section of MSPARSE, MBITMAP and CSPARSE: the modular
+    differences ``new - old`` at ``positions``, range-coded in ``runs``
+    (None: one run), without gathering them first (the C kernels: one pass
+    for the planes of the magnitudes, one for the coder)."""
     signs, mplanes = kernels.mod_values(old, new, positions)
-    signs = cctx.compress(signs)
-    return conditioned.varint(len(signs)) + signs + cctx.compress(mplanes)
+    return kernels.rc_values_encode(signs, mplanes, new.dtype.itemsize, [positions.size] if runs is None else runs)
 
 
 def _dense_values(cctx: zstandard.ZstdCompressor, d: np.ndarray) -> bytes:
-    """The value section of CDENSE: as :func:`_mvalues`, but over every word,
-    with magnitudes |D| (zero allowed)."""
+    """The value section of CDENSE, V0: varint length of the sign frame, the
+    sign frame (zstd of the sign bits), the magnitude frame (zstd of the
+    byte planes of |D|, zero allowed)."""
     neg, mag = conditioned.dense_sign_magnitude(d)
     signs = cctx.compress(neg.tobytes())
     return conditioned.varint(len(signs)) + signs + _compress_planes(cctx, mag)
 
 
-def _value_frames(data, count: int, w: int, *, where: str) -> tuple[bytes, bytes]:
-    """The sign bits (padding checked) and the magnitude planes of a value
-    section, decompressed."""
+def _value_stream(data, count: int, w: int, runs: list[int], *, where: str) -> tuple[bytes, np.ndarray]:
+    """The sign bits and the magnitude planes of a range-coded value section."""
+    got = kernels.rc_values_decode(bytes(data), count, w, runs)
+    if isinstance(got, int):
+        raise FormatError(f"{where}: value section is not a stream of {count} values")
+    return got
+
+
+def _read_mvalues(data, count: int, w: int, runs: list[int], *, where: str) -> np.ndarray:
+    """The modular differences of a range-coded value section (see
+    :func:`_mvalues_at`)."""
+    signs, mplanes = _value_stream(data, count, w, runs, where=where)
+    neg = np.unpackbits(np.frombuffer(signs, dtype=np.uint8))[:count].astype(bool)
+    d = conditioned.from_sign_magnitude(neg, unplanes(mplanes, count, w))
+    if d is None:  # the coder cannot write one; kept as the last line of defence
+        raise FormatError(f"{where}: a value's magnitude is out of range")
+    return d
+
+
+def _read_dense_values(data, n: int, w: int, *, where: str) -> np.ndarray:
+    """The modular differences of CDENSE's value section (see :func:`_dense_values`)."""
     data = bytes(data)
     try:
         slen, at = conditioned.read_varint(data)
@@ -367,20 +378,12 @@ def _value_frames(data, count: int, w: int, *, where: str) -> tuple[bytes, bytes
         raise FormatError(f"{where}: value section: {e}") from None
     if slen > len(data) - at:
         raise FormatError(f"{where}: value section: sign frame longer than the section")
-    signs = decompress_exact(data[at : at + slen], (count + 7) // 8, where=where)
-    if count % 8 and signs[-1] & (0xFF >> (count % 8)):
+    signs = decompress_exact(data[at : at + slen], (n + 7) // 8, where=where)
+    if n % 8 and signs[-1] & (0xFF >> (n % 8)):
         raise FormatError(f"{where}: nonzero padding in the sign bits")
-    return signs, decompress_exact(data[at + slen :], count * w, where=where)
-
-
-def _read_mvalues(data, count: int, w: int, *, where: str, dense: bool = False) -> np.ndarray:
-    """The modular differences of a value section (see :func:`_mvalues`;
-    with ``dense``, :func:`_dense_values`)."""
-    signs, mplanes = _value_frames(data, count, w, where=where)
-    neg = np.unpackbits(np.frombuffer(signs, dtype=np.uint8))
-    mag = unplanes(mplanes, count, w)
-    neg = neg[:count].astype(bool)
-    d = conditioned.from_dense_sign_magnitude(neg, mag) if dense else conditioned.from_sign_magnitude(neg, mag)
+    mag = unplanes(decompress_exact(data[at + slen :], n * w, where=where), n, w)
+    neg = np.unpackbits(np.frombuffer(signs, dtype=np.uint8))[:n].astype(bool)
+    d = conditioned.from_dense_sign_magnitude(neg, mag)
     if d is None:
         raise FormatError(f"{where}: a value's magnitude is out of range")
     return d
@@ -506,7 +509,7 @@ def _modular(codec, param, count, parts, ref, ref_is_base, *, where, into=False)
         if order is None:
             raise FormatError(f"{where}: cdense mover list out of order")
         d = np.zeros(n, dtype=ref.dtype)
-        d[order] = _read_mvalues(parts[1], n, w, where=where, dense=True)
+        d[order] = _read_dense_values(parts[1], n, w, where=where)
         if np.count_nonzero(d) != count:
             raise FormatError(f"{where}: cdense record does not change {count} words")
         other = ref + d if ref_is_base else ref - d
@@ -521,6 +524,7 @@ def _modular(codec, param, count, parts, ref, ref_is_base, *, where, into=False)
         if np.count_nonzero(z) != count:
             raise FormatError(f"{where}: mdense record does not change {count} words")
         return None, conditioned.unzigzag(z)
+    runs = [count]
     if codec == MSPARSE:
         positions = rice_decode(param, parts[0], parts[1], count, n, where=where)
         values = parts[2]
@@ -533,12 +537,12 @@ def _modular(codec, param, count, parts, ref, ref_is_base, *, where, into=False)
         if param not in conditioned.BUCKETS or conditioned.BUCKETS[param][1] != w:
             raise FormatError(f"{where}: csparse record with bucket function {param} for {w}-byte words")
         try:
-            positions, movers = conditioned.decode_positions(param, ref, bytes(parts[0]), bytes(parts[1]), count)
+            positions, movers, runs = conditioned.decode_positions(param, ref, bytes(parts[0]), bytes(parts[1]), count)
         except conditioned.Malformed as e:
             raise FormatError(f"{where}: {e}") from None
         values = parts[2]
     if into:
-        signs, mplanes = _value_frames(values, count, w, where=where)
+        signs, mplanes = _value_stream(values, count, w, runs, where=where)
         _, _, shift, mask = conditioned.BUCKETS[param] if codec == CSPARSE else (None, None, 0, 0)
         err = kernels.mod_apply(ref, positions, signs, mplanes, shift, mask, movers if codec == CSPARSE else 0)
         if err == kernels.MV_BAD_MAGNITUDE:
@@ -548,7 +552,7 @@ def _modular(codec, param, count, parts, ref, ref_is_base, *, where, into=False)
         if err:
             raise FormatError(f"{where}: position out of range")
         return positions, None
-    d = _read_mvalues(values, count, w, where=where)
+    d = _read_mvalues(values, count, w, runs, where=where)
     if codec == CSPARSE:
         # the movers, and only they, change bucket: what makes the positions
         # decodable from either side (a reverse lists them from the target)

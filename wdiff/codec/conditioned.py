@@ -168,14 +168,26 @@ def _bits_of(values: np.ndarray, r: int) -> np.ndarray:
     return np.unpackbits(be.view(np.uint8).reshape(-1, width // 8), axis=1)[:, width - r :].reshape(-1)
 
 
-def encode_positions(fn: int, old: np.ndarray, new: np.ndarray, positions: np.ndarray) -> tuple[bytes, bytes, np.ndarray]:
+def encode_positions(
+    fn: int, old: np.ndarray, new: np.ndarray, positions: np.ndarray
+) -> tuple[bytes, bytes, np.ndarray, list[int]]:
     """Code the ``positions`` where ``old`` and ``new`` differ (strictly
     increasing): (table, bits, positions in the order the decoder lists
-    them, which is the order the values are stored in). First the *movers*,
-    the changed words whose bucket differs between old and new, as
-    Rice-coded gaps over the chunk; then, bucket by bucket, the changed
-    words among the others (whose bucket is the same on both sides, so that
-    either side can list them)."""
+    them, which is the order the values are stored in, and the runs of that
+    list the value coder starts fresh models on: the movers, then each
+    bucket). First the *movers*, the changed words whose bucket differs
+    between old and new, as Rice-coded gaps over the chunk; then, bucket by
+    bucket, the changed words among the others (whose bucket is the same
+    on both sides, so that either side can list them)."""
+    table, bits, listed = _encode_positions(fn, old, new, positions)
+    k_m, _ = _read_varint(table, 0)
+    b = buckets_of(fn, old[listed[k_m:]])
+    cuts = np.flatnonzero(np.diff(b)) + 1
+    runs = np.diff(np.concatenate(([0], cuts, [b.size]))) if b.size else np.zeros(0, dtype=np.int64)
+    return table, bits, listed, [k_m, *runs.tolist()]
+
+
+def _encode_positions(fn: int, old: np.ndarray, new: np.ndarray, positions: np.ndarray) -> tuple[bytes, bytes, np.ndarray]:
     _, _, shift, mask = BUCKETS[fn]
     fused = kernels.csparse_encode(old, new, shift, mask, positions)
     if fused is not None:
@@ -241,15 +253,16 @@ _CS_ERRORS = {
 }
 
 
-def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count: int) -> tuple[np.ndarray, int]:
+def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count: int) -> tuple[np.ndarray, int, list[int]]:
     """Inverse of :func:`encode_positions`, given either side of the delta
     (``ref``, the base or the target: the buckets of the words that are not
     movers are the same on both): the changed positions in the order they
     are listed, and how many of them, first, are movers. Checks every rule:
     entries in increasing bucket order within range, counts within each
     bucket's size, exact stream lengths, zero padding, positions in range;
-    the listed total must be ``count``. (That the movers move and the
-    others do not is checked by the caller, once the values are known.)"""
+    the listed total must be ``count``; and the runs of the value coder
+    (see :func:`encode_positions`). (That the movers move and the others do
+    not is checked by the caller, once the values are known.)"""
     n = ref.size
     _, _, shift, mask = BUCKETS[fn]
     nbuckets = mask + 1
@@ -298,12 +311,13 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
         counts = kernels.bucket_counts(ref, shift, mask, movers)
         if counts is None:
             raise Malformed("mover list out of order")
-    total = k_m
+    total, runs = k_m, [k_m]
     for b, c, _, complement in entries:
         n_b = int(counts[b])
         if c > n_b or (complement and c == n_b):
             raise Malformed("bucket entry lists more words than its bucket holds")
-        total += n_b - c if complement else c
+        runs.append(n_b - c if complement else c)
+        total += runs[-1]
     if total != count:
         raise Malformed(f"bucket table does not list {count} changed words")
     coded = sum(e[1] for e in entries)
@@ -312,7 +326,7 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
     if fused is not None:
         if isinstance(fused[0], int):
             raise Malformed(_CS_ERRORS[fused[0]])
-        return np.concatenate([movers.astype(np.uint32), fused[0]]), k_m
+        return np.concatenate([movers.astype(np.uint32), fused[0]]), k_m, runs
     unary = np.frombuffer(bits, dtype=np.uint8, count=ulen)
     ones = np.flatnonzero(np.unpackbits(unary))
     if ones.size != coded or (coded and ulen != int(ones[-1]) // 8 + 1) or (not coded and ulen):
@@ -354,7 +368,7 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
     got = kernels.bucket_select(ref, shift, mask, movers, want_all, offsets)
     if got is None:
         raise Malformed("position out of range")
-    return np.concatenate([movers, got]), k_m
+    return np.concatenate([movers, got]), k_m, runs
 
 
 def movers_of(fn: int, old: np.ndarray, new: np.ndarray) -> np.ndarray:

@@ -37,6 +37,8 @@ MAX_BUCKETS = 2048
 CS_BAD_UNARY, CS_BAD_REMAINDER_LENGTH, CS_BAD_PADDING, CS_OUT_OF_RANGE, CS_BAD_MOVERS = 1, 2, 3, 4, 5
 #: what :func:`mod_apply` reports, by error code
 MV_BAD_MAGNITUDE, MV_WRONG_BUCKET, MV_OUT_OF_RANGE = 1, 2, 3
+#: what :func:`rc_values_decode` reports; the value coder's slowest rate (rangecoder.LIMIT)
+RC_BAD_STREAM, RC_LIMIT = 1, 256
 #: what :func:`rice_decode` reports, by error code
 RICE_BAD_COUNT, RICE_BAD_REMAINDER_LENGTH, RICE_OUT_OF_RANGE, RICE_BAD_PADDING = 1, 2, 3, 4
 RICE_ERRORS = {
@@ -55,6 +57,7 @@ CONTRACT = {
     "CS_BAD_REMAINDER_LENGTH": CS_BAD_REMAINDER_LENGTH, "CS_BAD_PADDING": CS_BAD_PADDING,
     "CS_OUT_OF_RANGE": CS_OUT_OF_RANGE, "CS_BAD_MOVERS": CS_BAD_MOVERS, "MV_BAD_MAGNITUDE": MV_BAD_MAGNITUDE,
     "MV_WRONG_BUCKET": MV_WRONG_BUCKET, "MV_OUT_OF_RANGE": MV_OUT_OF_RANGE,
+    "RC_BAD_STREAM": RC_BAD_STREAM, "RC_LIMIT": RC_LIMIT,
 }
 
 
@@ -513,3 +516,48 @@ def mod_apply(buf: np.ndarray, positions: np.ndarray, signs: bytes, mplanes, shi
             return MV_WRONG_BUCKET
     buf[positions] += d
     return 0
+
+
+# -- the value coder of codec v2 ------------------------------------------------------
+
+
+
+def rc_values_encode(signs: bytes, mplanes, w: int, runs: list[int]) -> bytes:
+    """The range-coded value stream of k words of ``w`` bytes from their
+    sign bits (packed MSB first) and the byte planes of their magnitudes
+    (as :func:`mod_values` gives them), the words in ``runs`` (sizes that
+    add up to k, each run with fresh models). See rangecoder.py."""
+    k = len(mplanes) // w
+    r = np.asarray(runs, dtype=np.uint64)
+    if _use_native:
+        return _native.rc_values_encode(signs, mplanes, w, r)
+    from . import rangecoder
+
+    neg = np.unpackbits(np.frombuffer(signs, dtype=np.uint8))[:k]
+    mag = unplanes(mplanes, k, np.dtype(f"<u{w}"))
+    if int(r.sum()) != k:
+        raise ValueError("value coder: runs do not add up to the word count")
+    return rangecoder.encode_values(neg, mag, 8 * w, [int(x) for x in r])
+
+
+def rc_values_decode(data: bytes, k: int, w: int, runs: list[int]) -> tuple[bytes, np.ndarray] | int:
+    """Inverse of :func:`rc_values_encode`: (sign bits, magnitude planes,
+    this thread's scratch), or :data:`RC_BAD_STREAM` for a stream the
+    coder cannot have written (it must start with a 0 byte and be read
+    exactly to its end)."""
+    r = np.asarray(runs, dtype=np.uint64)
+    if int(r.sum()) != k:
+        raise ValueError("value coder: runs do not add up to the word count")
+    out = scratch("rcplanes", k * w)
+    if _use_native:
+        signs = bytearray((k + 7) // 8)
+        err = _native.rc_values_decode(data, w, r, signs, out)
+        return err if err else (bytes(signs), out)
+    from . import rangecoder
+
+    try:
+        neg, mag = rangecoder.decode_values(bytes(data), 8 * w, [int(x) for x in r])
+    except rangecoder.Bad:
+        return RC_BAD_STREAM
+    words = np.array(mag, dtype=np.uint64).astype(np.dtype(f"<u{w}"))
+    return np.packbits(np.array(neg, dtype=np.uint8)).tobytes(), planes(words, out)
