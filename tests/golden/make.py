@@ -337,8 +337,8 @@ anything; `python tests/golden/make.py` rewrites this directory.
 | `struct.wdb` | `wdiff pack --format 1 ckpt/base ckpt/struct`: HEADER, FILE, RAW, SPARSE and BITMAP records |
 | `signed.wdb`, `signed.wdb.minisig` | `wdiff pack --format 1 ckpt/base ckpt/sparse --sign keys/test.key` |
 | `v3-dense.wdb` | `wdiff pack ckpt/base ckpt/dense`: format version 3, MDENSE records |
-| `v3-adam.wdb` | `wdiff pack ckpt/base ckpt/adam`: format version 3, CSPARSE records |
-| `v3-struct.wdb` | `wdiff pack ckpt/base ckpt/struct`: no codec of version 3 is smaller there, so it is format version 1, the same bytes as `struct.wdb` |
+| `v3-adam.wdb` | `wdiff pack ckpt/base ckpt/adam`: format version 3, CSPARSE and MSPARSE records |
+| `v3-struct.wdb` | `wdiff pack ckpt/base ckpt/struct`: as `struct.wdb` but format version 3, its one sparse chunk MSPARSE (range-coded values are smaller there) |
 | `corrupt/sparse-truncated.wdb` | `sparse.wdb` without its last 100 bytes |
 | `corrupt/sparse-flipped.wdb` | `sparse.wdb` with one bit of its first record's payload flipped |
 | `keys/test.key`, `keys/test.key.pub` | **a TEST signing key**, made once with `wdiff keygen` and published here on purpose: never trust it for anything |
