@@ -1092,15 +1092,19 @@ def csparse_listed(rec, ow: np.ndarray, n: int) -> tuple[list, int, list]:
     return listed, km, runs
 
 
-def value_layout(rec, old: bytes, n: int) -> tuple[int, int, list]:
+def value_layout(rec, old: bytes, n: int) -> tuple[int, int, list, list]:
     """Where a record's value section V is and how it is coded: (section,
-    k, runs), for MSPARSE, MBITMAP and CSPARSE (CSPARSE reads the base)."""
+    k, runs, the listed positions of its values), for MSPARSE, MBITMAP and
+    CSPARSE (the positions as decode_chunk finds them)."""
+    s0 = bytes(rec.sections[0])
     if rec.codec == MSPARSE:
-        return 2, rec.count, [rec.count]
+        return 2, rec.count, [rec.count], rice_decode0(s0, bytes(rec.sections[1]), rec.count, rec.param, n, "MSPARSE")
     if rec.codec == MBITMAP:
-        return 1, rec.count, [rec.count]
+        pos = np.flatnonzero(_bits(unZ(s0, (n + 7) // 8, "MBITMAP bitmap"))[:n]).tolist()
+        return 1, rec.count, [rec.count], pos
     if rec.codec == CSPARSE:
-        return 2, rec.count, csparse_listed(rec, _words(old, rec.word), n)[2]
+        listed, _, runs = csparse_listed(rec, _words(old, rec.word), n)
+        return 2, rec.count, runs, listed
     raise ValueError(f"codec {rec.codec} has no value section V")
 
 

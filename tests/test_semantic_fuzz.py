@@ -388,6 +388,49 @@ def test_semantic_fuzz_v3(world):
     assert sum(c.get(0, 0) for k, c in stats.by_kind.items()) > 0
 
 
+def test_value_section_refusals_and_agreement(world, tmp_path):
+    """Codec v2's range-coded value section: each variant of the
+    v3.value_section mutation, on records of every codec that has one
+    (MSPARSE, MBITMAP, CSPARSE), makes the spec reader refuse for the reason
+    it is about (shorter than 5 bytes, first byte not 0, reading past the
+    end, bytes left unread, code >= range) or accept the valid ones; and
+    wdiff gives the same verdict: the same status, or both accept with the
+    same bytes."""
+    _, _, scenarios = world
+    sc = next(s for s in scenarios if s.name == "v3")
+    seen = set()
+    k = 0
+    for variant, (_, why) in fz.VALUE_VARIANTS.items():
+        for label, data in sc.bundles:
+            ctx = fz.Ctx(sc, sb.parse(data), random.Random(f"{variant}:{label}"))
+            try:
+                fz.m_v3_values(ctx, variant)
+            except fz.Skip:
+                continue
+            r = next(r for r, o in zip(ctx.b.records, sb.parse(data).records) if r.sections != o.sections)
+            seen.add((variant, r.codec))
+            bad = sb.serialize(ctx.b)
+            status, res = fz.spec_verdict(bad, sc.base, False)
+            if why == "valid":
+                assert status == 0, (variant, label, res)
+            elif why != "either":
+                assert status == 4, (variant, label)
+                assert why in res or (variant == 2 and "shorter than 5 bytes" in res), (variant, res)
+            p = tmp_path / f"{k}.wdb"
+            p.write_bytes(bad)
+            out = tmp_path / f"out{k}"
+            k += 1
+            oc = fz.run_apply(str(p), sc.base_dir, str(out))
+            assert oc.status == status, (variant, label, r.codec, oc.error, res if status else "")
+            if status == 0:
+                assert {q: (out / q).read_bytes() for q in res} == res
+                assert fz.check_output(str(out), ctx.b.index) == []
+            else:
+                assert not out.exists()
+    assert {v for v, _ in seen} == set(fz.VALUE_VARIANTS), seen
+    assert {c for _, c in seen} == {sb.MSPARSE, sb.MBITMAP, sb.CSPARSE}, seen
+
+
 # -- valid bundles in place ----------------------------------------------------------------------
 
 

@@ -170,7 +170,7 @@ def test_spec_csparse_examples():
     assert sb.value_decode_sm(s2, 3, 2, "t", [3]) == ([0, 1, 0], [0, 0, 0])  # signs 0 1 0, every M = 0
     assert sb.value_decode(s2, 3, 2, "t", [3]).tolist() == [1, 0xFFFF, 1]  # +1, -1, +1
     rec = sb.Rec(sb.CHUNK, sb.CSPARSE, 2, 1, 0, 0, 16, 3, sb.ZERO, sb.ZERO, [s0, s1, s2])
-    assert sb.value_layout(rec, old.tobytes(), 8) == (2, 3, [3])
+    assert sb.value_layout(rec, old.tobytes(), 8) == (2, 3, [3], [1, 4, 5])
     assert sb.decode_chunk(rec, old.tobytes(), 8) == new.tobytes()
     assert sb.encode_v2(sb.CSPARSE, old.tobytes(), new.tobytes(), 2, fn=1) == (1, 3, [s0, s1, s2])
     # example 2: word 1 plus 1 (a mover), words 2 and 6 plus 1 and plus 2
@@ -183,7 +183,7 @@ def test_spec_csparse_examples():
     assert sb.value_decode_sm(s2, 3, 2, "t", [1, 2]) == ([0, 0, 0], [0, 0, 1])  # M = 0; M = 0, then 1
     assert sb.value_decode(s2, 3, 2, "t", [1, 2]).tolist() == [1, 1, 2]
     rec = sb.Rec(sb.CHUNK, sb.CSPARSE, 2, 1, 0, 0, 16, 3, sb.ZERO, sb.ZERO, [s0, s1, s2])
-    assert sb.value_layout(rec, old.tobytes(), 8) == (2, 3, [1, 2])
+    assert sb.value_layout(rec, old.tobytes(), 8) == (2, 3, [1, 2], [1, 2, 6])
     assert sb.decode_chunk(rec, old.tobytes(), 8) == new.tobytes()
     assert sb.encode_v2(sb.CSPARSE, old.tobytes(), new.tobytes(), 2, fn=1, rm=0) == (1, 3, [s0, s1, s2])
     # the runs matter: the same bytes as one run are other values (the one
