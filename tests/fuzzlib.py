@@ -2152,6 +2152,23 @@ KNOWN_BUGS = {
 }
 
 
+#: crashes this fuzzer found that are not fixed yet: name -> (what the error
+#: says, the description); each has its strict xfail test in test_semantic_fuzz.py
+KNOWN_CRASHES = {
+    "csparse-entry-past-chunk": (
+        "csparse_select: bad entries",
+        "a complemented CSPARSE entry whose c exceeds the chunk's word count makes _native.csparse_select raise "
+        "ValueError on the fused path of conditioned.decode_positions (exit 2 instead of 4; the numpy path "
+        "refuses it); test_csparse_entry_count_past_the_chunk_is_refused"),
+}
+
+
+def known_crash(error: str) -> str | None:
+    """The known crash an unexpected error (in process, or the CLI's stderr)
+    is an instance of, or None."""
+    return next((k for k, (sig, _) in KNOWN_CRASHES.items() if sig in error), None)
+
+
 def known_bug(mode: str, index, outcome: Outcome, problems: list, exposed_after_refusal: bool,
               out_path: str = "") -> str | None:
     """The name of the known bug a failure is an instance of, or None.
