@@ -392,7 +392,8 @@ def test_semantic_fuzz_v3(world):
     for k in V3_KINDS:
         assert stats.kinds[k] > 0, k
     # value sections leave a reader no latitude: wdiff and the spec agree
-    split = [k for k in list(stats.lenient) + list(stats.strict) if k.startswith(("v3.value_section:", "v3.dense_values:"))]
+    split = [k for k in list(stats.lenient) + list(stats.strict)
+             if k.startswith(("v3.value_section:", "v3.dense_values:"))]
     assert not split, (split, stats.lenient_examples, stats.strict_examples)
     # valid re-encodings and restatements are accepted, and give the bytes the
     # spec reader gives (one_case compares them)
