@@ -1524,27 +1524,118 @@ def m_v3_table(ctx):
     r.sections[0] = head + sb.varint(E) + body + sb.varint(u) + tail
 
 
-def _value_sec(r):
-    if r.codec in (sb.MSPARSE, sb.CSPARSE):
-        return 2
-    if r.codec in (sb.MBITMAP, sb.CDENSE):
-        return 1
-    raise Skip
+def _restate_chunk(ctx, r, h, cov, new: bytes) -> None:
+    """Record r now produces ``new``: its target digest and the index's
+    tensor digests restated (the bundle stays valid)."""
+    r.target = sb._chunk_digest(cov, r.lo, r.hi, new)
+    region = bytearray(ctx.region(r.file))
+    region[r.lo:r.hi] = new
+    ctx.files[r.file]["tensors"] = [sb.D(region[t_.begin:t_.end]).hex() for t_ in h.tensors]
+
+
+#: m_v3_values's variants, by number: (what each one does, what a reader
+#: must answer: the refusal rule it breaks, "valid", or "either": other
+#: values or a refusal; a stream of k + 1 values can even decode to the
+#: same k values, its extra bits inside the final range)
+VALUE_VARIANTS = {0: ("cut below 5 bytes", "shorter than 5 bytes"), 1: ("first byte", "first byte is not 0"),
+                  2: ("cut short", "reads past the end"), 3: ("bytes appended", "bytes remain unread"),
+                  4: ("bytes 1 to 4 ff ff ff ff", "code >= range"), 5: ("k - 1 or k + 1 values", "either"),
+                  6: ("other runs", "either"), 7: ("a bit flipped", "either"),
+                  8: ("tail within the final range", "valid"), 9: ("tail past the final range", "either"),
+                  10: ("s = 0, M = 2^(8w-1) - 1, restated", "valid"), 11: ("the same as 10", "valid")}
 
 
 @mutation("v3.value_section", 3)
-def m_v3_values(ctx):
-    """Sign and magnitude frames of the wrong length (k +- 1), L off by one
-    or past the section, a truncated or non-minimal varint, sign padding set,
-    a magnitude at 2^(8w-1) (V) or a sign on a zero (V0)."""
-    i = ctx.pick_rec(sb.CHUNK, (sb.MSPARSE, sb.MBITMAP, sb.CSPARSE, sb.CDENSE))
-    r = ctx.b.records[i]
-    k = _value_sec(r)
+def m_v3_values(ctx, variant: int | None = None):
+    """The range-coded value section V of MSPARSE, MBITMAP and CSPARSE, broken
+    by each refusal rule of the spec: shorter than 5 bytes, a first byte other
+    than 0, cut short (decoding reads past its end), bytes left unread, code
+    >= range at the end (bytes 1 to 4 ff ff ff ff); the values coded for k - 1
+    or k + 1 words, or in other runs (one run for a CSPARSE with entries, two
+    for MSPARSE), a bit flipped, the tail bumped past the final range. Valid
+    ones too: the tail bumped within the final range (the same values), and
+    s = 0 with M = 2^(8w-1) - 1 (D = 2^(8w-1), a form no writer produces)
+    with the target restated: both readers must accept them alike."""
+    i = ctx.pick_rec(sb.CHUNK, (sb.MSPARSE, sb.MBITMAP, sb.CSPARSE))
+    r, h, cov, old, new = ctx.chunk(i)
+    n = (r.hi - r.lo) // r.word
+    w = r.word
+    si, k, runs, listed = sb.value_layout(r, old, n)
+    sec = bytes(r.sections[si])
+    signs, mags, dec = sb.value_decode_sm(sec, k, w, "", runs, end=False)
+    top = 8 * w - 1
+    c = ctx.rng.randrange(len(VALUE_VARIANTS)) if variant is None else variant
+    if c == 0:
+        sec = sec[:ctx.rng.randrange(5)]
+    elif c == 1:
+        sec = bytes([ctx.rng.randrange(1, 256)]) + sec[1:]
+    elif c == 2:
+        sec = sec[:-ctx.rng.choice([1, 1, 2, 3])]
+    elif c == 3:
+        sec = sec + bytes([ctx.rng.randrange(256)]) * ctx.rng.choice([1, 1, 2])
+    elif c == 4:  # code >= range from the start; zeros keep it there, random bytes may wrap it
+        tail = bytes(8 * k * w + 16) if variant is not None or ctx.rng.random() < 0.7 else ctx.rng.randbytes(len(sec))
+        s_, m_, d_ = sb.value_decode_sm(b"\0\xff\xff\xff\xff" + tail, k, w, "", runs, end=False)
+        sec = (b"\0\xff\xff\xff\xff" + tail)[:d_.pos]
+    elif c == 5:  # k - 1 or k + 1 values in the same runs
+        if ctx.rng.random() < 0.5 and k > 1:
+            j = max(x for x in range(len(runs)) if runs[x])
+            rr = runs[:j] + [runs[j] - 1] + runs[j + 1:]
+            sec = sb.value_encode_sm(signs[:-1], mags[:-1], w, rr)
+        else:
+            sec = sb.value_encode_sm(signs + [0], mags + [ctx.rng.choice([0, 1, 5])], w, runs[:-1] + [runs[-1] + 1])
+    elif c == 6:  # other runs
+        if len([x for x in runs if x]) > 1:
+            rr = [k]
+        elif k > 1:
+            cut = ctx.rng.randrange(1, k)
+            rr = [cut, k - cut]
+        else:
+            raise Skip
+        sec = sb.value_encode_sm(signs, mags, w, rr)
+    elif c == 7:
+        b = bytearray(sec)
+        b[ctx.rng.randrange(1, len(b))] ^= 1 << ctx.rng.randrange(8)
+        sec = bytes(b)
+    elif c in (8, 9):  # the tail bumped: within the final range (valid), or past it
+        x = ctx.rng.randrange(1, dec.range) if c == 8 else dec.range + ctx.rng.choice([0, 1, 1 << 20])
+        v = int.from_bytes(sec[-4:], "big") + x
+        if v >> 32:
+            raise Skip
+        sec = sec[:-4] + v.to_bytes(4, "big")
+    else:  # s = 0, M = 2^(8w-1) - 1 on one value (not a CSPARSE mover), target restated
+        km = runs[0] if r.codec == sb.CSPARSE else 0
+        if km >= k:
+            raise Skip
+        j = ctx.rng.randrange(km, k)
+        signs, mags = list(signs), list(mags)
+        signs[j], mags[j] = 0, (1 << top) - 1
+        r.sections[si] = sb.value_encode_sm(signs, mags, w, runs)
+        t = sb._UINT[w]
+        a = np.frombuffer(new, t).copy()
+        a[listed[j]] = t((int(np.frombuffer(old, t)[listed[j]]) + (1 << top)) % (1 << (8 * w)))
+        _restate_chunk(ctx, r, h, cov, a.tobytes())
+        r.lens = None
+        return
+    if sec == bytes(r.sections[si]):
+        raise Skip  # e.g. a value k + 1 of 0 bits only: the same bytes
+    r.sections[si] = sec
+    r.lens = None
+
+
+@mutation("v3.dense_values", 1.5)
+def m_v3_dense_values(ctx):
+    """CDENSE's V0 section (zstd frames): sign and magnitude frames of the
+    wrong length (n +- 1), L off by one or past the section, a truncated or
+    non-minimal varint, sign padding set, a magnitude above 2^(8w-1) or at
+    it with the sign clear, a sign on a zero."""
+    r = ctx.b.records[ctx.pick_rec(sb.CHUNK, sb.CDENSE)]
+    k = 1
     w = r.word
     sec = r.sections[k]
     L, p = sb.read_varint(sec, 0, "")
     sign, mag = sec[p:p + L], sec[p + L:]
-    cnt = r.count if r.codec != sb.CDENSE else (r.hi - r.lo) // w
+    cnt = (r.hi - r.lo) // w
     sbits = sb._bits(sb.unZ(sign, (cnt + 7) // 8))
     mags = sb.unP(sb.unZ(mag, cnt * w), w)
     c = ctx.rng.randrange(9)
@@ -2059,6 +2150,23 @@ KNOWN_BUGS = {
         "apply -o renames OUT into place, then scan(OUT) for the manifest cache refuses it (duplicate tensor "
         "names, a tree deeper than 32 levels): exit 4 with OUT exposed (applying.apply)",
 }
+
+
+#: crashes this fuzzer found that are not fixed yet: name -> (what the error
+#: says, the description); each has its strict xfail test in test_semantic_fuzz.py
+KNOWN_CRASHES = {
+    "csparse-entry-past-chunk": (
+        "csparse_select: bad entries",
+        "a complemented CSPARSE entry whose c exceeds the chunk's word count makes _native.csparse_select raise "
+        "ValueError on the fused path of conditioned.decode_positions (exit 2 instead of 4; the numpy path "
+        "refuses it); test_csparse_entry_count_past_the_chunk_is_refused"),
+}
+
+
+def known_crash(error: str) -> str | None:
+    """The known crash an unexpected error (in process, or the CLI's stderr)
+    is an instance of, or None."""
+    return next((k for k, (sig, _) in KNOWN_CRASHES.items() if sig in error), None)
 
 
 def known_bug(mode: str, index, outcome: Outcome, problems: list, exposed_after_refusal: bool,

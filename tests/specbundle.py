@@ -723,20 +723,212 @@ def bucket(v: np.ndarray, fn: int) -> np.ndarray:
     return ((v >> t(s)) & t((1 << e) - 1)).astype(np.int64)
 
 
-def value_encode(D: np.ndarray, w: int, *, zero_ok: bool = False, level: int = 3) -> bytes:
-    """V(D) (or V0(D) with zero_ok, for CDENSE)."""
+
+_RC_TOP = 1 << 24
+_P_HALF = 32768
+
+
+def _adapt(m: list, b: int) -> None:
+    """Models: (p, c) after coding bit b; t = floor(65536 / min(c + 2, 256))."""
+    p, c = m
+    t = 65536 // min(c + 2, 256)
+    if b:
+        p -= (p * t) >> 16
+    else:
+        p += ((65536 - p) * t) >> 16
+    m[0] = min(max(p, 64), 65472)
+    m[1] = min(c + 1, 254)
+
+
+def _fresh() -> list:
+    return [_P_HALF, 0]
+
+
+def _run_models() -> tuple:
+    """zero, one, len[2..63], lead[2..63] (indexed by L; 0 and 1 unused)."""
+    return _fresh(), _fresh(), [_fresh() for _ in range(64)], [_fresh() for _ in range(64)]
+
+
+class RangeEncoder:
+    """Coder: low (< 2^33), range, cache, pending = 0, 2^32 - 1, 0, 1."""
+
+    def __init__(self):
+        self.low, self.range, self.cache, self.pending = 0, 0xFFFFFFFF, 0, 1
+        self.out = bytearray()
+
+    def bit(self, b: int, p: int) -> None:
+        bound = (self.range >> 16) * p
+        if b:
+            self.low += bound
+            self.range -= bound
+        else:
+            self.range = bound
+        while self.range < _RC_TOP:
+            self.range <<= 8
+            self.shift()
+
+    def model_bit(self, b: int, m: list) -> None:
+        self.bit(b, m[0])
+        _adapt(m, b)
+
+    def shift(self) -> None:
+        low = self.low
+        if (low & 0xFFFFFFFF) < 0xFF000000 or low >= 1 << 32:
+            carry = low >> 32
+            self.out.append((self.cache + carry) & 0xFF)
+            self.out.extend([(0xFF + carry) & 0xFF] * (self.pending - 1))
+            self.pending = 0
+            self.cache = (low >> 24) & 0xFF
+        self.pending += 1
+        self.low = (low & 0xFFFFFF) << 8
+
+    def finish(self) -> bytes:
+        for _ in range(5):
+            self.shift()
+        return bytes(self.out)
+
+
+class RangeDecoder:
+    """range = 2^32 - 1, code = bytes 1 to 4 big-endian, next byte 5; refuses
+    a stream shorter than 5 bytes or whose first byte is not 0."""
+
+    def __init__(self, sec: bytes, what: str):
+        self.sec, self.what = bytes(sec), what
+        if len(self.sec) < 5:
+            refuse(f"{what}: value stream shorter than 5 bytes")
+        if self.sec[0] != 0:
+            refuse(f"{what}: value stream's first byte is not 0")
+        self.range = 0xFFFFFFFF
+        self.code = int.from_bytes(self.sec[1:5], "big")
+        self.pos = 5
+
+    def bit(self, p: int) -> int:
+        bound = (self.range >> 16) * p
+        if self.code < bound:
+            b = 0
+            self.range = bound
+        else:
+            b = 1
+            self.code -= bound
+            self.range -= bound
+        while self.range < _RC_TOP:
+            if self.pos >= len(self.sec):
+                refuse(f"{self.what}: decoding reads past the end of the value stream")
+            self.range <<= 8
+            self.code = ((self.code << 8) | self.sec[self.pos]) & 0xFFFFFFFF
+            self.pos += 1
+        return b
+
+    def model_bit(self, m: list) -> int:
+        b = self.bit(m[0])
+        _adapt(m, b)
+        return b
+
+    def end(self) -> None:
+        if self.pos != len(self.sec):
+            refuse(f"{self.what}: bytes remain unread after the values")
+        if self.code >= self.range:
+            refuse(f"{self.what}: code >= range at the end of the value stream")
+
+
+def _runs_of(k: int, runs) -> list:
+    runs = [k] if runs is None else [int(x) for x in runs]
+    assert sum(runs) == k and all(x >= 0 for x in runs), (k, runs)
+    return runs
+
+
+def value_encode_sm(signs, mags, w: int, runs=None) -> bytes:
+    """The value coder over raw (s_i, M_i) pairs, M_i < 2^(8w-1): the
+    Binarization of the spec, whatever D they mean (for hostile tests too)."""
+    k = len(mags)
+    top = 8 * w - 1
+    enc = RangeEncoder()
+    sign = _fresh()
+    i = 0
+    for size in _runs_of(k, runs):
+        zero, one, lens, lead = _run_models()
+        for _ in range(size):
+            s, M = int(signs[i]), int(mags[i])
+            i += 1
+            assert 0 <= M < 1 << top
+            enc.model_bit(s, sign)
+            enc.model_bit(int(M != 0), zero)
+            if M == 0:
+                continue
+            enc.model_bit(int(M != 1), one)
+            if M == 1:
+                continue
+            L = M.bit_length()
+            for j in range(2, L):
+                enc.model_bit(1, lens[j])
+            if L < top:
+                enc.model_bit(0, lens[L])
+            enc.model_bit((M >> (L - 2)) & 1, lead[L])
+            for j in range(L - 3, -1, -1):
+                enc.bit((M >> j) & 1, _P_HALF)
+    return enc.finish()
+
+
+def value_decode_sm(sec: bytes, k: int, w: int, what: str, runs=None, *, end: bool = True):
+    """(signs, magnitudes) of a value stream, with every refusal of the spec
+    (without end: (signs, magnitudes, the decoder), its end not checked)."""
+    top = 8 * w - 1
+    dec = RangeDecoder(sec, what)
+    sign = _fresh()
+    signs, mags = [], []
+    for size in _runs_of(k, runs):
+        zero, one, lens, lead = _run_models()
+        for _ in range(size):
+            signs.append(dec.model_bit(sign))
+            if not dec.model_bit(zero):
+                mags.append(0)
+                continue
+            if not dec.model_bit(one):
+                mags.append(1)
+                continue
+            L = 2
+            while L < top and dec.model_bit(lens[L]):
+                L += 1
+            M = 2 | dec.model_bit(lead[L])
+            for _ in range(L - 2):
+                M = (M << 1) | dec.bit(_P_HALF)
+            mags.append(M)
+    if not end:
+        return signs, mags, dec
+    dec.end()
+    return signs, mags
+
+
+def value_encode(D: np.ndarray, w: int, runs=None) -> bytes:
+    """V(D1..Dk) (Value section): s_i, M_i = |d_i| - 1, range-coded in runs."""
+    t = _UINT[w]
+    D = np.asarray(D, t)
+    assert not (D == 0).any(), "V codes changed words only"
+    neg = (D >> t(8 * w - 1)).astype(bool)
+    mag = (np.where(neg, (t(0) - D).astype(t), D).astype(t) - t(1)).astype(t)
+    return value_encode_sm(neg.astype(np.uint8).tolist(), mag.tolist(), w, runs)
+
+
+def value_decode(sec: bytes, k: int, w: int, what: str, runs=None) -> np.ndarray:
+    """D of a value section V: D_i = M_i + 1 (s_i = 0) or 2^(8w) - (M_i + 1)."""
+    signs, mags = value_decode_sm(sec, k, w, what, runs)
+    mod = 1 << (8 * w)
+    out = [(mod - (m + 1)) if s else (m + 1) for s, m in zip(signs, mags)]
+    return np.array(out, dtype=_UINT[w]) if out else np.zeros(0, _UINT[w])
+
+
+def v0_encode(D: np.ndarray, w: int, *, level: int = 3) -> bytes:
+    """V0(D) (CDENSE section 1): varint L, sign frame, magnitude frame."""
     t = _UINT[w]
     neg = (D >> t(8 * w - 1)).astype(bool)
     mag = np.where(neg, (t(0) - D).astype(t), D).astype(t)
-    if not zero_ok:
-        mag = (mag - t(1)).astype(t)
     k = D.size
     sign = Z(_pack_bits(neg.astype(np.uint8)) if k else b"", level)
     return varint(len(sign)) + sign + Z(P(mag.tobytes(), w), level)
 
 
-def value_decode(sec: bytes, k: int, w: int, what: str, *, zero_ok: bool = False) -> np.ndarray:
-    """D of a value section: V (changed words, M < 2^(8w-1)) or V0 (CDENSE)."""
+def v0_decode(sec: bytes, k: int, w: int, what: str) -> np.ndarray:
+    """D of CDENSE's V0 section (M_i = |d_i|, zero allowed)."""
     sec = bytes(sec)
     L, pos = read_varint(sec, 0, what + " sign length")
     if L > len(sec) - pos:
@@ -749,11 +941,6 @@ def value_decode(sec: bytes, k: int, w: int, what: str, *, zero_ok: bool = False
     mag = _words(unP(unZ(sec[pos + L:], k * w, what + " magnitudes"), w), w)
     t = _UINT[w]
     half = t(1 << (8 * w - 1))
-    if not zero_ok:
-        if (mag >= half).any():
-            refuse(f"{what}: magnitude at or above 2^(8w-1)")
-        m1 = (mag + t(1)).astype(t)
-        return np.where(neg, (t(0) - m1).astype(t), m1).astype(t)
     if (mag > half).any():
         refuse(f"{what}: magnitude above 2^(8w-1)")
     if (neg & (mag == 0)).any():
@@ -810,6 +997,117 @@ def _subsequences(ob: np.ndarray, movers, nb: int) -> list:
     return [sorted_idx[cuts[c]:cuts[c + 1]] for c in range(nb)]
 
 
+def csparse_listed(rec, ow: np.ndarray, n: int) -> tuple[list, int, list]:
+    """CSPARSE (8), sections 0 and 1 against the base words ow: (the listed
+    order of the changed words, k_m, the runs of the value section)."""
+    w = rec.word
+    s0, s1 = bytes(rec.sections[0]), bytes(rec.sections[1])
+    fn = _bucket_fn(rec, w, "CSPARSE")
+    e = BUCKETS[fn][2]
+    k = rec.count
+    if not (1 <= k <= n):
+        refuse("CSPARSE: bad count")
+    km, rm, um, p = _movers_header(s0, 0, "CSPARSE table")
+    E, p = read_varint(s0, p, "CSPARSE table")
+    if E > 1 << e:
+        refuse("CSPARSE: more entries than buckets")
+    entries = []
+    prevb = -1
+    for _ in range(E):
+        delta, p = read_varint(s0, p, "CSPARSE entry")
+        c, p = read_varint(s0, p, "CSPARSE entry")
+        mode, p = read_varint(s0, p, "CSPARSE entry")
+        bk = prevb + delta + 1
+        if bk >= 1 << e:
+            refuse("CSPARSE: entry bucket at or above 2^e")
+        r, x = mode // 2, mode % 2
+        if r > MAX_RICE:
+            refuse("CSPARSE: entry Rice parameter above 40")
+        if x == 0 and c < 1:
+            refuse("CSPARSE: entry codes no changed word")
+        if c == 0 and not (x == 1 and r == 0):
+            refuse("CSPARSE: c = 0 needs x = 1 and r = 0")
+        entries.append((bk, c, r, x))
+        prevb = bk
+    u, p = read_varint(s0, p, "CSPARSE table")
+    if p != len(s0):
+        refuse("CSPARSE: trailing bytes after the table")
+    if km > k:
+        refuse("CSPARSE: more movers than changed words")
+    mrem = (km * rm + 7) // 8
+    brem = (sum(c * r for _, c, r, _ in entries) + 7) // 8
+    if len(s1) != um + mrem + u + brem:
+        refuse("CSPARSE: position bits are not the lengths the table gives")
+    movers = rice_decode0(s1[:um], s1[um:um + mrem], km, rm, n, "CSPARSE movers")
+    bun, brm = _bits(s1[um + mrem:um + mrem + u]), _bits(s1[um + mrem + u:])
+    total_c = sum(c for _, c, _, _ in entries)
+    ones = np.flatnonzero(bun)
+    if len(ones) != total_c:
+        refuse("CSPARSE: bucket unary stream holds another number of 1 bits")
+    if total_c == 0:
+        if u:
+            refuse("CSPARSE: bucket unary stream for no position")
+    elif u != (int(ones[-1]) + 8) // 8:
+        refuse("CSPARSE: bucket unary stream has the wrong length")
+    if brm[sum(c * r for _, c, r, _ in entries):].any():
+        refuse("CSPARSE: bucket remainder padding is not zero")
+    S = _subsequences(bucket(ow, fn), movers, 1 << e)
+    qs = np.diff(np.concatenate([[-1], ones])) - 1 if total_c else np.zeros(0, np.int64)
+    listed = list(movers)
+    nonmovers = []
+    runs = [km]  # Value section runs: the movers, then one per entry
+    qi = 0
+    rb = 0
+    for bk, c, r, x in entries:
+        nc = len(S[bk])
+        if c > nc or (x == 1 and c == nc):
+            refuse("CSPARSE: entry count exceeds its subsequence")
+        js = []
+        jp = -1
+        for _ in range(c):
+            q = int(qs[qi])
+            qi += 1
+            if q > (nc >> r):
+                refuse("CSPARSE: quotient too large")
+            m = 0
+            for b_ in range(r):
+                m = (m << 1) | int(brm[rb + b_])
+            rb += r
+            j = jp + 1 + (q << r) + m
+            if j >= nc:
+                refuse("CSPARSE: local index not below n_c")
+            js.append(j)
+            jp = j
+        if x == 0:
+            ch = S[bk][js]
+        else:
+            mask = np.ones(nc, bool)
+            mask[js] = False
+            ch = S[bk][mask]
+        nonmovers.extend(ch.tolist())
+        runs.append(len(ch))
+    listed += nonmovers
+    if len(listed) != k:
+        refuse("CSPARSE: movers and buckets do not list exactly k words")
+    return listed, km, runs
+
+
+def value_layout(rec, old: bytes, n: int) -> tuple[int, int, list, list]:
+    """Where a record's value section V is and how it is coded: (section,
+    k, runs, the listed positions of its values), for MSPARSE, MBITMAP and
+    CSPARSE (the positions as decode_chunk finds them)."""
+    s0 = bytes(rec.sections[0])
+    if rec.codec == MSPARSE:
+        return 2, rec.count, [rec.count], rice_decode0(s0, bytes(rec.sections[1]), rec.count, rec.param, n, "MSPARSE")
+    if rec.codec == MBITMAP:
+        pos = np.flatnonzero(_bits(unZ(s0, (n + 7) // 8, "MBITMAP bitmap"))[:n]).tolist()
+        return 1, rec.count, [rec.count], pos
+    if rec.codec == CSPARSE:
+        listed, _, runs = csparse_listed(rec, _words(old, rec.word), n)
+        return 2, rec.count, runs, listed
+    raise ValueError(f"codec {rec.codec} has no value section V")
+
+
 def decode_v2(rec, old: bytes, n: int) -> bytes:
     """The new bytes of a CHUNK record of codec 5 to 9 (Codec v2)."""
     w = rec.word
@@ -847,91 +1145,9 @@ def decode_v2(rec, old: bytes, n: int) -> bytes:
         D = value_decode(s1, rec.count, w, "MBITMAP values")
     elif rec.codec == CSPARSE:
         fn = _bucket_fn(rec, w, name)
-        e = BUCKETS[fn][2]
         k = rec.count
-        if not (1 <= k <= n):
-            refuse("CSPARSE: bad count")
-        km, rm, um, p = _movers_header(s0, 0, "CSPARSE table")
-        E, p = read_varint(s0, p, "CSPARSE table")
-        if E > 1 << e:
-            refuse("CSPARSE: more entries than buckets")
-        entries = []
-        prevb = -1
-        for _ in range(E):
-            delta, p = read_varint(s0, p, "CSPARSE entry")
-            c, p = read_varint(s0, p, "CSPARSE entry")
-            mode, p = read_varint(s0, p, "CSPARSE entry")
-            bk = prevb + delta + 1
-            if bk >= 1 << e:
-                refuse("CSPARSE: entry bucket at or above 2^e")
-            r, x = mode // 2, mode % 2
-            if r > MAX_RICE:
-                refuse("CSPARSE: entry Rice parameter above 40")
-            if x == 0 and c < 1:
-                refuse("CSPARSE: entry codes no changed word")
-            if c == 0 and not (x == 1 and r == 0):
-                refuse("CSPARSE: c = 0 needs x = 1 and r = 0")
-            entries.append((bk, c, r, x))
-            prevb = bk
-        u, p = read_varint(s0, p, "CSPARSE table")
-        if p != len(s0):
-            refuse("CSPARSE: trailing bytes after the table")
-        if km > k:
-            refuse("CSPARSE: more movers than changed words")
-        mrem = (km * rm + 7) // 8
-        brem = (sum(c * r for _, c, r, _ in entries) + 7) // 8
-        if len(s1) != um + mrem + u + brem:
-            refuse("CSPARSE: position bits are not the lengths the table gives")
-        movers = rice_decode0(s1[:um], s1[um:um + mrem], km, rm, n, "CSPARSE movers")
-        bun, brm = _bits(s1[um + mrem:um + mrem + u]), _bits(s1[um + mrem + u:])
-        total_c = sum(c for _, c, _, _ in entries)
-        ones = np.flatnonzero(bun)
-        if len(ones) != total_c:
-            refuse("CSPARSE: bucket unary stream holds another number of 1 bits")
-        if total_c == 0:
-            if u:
-                refuse("CSPARSE: bucket unary stream for no position")
-        elif u != (int(ones[-1]) + 8) // 8:
-            refuse("CSPARSE: bucket unary stream has the wrong length")
-        if brm[sum(c * r for _, c, r, _ in entries):].any():
-            refuse("CSPARSE: bucket remainder padding is not zero")
-        S = _subsequences(bucket(ow, fn), movers, 1 << e)
-        qs = np.diff(np.concatenate([[-1], ones])) - 1 if total_c else np.zeros(0, np.int64)
-        listed = list(movers)
-        nonmovers = []
-        qi = 0
-        rb = 0
-        for bk, c, r, x in entries:
-            nc = len(S[bk])
-            if c > nc or (x == 1 and c == nc):
-                refuse("CSPARSE: entry count exceeds its subsequence")
-            js = []
-            jp = -1
-            for _ in range(c):
-                q = int(qs[qi])
-                qi += 1
-                if q > (nc >> r):
-                    refuse("CSPARSE: quotient too large")
-                m = 0
-                for b_ in range(r):
-                    m = (m << 1) | int(brm[rb + b_])
-                rb += r
-                j = jp + 1 + (q << r) + m
-                if j >= nc:
-                    refuse("CSPARSE: local index not below n_c")
-                js.append(j)
-                jp = j
-            if x == 0:
-                ch = S[bk][js]
-            else:
-                mask = np.ones(nc, bool)
-                mask[js] = False
-                ch = S[bk][mask]
-            nonmovers.extend(ch.tolist())
-        listed += nonmovers
-        if len(listed) != k:
-            refuse("CSPARSE: movers and buckets do not list exactly k words")
-        D = value_decode(s2, k, w, "CSPARSE values")
+        listed, km, runs = csparse_listed(rec, ow, n)
+        D = value_decode(s2, k, w, "CSPARSE values", runs)
         pos = np.asarray(listed, np.int64)
         nw = (ow[pos] + D).astype(t)
         moved = bucket(nw, fn) != bucket(ow[pos], fn)
@@ -955,7 +1171,7 @@ def decode_v2(rec, old: bytes, n: int) -> bytes:
         ob = bucket(ow, fn)
         S = _subsequences(ob, movers, 1 << e)
         order = np.concatenate([np.asarray(movers, np.int64)] + [s.astype(np.int64) for s in S])
-        D = value_decode(s1, n, w, "CDENSE values", zero_ok=True)
+        D = v0_decode(s1, n, w, "CDENSE values")
         if int(np.count_nonzero(D)) != rec.count:
             refuse("CDENSE: count is not the number of non-zero words")
         out = ow.copy()
@@ -992,9 +1208,9 @@ def encode_v2(codec: int, old: bytes, new: bytes, w: int, *, fn: int | None = No
     if codec == MSPARSE:
         r = _rice_r(pos.tolist(), n) if r is None else r
         u, m = rice_encode(pos.tolist(), r)
-        return r, k, [u, m, value_encode(D[pos], w, level=level)]
+        return r, k, [u, m, value_encode(D[pos], w)]
     if codec == MBITMAP:
-        return 0, k, [Z(bitmap_encode(pos.tolist(), n), level), value_encode(D[pos], w, level=level), b""]
+        return 0, k, [Z(bitmap_encode(pos.tolist(), n), level), value_encode(D[pos], w), b""]
     assert fn is not None and BUCKETS[fn][0] == w
     e = BUCKETS[fn][2]
     ob, nb = bucket(ow, fn), bucket(nw, fn)
@@ -1005,12 +1221,13 @@ def encode_v2(codec: int, old: bytes, new: bytes, w: int, *, fn: int | None = No
     S = _subsequences(ob, movers, 1 << e)
     if codec == CDENSE:
         order = np.concatenate([np.asarray(movers, np.int64)] + [s.astype(np.int64) for s in S])
-        return fn, k, [mhead + mu + mr, value_encode(D[order], w, zero_ok=True, level=level), b""]
+        return fn, k, [mhead + mu + mr, v0_encode(D[order], w, level=level), b""]
     assert codec == CSPARSE
     table = bytearray(mhead)
     entries = []
     ubits, rbits = [], []
     listed = list(movers)
+    runs = [len(movers)]
     prevb = -1
     for c in range(1 << e):
         sc = S[c]
@@ -1031,10 +1248,11 @@ def encode_v2(codec: int, old: bytes, new: bytes, w: int, *, fn: int | None = No
         entries.append(varint(c - prevb - 1) + varint(len(js)) + varint(2 * rr + x))
         prevb = c
         listed.extend(sc[chg].tolist())
+        runs.append(int(chg.sum()))
     table += varint(len(entries)) + b"".join(entries)
     bu, br = _pack_bits(ubits), _pack_bits(rbits)
     table += varint(len(bu))
-    return fn, k, [bytes(table), mu + mr + bu + br, value_encode(D[np.asarray(listed, np.int64)], w, level=level)]
+    return fn, k, [bytes(table), mu + mr + bu + br, value_encode(D[np.asarray(listed, np.int64)], w, runs)]
 
 
 # -- DELTA records (version 3) ---------------------------------------------------------------

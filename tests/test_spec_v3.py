@@ -157,25 +157,38 @@ BUCKETS_S = {fn: s for fn, (w, s, e) in sb.BUCKETS.items()}
 
 
 def test_spec_csparse_examples():
-    """CSPARSE (8), the two examples, encoded and decoded here."""
+    """CSPARSE (8), the two examples: the bytes the spec gives (table,
+    position bits, section 2) decode with the spec reader to the values and
+    the new words it states, and the spec writer writes exactly them."""
     old = np.array([0x3f00, 0x3f7f, 0x3e00, 0x3f10] * 2, np.uint16)
+    # example 1: words 1 and 5 plus 1, word 4 minus 1, all movers (R = 1)
     new = old.copy()
     new[1] += 1
     new[5] += 1
     new[4] -= 1
-    param, count, (s0, s1, s2) = sb.encode_v2(sb.CSPARSE, old.tobytes(), new.tobytes(), 2, fn=1)
-    assert (param, count, s0.hex(), s1.hex(), s2[:1].hex()) == (1, 3, "0300010000", "4c", "0a")
-    assert sb.value_decode(s2, 3, 2, "t").tolist() == [1, 0xFFFF, 1]
-    rec = sb.Rec(sb.CHUNK, sb.CSPARSE, 2, param, 0, 0, 16, count, sb.ZERO, sb.ZERO, [s0, s1, s2])
+    s0, s1, s2 = bytes.fromhex("0300010000"), bytes.fromhex("4c"), bytes.fromhex("002fff4000")
+    assert sb.value_decode_sm(s2, 3, 2, "t", [3]) == ([0, 1, 0], [0, 0, 0])  # signs 0 1 0, every M = 0
+    assert sb.value_decode(s2, 3, 2, "t", [3]).tolist() == [1, 0xFFFF, 1]  # +1, -1, +1
+    rec = sb.Rec(sb.CHUNK, sb.CSPARSE, 2, 1, 0, 0, 16, 3, sb.ZERO, sb.ZERO, [s0, s1, s2])
+    assert sb.value_layout(rec, old.tobytes(), 8) == (2, 3, [3], [1, 4, 5])
     assert sb.decode_chunk(rec, old.tobytes(), 8) == new.tobytes()
+    assert sb.encode_v2(sb.CSPARSE, old.tobytes(), new.tobytes(), 2, fn=1) == (1, 3, [s0, s1, s2])
+    # example 2: word 1 plus 1 (a mover), words 2 and 6 plus 1 and plus 2
+    # within bucket 7c: runs of 1 (the mover) and 2 (the entry, complemented)
     new = old.copy()
     new[1] += 1
     new[2] += 1
     new[6] += 2
-    param, count, (s0, s1, s2) = sb.encode_v2(sb.CSPARSE, old.tobytes(), new.tobytes(), 2, fn=1, rm=0)
-    assert (s0.hex(), s1.hex()) == ("010001017c000100", "40")
-    rec = sb.Rec(sb.CHUNK, sb.CSPARSE, 2, param, 0, 0, 16, count, sb.ZERO, sb.ZERO, [s0, s1, s2])
+    s0, s1, s2 = bytes.fromhex("010001017c000100"), bytes.fromhex("40"), bytes.fromhex("000eff4000")
+    assert sb.value_decode_sm(s2, 3, 2, "t", [1, 2]) == ([0, 0, 0], [0, 0, 1])  # M = 0; M = 0, then 1
+    assert sb.value_decode(s2, 3, 2, "t", [1, 2]).tolist() == [1, 1, 2]
+    rec = sb.Rec(sb.CHUNK, sb.CSPARSE, 2, 1, 0, 0, 16, 3, sb.ZERO, sb.ZERO, [s0, s1, s2])
+    assert sb.value_layout(rec, old.tobytes(), 8) == (2, 3, [1, 2], [1, 2, 6])
     assert sb.decode_chunk(rec, old.tobytes(), 8) == new.tobytes()
+    assert sb.encode_v2(sb.CSPARSE, old.tobytes(), new.tobytes(), 2, fn=1, rm=0) == (1, 3, [s0, s1, s2])
+    # the runs matter: the same bytes as one run are other values (the one
+    # model is fresh for the entry's M = 1, not shared with the mover's run)
+    assert sb.value_decode_sm(s2, 3, 2, "t", [3]) != ([0, 0, 0], [0, 0, 1])
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -230,3 +243,132 @@ def test_delta_rebuilt_companion_that_is_a_tensor_file_is_refused(tmp_path):
         wdiff.apply(str(tmp_path / "b.wdb"), A, str(tmp_path / "OUT"))
     assert e.value.exit_code == 4
     assert not (tmp_path / "OUT").exists()
+
+
+def _wdiff_values(data: bytes, k: int, w: int, runs: list):
+    """wdiff's value decoder (its kernels, as apply calls them): (signs,
+    magnitudes) or None for a refused stream."""
+    from wdiff.codec import chunk, kernels
+
+    got = kernels.rc_values_decode(data, k, w, runs)
+    if isinstance(got, int):
+        return None
+    signs, planes = got
+    neg = np.unpackbits(np.frombuffer(signs, np.uint8))[:k].tolist()
+    return neg, chunk.unplanes(bytes(planes), k, w).tolist()
+
+
+def _spec_values(data: bytes, k: int, w: int, runs: list):
+    try:
+        return sb.value_decode_sm(data, k, w, "values", runs)
+    except sb.SpecError:
+        return None
+
+
+def _refused(data: bytes, k: int, w: int, runs: list) -> str:
+    with pytest.raises(sb.SpecError) as e:
+        sb.value_decode_sm(data, k, w, "values", runs)
+    return str(e.value)
+
+
+def _bump_tail(data: bytes, x: int) -> bytes | None:
+    """The stream with x added to its last four bytes (big-endian)."""
+    v = int.from_bytes(data[-4:], "big") + x
+    return data[:-4] + v.to_bytes(4, "big") if v < 1 << 32 else None
+
+
+def test_spec_value_coder_refusals():
+    """Value section, each refusal of the spec on a stream the spec's writer
+    wrote and then broke, with wdiff refusing the same streams; and what a
+    reader accepts: an encoder leaves code = 0, so any code below the final
+    range decodes to the same values."""
+    rng = np.random.default_rng(11)
+    signs = rng.integers(0, 2, 40).tolist()
+    mags = [0, 1, 2, 3, 100, 0, 0, 1] * 5
+    runs = [0, 10, 30]
+    data = sb.value_encode_sm(signs, mags, 2, runs)
+    assert len(data) > 6 and data[0] == 0
+    assert sb.value_decode_sm(data, 40, 2, "values", runs) == (signs, mags)
+    cases = {
+        "shorter than 5 bytes": [data[:n] for n in range(5)],
+        "first byte is not 0": [b"\x01" + data[1:], b"\xff" + data[1:]],
+        "reads past the end": [data[:-1], data[:6]],
+        "bytes remain unread": [data + b"\x00", data + data],
+    }
+    s, m, dec = sb.value_decode_sm(data, 40, 2, "values", runs, end=False)
+    assert (s, m, dec.code) == (signs, mags, 0)
+    # code starts at or above range only from bytes 1 to 4 ff ff ff ff; it
+    # stays there (every bit 1, so D = 2^(8w-1)) while the bytes that follow
+    # keep it from wrapping: here zeros
+    top = b"\0\xff\xff\xff\xff" + bytes(100)
+    s, m, dec = sb.value_decode_sm(top, 40, 2, "values", runs, end=False)
+    assert s == [1] * 40 and m == [(1 << 15) - 1] * 40 and dec.code >= dec.range
+    cases["code >= range"] = [top[:dec.pos]]
+    for why, streams in cases.items():
+        for bad in streams:
+            assert why in _refused(bad, 40, 2, runs), (why, bad.hex())
+            assert _wdiff_values(bad, 40, 2, runs) is None, (why, bad.hex())
+    # every code below the final range is the same values, for both readers
+    for x in (1, dec.range - 1):
+        ok = _bump_tail(data, x)
+        assert _spec_values(ok, 40, 2, runs) == (signs, mags) == _wdiff_values(ok, 40, 2, runs)
+    # no value section is empty: MSPARSE and MBITMAP have k >= 1 (the
+    # stream of no value at all is five zero bytes)
+    assert sb.value_encode_sm([], [], 2, [0]) == bytes(5)
+
+
+def test_spec_value_coder_equals_wdiff():
+    """The spec's value coder against wdiff's (its C kernels and its Python
+    twin): the same bytes for every word width, alphabet and split into
+    runs, empty runs included; and on streams broken at random (cut, grown,
+    flipped, another first byte, a bumped tail, random bytes) the same
+    verdict: the same values or both refusing."""
+    import random
+
+    from wdiff.codec import chunk, kernels
+
+    rng = random.Random(5)
+    was = kernels.set_native(True)
+    try:
+        for trial in range(160):
+            kernels.set_native(trial % 2 == 0)
+            w = (1, 2, 4, 8)[trial % 4]
+            top = 8 * w - 1
+            k = rng.randrange(1, 50)
+            scale = (1, 3, 1000, 1 << top)[trial // 4 % 4]
+            mags = [min((1 << top) - 1, int(rng.expovariate(1 / scale))) for _ in range(k)]
+            mags[0] = (1 << top) - 1 if trial % 5 == 0 else mags[0]  # the longest bit length
+            signs = [rng.randrange(2) for _ in range(k)]
+            cuts = sorted(rng.randrange(k + 1) for _ in range(rng.randrange(4)))
+            runs = [b - a for a, b in zip([0] + cuts, cuts + [k])]
+            data = sb.value_encode_sm(signs, mags, w, runs)
+            t = sb._UINT[w]
+            planes = kernels.planes(np.array(mags, t), kernels.scratch("spec-test", k * w))
+            packed = np.packbits(np.array(signs, np.uint8)).tobytes()
+            assert kernels.rc_values_encode(packed, bytes(planes), w, runs) == data, (w, k, runs)
+            assert _wdiff_values(data, k, w, runs) == (signs, mags) == _spec_values(data, k, w, runs)
+            D = sb.value_decode(data, k, w, "values", runs)
+            if not any(s == 0 and m == (1 << top) - 1 for s, m in zip(signs, mags)):
+                assert sb.value_encode(D, w, runs) == data
+            for _ in range(12):
+                c = rng.randrange(7)
+                bad = bytearray(data)
+                if c == 0:
+                    bad = bad[:rng.randrange(len(bad))]
+                elif c == 1:
+                    bad.append(rng.randrange(256))
+                elif c == 2:
+                    bad[rng.randrange(1, len(bad))] ^= 1 << rng.randrange(8)
+                elif c == 3:
+                    bad[0] = rng.randrange(1, 256)
+                elif c == 4:
+                    bad = bytearray(_bump_tail(data, rng.randrange(1, 1 << 31)) or data)
+                elif c == 5:
+                    bad = bytearray(b"\0" + rng.randbytes(rng.randrange(4, 2 * len(data))))
+                else:  # code >= range at the start; the bytes after it may wrap it below
+                    bad = bytearray(b"\0\xff\xff\xff\xff" + rng.randbytes(rng.randrange(0, 2 * len(data))))
+                bad = bytes(bad)
+                assert _spec_values(bad, k, w, runs) == _wdiff_values(bad, k, w, runs), (c, w, k, runs, bad.hex())
+    finally:
+        kernels.set_native(was)
+    del chunk
