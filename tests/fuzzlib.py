@@ -2154,12 +2154,10 @@ KNOWN_BUGS = {
 
 #: crashes this fuzzer found that are not fixed yet: name -> (what the error
 #: says, the description); each has its strict xfail test in test_semantic_fuzz.py
-KNOWN_CRASHES = {
-    "csparse-entry-past-chunk": (
-        "csparse_select: bad entries",
-        "a complemented CSPARSE entry whose c exceeds the chunk's word count makes _native.csparse_select raise "
-        "ValueError on the fused path of conditioned.decode_positions (exit 2 instead of 4; the numpy path "
-        "refuses it); test_csparse_entry_count_past_the_chunk_is_refused"),
+KNOWN_CRASHES: dict[str, tuple[str, str]] = {
+    # none now: the one this fuzzer found (a complemented CSPARSE entry with c
+    # past the chunk, which crashed the fused C path) is refused since, with
+    # test_csparse_entry_count_past_the_chunk_is_refused as its regression test
 }
 
 

@@ -443,20 +443,7 @@ def test_value_section_refusals_and_agreement(world, tmp_path):
     assert {c for _, c in seen} == {sb.MSPARSE, sb.MBITMAP, sb.CSPARSE}, seen
 
 
-def _native_in_use() -> bool:
-    from wdiff.codec import kernels
-
-    return kernels.native()
-
-
-_CSPARSE_C_BUG = pytest.mark.xfail(
-    _native_in_use(), strict=True, raises=ValueError,
-    reason="wdiff bug: with the C kernels, a complemented CSPARSE entry whose c exceeds the chunk's word count "
-           "reaches _native.csparse_select on the fused path (conditioned.decode_positions checks c against n_c "
-           "only after it), which raises ValueError 'bad entries': exit 2, 'unexpected error', instead of 4")
-
-
-@pytest.mark.parametrize("native", [pytest.param(True, marks=_CSPARSE_C_BUG), False])
+@pytest.mark.parametrize("native", [True, False])
 def test_csparse_entry_count_past_the_chunk_is_refused(world, tmp_path, native):
     """Found by test_semantic_fuzz_v3 (v3.csparse_table, case 62): the first
     complemented entry of a CSPARSE table claims c = 2^20 unchanged words,

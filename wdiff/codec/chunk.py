@@ -280,6 +280,19 @@ class _Trial:
             return unary + rem + len(self.values() if codec == SPARSE else self.mvalues())
         return self.encode(codec).size
 
+    def estimate(self, codec: int) -> float:
+        """What the size on a sample says of the size on the whole unit, in
+        the sample's units: CSPARSE's bucket table does not grow with the
+        words it covers (the whole unit has about the buckets a sample
+        has), so it counts 1/2^SAMPLE_SHIFT of its length here; on a small
+        tensor the table would otherwise hide a codec 30% smaller (real
+        model, 384x384 projections at 1.3%)."""
+        size = self.size(codec)
+        if codec == CSPARSE:
+            table = len(self.encode(codec).parts[0])
+            size -= table - table / (1 << SAMPLE_SHIFT)
+        return size
+
     def encode(self, codec: int) -> Encoded:
         e = self._done.get(codec)
         if e is None:
@@ -424,7 +437,7 @@ def encode_delta(
         if trial.count:
             codecs = candidates(trial.count / trial.new.size, version, bucket)
             if len(codecs) > 1:
-                sizes = [trial.size(c) for c in codecs]
+                sizes = [trial.estimate(c) for c in codecs]
                 codecs = tuple(c for c, size in zip(codecs, sizes) if size <= min(sizes) * SAMPLE_MARGIN)
             return full.smallest(codecs)
         # no change in the sample: a sparse one, picked on the whole unit

@@ -293,6 +293,8 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
         r, complement = mode >> 1, mode & 1
         if b >= nbuckets or r > MAX_RICE or mode > 2 * MAX_RICE + 1 or (c == 0 and (not complement or r)):
             raise Malformed("bad bucket entry")
+        if c > n:  # no bucket holds more words than the chunk (checked here, before any kernel sees c)
+            raise Malformed("bucket entry lists more words than its bucket holds")
         entries.append((b, c, r, complement))
     ulen, at = _read_varint(table, at)
     if at != len(table):
