@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from wdiff.codec import chunk, conditioned, kernels
-from wdiff.codec.chunk import CDENSE, CSPARSE, MBITMAP, MDENSE, MODULAR, MSPARSE
+from wdiff.codec.chunk import CDENSE, CSPARSE, MBITMAP, MDENSE, MODULAR, MSPARSE, RSPARSE
 from wdiff.errors import FormatError
 
 LEVEL = 3
@@ -91,9 +91,12 @@ def test_every_codec_round_trips(dtype, w, fn):
                     continue
                 codecs = set(chunk.candidates(k / n, 3, chunk.bucket_function(dtype, w))) | {MSPARSE, MDENSE}
                 if fn is not None and chunk.bucket_function(dtype, w) == fn:
-                    codecs |= {CSPARSE, CDENSE}
+                    codecs |= {CSPARSE, CDENSE, RSPARSE}
+                rows = (max(2, n // 7), n // 13 % max(2, n // 7)) if n > 2 else None
                 for c in sorted(codecs):
-                    enc = chunk.encode_as(c, old, new, LEVEL, fn)
+                    if c == RSPARSE and rows is None:
+                        continue
+                    enc = chunk.encode_as(c, old, new, LEVEL, fn, rows)
                     assert enc.codec == c and enc.count == (0 if c == chunk.RAW else k)
                     roundtrip(old, new, enc)
                 best = chunk.encode_delta(old, new, LEVEL, version=3, dtype=dtype)
@@ -483,16 +486,20 @@ def _mutants(parts, rnd: random.Random, count: int):
         yield [bytes(x) for x in p]
 
 
-@pytest.mark.parametrize("codec", [CSPARSE, CDENSE, MSPARSE, MBITMAP, MDENSE], ids=lambda c: chunk.CODEC_NAMES[c])
+@pytest.mark.parametrize("codec", [CSPARSE, CDENSE, MSPARSE, MBITMAP, MDENSE, RSPARSE], ids=lambda c: chunk.CODEC_NAMES[c])
 def test_hostile_records_give_a_format_error_and_nothing_else(codec):
     rng = np.random.default_rng(11)
     rnd = random.Random(codec)
     old = floats(rng, 5000, 2)
     new = step(rng, old, 0.6 if codec in (MDENSE, CDENSE) else 0.05, "ulp")
     new = step(rng, new, 0.002, "carry")  # some movers
-    enc = chunk.encode_as(codec, old, new, LEVEL, 1)
+    if codec == RSPARSE:  # changes in a few rows of 100 words
+        keep = (np.arange(old.size) // 100) % 7 != 3
+        new[keep] = old[keep]
+    enc = chunk.encode_as(codec, old, new, LEVEL, 1, (100, 30))
     for parts in _mutants(enc.parts, rnd, 150):
-        for param, count in ((enc.param, enc.count), (enc.param, enc.count + 1), (9 if codec in (CSPARSE, CDENSE) else 1, enc.count)):
+        for param, count in ((enc.param, enc.count), (enc.param, enc.count + 1),
+                             (9 if codec in (CSPARSE, CDENSE, RSPARSE) else 1, enc.count)):
             buf = old.copy()
             try:
                 chunk.decode_into(codec, param, count, parts, buf, where="h")
@@ -508,6 +515,65 @@ def test_hostile_records_give_a_format_error_and_nothing_else(codec):
             chunk.decode_into(codec, param, count, list(parts), old.copy(), where="h")
     with pytest.raises(FormatError):
         chunk.decode_into(codec, enc.param, enc.count, list(enc.parts) + [b"x"] * (4 - len(enc.parts)), old.copy(), where="h")
+
+
+def _rows_step(rng, n: int, R: int, o: int, row_fraction: float, density: float):
+    """A step that changes words in a fraction of the rows only (embedding
+    rows of the tokens a step saw)."""
+    old = floats(rng, n, 2)
+    new = step(rng, old, density, "ulp")
+    row = conditioned.rows_of(np.arange(n), R, o)
+    hot = rng.random(int(row[-1]) + 1) < row_fraction
+    cold = ~hot[row]
+    new[cold] = old[cold]
+    return old, new
+
+
+def test_rsparse_round_trips_from_either_side_and_wins_where_few_rows_change():
+    """RSPARSE over every row layout (a partial first row or none, rows longer
+    than the chunk refused by the encoder's caller, one row): decoded from
+    the base and from the target (a reverse), the same words; and where few
+    rows change, encode_delta keeps it because it is smaller than CSPARSE."""
+    rng = np.random.default_rng(31)
+    for n, R, o in ((1000, 10, 0), (1000, 10, 7), (4096, 384, 100), (777, 1, 0), (5000, 4999, 3), (70_000, 384, 5)):
+        old, new = _rows_step(rng, n, R, o, 0.1, 0.05)
+        if not (old != new).any():
+            continue
+        enc = chunk.encode_as(RSPARSE, old, new, LEVEL, 1, (R, o))
+        roundtrip(old, new, enc)
+        d = chunk.delta_words(RSPARSE, enc.param, enc.count, list(enc.parts), new, ref_is_base=False, where="t")
+        assert np.array_equal(new - d, old)
+    old, new = _rows_step(rng, 1 << 18, 384, 17, 0.03, 0.05)
+    best = chunk.encode_delta(old, new, LEVEL, version=3, dtype="BF16", rows=(384, 17))
+    plain = chunk.encode_delta(old, new, LEVEL, version=3, dtype="BF16")
+    assert best.codec == RSPARSE and best.size < 0.8 * plain.size
+    roundtrip(old, new, best)
+    # every row changed: RSPARSE is not even tried
+    old, new = _rows_step(rng, 1 << 17, 384, 0, 1.0, 0.05)
+    assert chunk.encode_delta(old, new, LEVEL, version=3, dtype="BF16", rows=(384, 0)).codec != RSPARSE
+
+
+def test_rsparse_refuses_a_row_without_a_change_and_bad_row_heads():
+    rng = np.random.default_rng(37)
+    old, new = _rows_step(rng, 2000, 50, 20, 0.2, 0.1)
+    new[-200:] = old[-200:]
+    enc = chunk.encode_as(RSPARSE, old, new, LEVEL, 1, (50, 20))
+    R, o, rows, at = conditioned.read_row_head(enc.parts[0], old.size)
+    assert (R, o) == (50, 20)
+    after = np.arange(int(rows[-1]) + 1, conditioned.row_count(old.size, R, o))
+    assert after.size  # a row after the last one listed: its words come last in every bucket
+    extra = after[-1:]
+    bad_heads = [
+        conditioned.row_head(R, o, np.sort(np.concatenate([rows, extra]))),  # a row with no change listed
+        conditioned.row_head(old.size + 1, 0, rows),  # rows longer than the chunk
+        conditioned.row_head(R, R, rows),  # offset not below the row length
+    ]
+    for head in bad_heads:
+        buf = old.copy()
+        with pytest.raises(FormatError):
+            chunk.decode_into(RSPARSE, enc.param, enc.count, [head + enc.parts[0][at:], *enc.parts[1:]], buf,
+                              where="t")
+        assert np.array_equal(buf, old)
 
 
 def test_csparse_refuses_a_listed_word_in_the_wrong_bucket():

@@ -22,7 +22,7 @@ def test_scattering_the_changes_is_decoding_the_chunk(dtype, word, density):
     for codec in sorted(chunk.MODULAR):
         if codec in chunk.CONDITIONED and fn is None:
             continue
-        enc = chunk.encode_as(codec, old, new, 1, fn)
+        enc = chunk.encode_as(codec, old, new, 1, fn, (384, 100))
         got = chunk.modular_changes(codec, enc.param, enc.count, list(enc.parts), old, where="t")
         whole = old.copy()
         chunk.decode_into(codec, enc.param, enc.count, list(enc.parts), whole, where="t")

@@ -42,14 +42,17 @@ RAW, SPARSE, BITMAP, DENSE, ZSTD = 0, 1, 2, 3, 4
 #: codec v2 (bundle format version 3): modular differences instead of XOR,
 #: and positions conditioned on the base (see conditioned.py)
 MSPARSE, MBITMAP, MDENSE, CSPARSE, CDENSE = 5, 6, 7, 8, 9
+#: CSPARSE over the rows that hold a change (rows of the tensor's last dimension)
+RSPARSE = 10
 CODEC_NAMES = {
     RAW: "raw", SPARSE: "sparse", BITMAP: "bitmap", DENSE: "dense", ZSTD: "zstd",
     MSPARSE: "msparse", MBITMAP: "mbitmap", MDENSE: "mdense", CSPARSE: "csparse", CDENSE: "cdense",
+    RSPARSE: "rsparse",
 }
 #: the codecs whose payload holds modular differences (new = old + D), not XOR
-MODULAR = frozenset({MSPARSE, MBITMAP, MDENSE, CSPARSE, CDENSE})
+MODULAR = frozenset({MSPARSE, MBITMAP, MDENSE, CSPARSE, CDENSE, RSPARSE})
 #: the codecs whose decoding reads one side of the delta (the bucket order)
-CONDITIONED = frozenset({CSPARSE, CDENSE})
+CONDITIONED = frozenset({CSPARSE, CDENSE, RSPARSE})
 #: the codecs that need bundle format version 3
 V3_CODECS = MODULAR
 #: the lowest bundle format version that may hold each codec
@@ -230,8 +233,9 @@ class _Trial:
     streams two codecs share are built once, and the size of a SPARSE
     record is known without writing its Rice streams."""
 
-    def __init__(self, old: np.ndarray, new: np.ndarray, cctx: zstandard.ZstdCompressor, bucket: int | None = None) -> None:
-        self.old, self.new, self.cctx, self.bucket = old, new, cctx, bucket
+    def __init__(self, old: np.ndarray, new: np.ndarray, cctx: zstandard.ZstdCompressor, bucket: int | None = None,
+                 rows: tuple[int, int] | None = None) -> None:
+        self.old, self.new, self.cctx, self.bucket, self.rows = old, new, cctx, bucket, rows
         self._scan = self._values = self._bitmap = self._rice = self._mvalues = None
         self._k: int | None = None
         self._done: dict[int, Encoded] = {}
@@ -331,6 +335,17 @@ class _Trial:
         if codec == CSPARSE:
             table, bits, listed, runs = conditioned.encode_positions(self.bucket, self.old, self.new, self.scan()[0])
             return Encoded(CSPARSE, self.bucket, self.count, (table, bits, _mvalues_at(self.old, self.new, listed, runs)))
+        if codec == RSPARSE:
+            R, o = self.rows
+            pos = self.scan()[0].astype(np.int64)
+            row = conditioned.rows_of(pos, R, o)
+            rows = row[np.flatnonzero(np.diff(row, prepend=-1))]
+            words = conditioned.row_words(rows, self.new.size, R, o)
+            sub_old, sub_new = self.old[words], self.new[words]
+            sub_pos = np.searchsorted(words, pos)
+            table, bits, listed, runs = conditioned.encode_positions(self.bucket, sub_old, sub_new, sub_pos)
+            return Encoded(RSPARSE, self.bucket, self.count, (conditioned.row_head(R, o, rows) + table, bits,
+                                                              _mvalues_at(sub_old, sub_new, listed, runs)))
         if codec == DENSE:
             data, k = kernels.xor_planes(self.old, self.new, kernels.scratch("planes", self.new.nbytes))
             self._k = k
@@ -402,11 +417,12 @@ def _read_dense_values(data, n: int, w: int, *, where: str) -> np.ndarray:
     return d
 
 
-def encode_as(codec: int, old: np.ndarray, new: np.ndarray, level: int, bucket: int | None = None) -> Encoded:
+def encode_as(codec: int, old: np.ndarray, new: np.ndarray, level: int, bucket: int | None = None,
+              rows: tuple[int, int] | None = None) -> Encoded:
     """Encode ``new`` against ``old`` with one given codec (``old`` is not
     read for RAW; a delta codec needs at least one changed word; CSPARSE
-    needs ``bucket``)."""
-    return _Trial(old, new, plane_compressor(level), bucket).encode(codec)
+    needs ``bucket``, RSPARSE ``bucket`` and ``rows``)."""
+    return _Trial(old, new, plane_compressor(level), bucket, rows).encode(codec)
 
 
 def bucket_function(dtype: str | None, word: int) -> int | None:
@@ -416,8 +432,24 @@ def bucket_function(dtype: str | None, word: int) -> int | None:
     return fn if fn is not None and conditioned.BUCKETS[fn][1] == word else None
 
 
+#: RSPARSE is tried when at most this fraction of the rows hold a change
+ROWS_MAX_FRACTION = 0.5
+
+
+def rows_of_tensor(shape: tuple[int, ...], elem_words: int, first_word: int) -> tuple[int, int] | None:
+    """RSPARSE's rows for a unit that is one piece of one tensor: the row
+    length in words (the last dimension) and where the unit's first full row
+    starts (``first_word``: the unit's first word within the tensor); None
+    for a tensor of fewer than two dimensions or rows of one word."""
+    if len(shape) < 2 or shape[-1] * elem_words < 2:
+        return None
+    R = shape[-1] * elem_words
+    return R, (R - first_word % R) % R
+
+
 def encode_delta(
-    old: np.ndarray, new: np.ndarray, level: int, *, version: int = 1, dtype: str | None = None
+    old: np.ndarray, new: np.ndarray, level: int, *, version: int = 1, dtype: str | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> Encoded | None:
     """Encode ``new`` against ``old`` (same length and word type); ``None``
     when they are equal.
@@ -428,10 +460,16 @@ def encode_delta(
     encodes the sample with each of them, and tries in full only those
     that came within :data:`SAMPLE_MARGIN` of the best: on a dense change
     this is one compression instead of four. The choice depends only on the
-    data, never on timing or threads."""
+    data, never on timing or threads.
+
+    ``rows`` (row length, offset of the first full row: see
+    :func:`rows_of_tensor`): where CSPARSE is a candidate and at most
+    :data:`ROWS_MAX_FRACTION` of the rows hold a change (embedding rows of
+    tokens a step did not see), RSPARSE is tried as well."""
     cctx = plane_compressor(level)
     bucket = bucket_function(dtype, new.dtype.itemsize) if version >= 3 else None
-    full = _Trial(old, new, cctx, bucket)
+    rows = rows if bucket is not None and rows is not None and rows[0] < new.size else None
+    full = _Trial(old, new, cctx, bucket, rows)
     if new.size >= SAMPLE_MIN_WORDS:
         trial = _Trial(sample(old), sample(new), cctx, bucket)
         if trial.count:
@@ -439,11 +477,25 @@ def encode_delta(
             if len(codecs) > 1:
                 sizes = [trial.estimate(c) for c in codecs]
                 codecs = tuple(c for c, size in zip(codecs, sizes) if size <= min(sizes) * SAMPLE_MARGIN)
-            return full.smallest(codecs)
+            return full.smallest(_with_rows(full, codecs))
         # no change in the sample: a sparse one, picked on the whole unit
     if full.count == 0:
         return None
-    return full.smallest(candidates(full.count / new.size, version, bucket))
+    return full.smallest(_with_rows(full, candidates(full.count / new.size, version, bucket)))
+
+
+def _with_rows(full: _Trial, codecs: tuple[int, ...]) -> tuple[int, ...]:
+    """``codecs`` and RSPARSE after them, when it may pay: CSPARSE is among
+    them and few enough rows hold a change (counted on the whole unit; the
+    sample's runs of words say nothing of rows)."""
+    if full.rows is None or CSPARSE not in codecs or full.count == 0:
+        return codecs
+    R, o = full.rows
+    row = conditioned.rows_of(full.scan()[0], R, o)
+    changed = 1 + int(np.count_nonzero(np.diff(row)))
+    if changed > ROWS_MAX_FRACTION * conditioned.row_count(full.new.size, R, o):
+        return codecs
+    return (*codecs, RSPARSE)
 
 
 def decode_into(
@@ -505,6 +557,8 @@ def _modular(codec, param, count, parts, ref, ref_is_base, *, where, into=False)
     codecs add their differences to ``ref`` once all is checked, and give
     (positions, None)."""
     used = 1 if codec == MDENSE else 2 if codec in (MBITMAP, CDENSE) else 3
+    if codec == RSPARSE:
+        return _rsparse(param, count, parts, ref, ref_is_base, where=where, into=into)
     if any(len(p) for p in parts[used:]):
         raise FormatError(f"{where}: malformed record (unused payload section)")
     parts = list(parts[:used]) + [b""] * (used - len(parts))
@@ -574,6 +628,33 @@ def _modular(codec, param, count, parts, ref, ref_is_base, *, where, into=False)
         moved = conditioned.buckets_of(param, r) != conditioned.buckets_of(param, other)
         if moved[:movers].size != movers or not moved[:movers].all() or moved[movers:].any():
             raise FormatError(f"{where}: csparse record lists a word in the wrong bucket")
+    return positions, d
+
+
+def _rsparse(param, count, parts, ref, ref_is_base, *, where, into):
+    """RSPARSE: the row list, then a CSPARSE record over the words of the
+    listed rows; every listed row holds a change."""
+    if any(len(p) for p in parts[3:]):
+        raise FormatError(f"{where}: malformed record (unused payload section)")
+    parts = list(parts[:3]) + [b""] * (3 - len(parts))
+    n = ref.size
+    if not 0 < count <= n:
+        raise FormatError(f"{where}: changed-word count {count} out of range")
+    try:
+        R, o, rows, at = conditioned.read_row_head(bytes(parts[0]), n)
+    except conditioned.Malformed as e:
+        raise FormatError(f"{where}: {e}") from None
+    words = conditioned.row_words(rows, n, R, o)
+    if count > words.size:
+        raise FormatError(f"{where}: changed-word count {count} out of range")
+    sub = ref[words]
+    sub_pos, d = _modular(CSPARSE, param, count, [bytes(parts[0])[at:], parts[1], parts[2]], sub, ref_is_base,
+                          where=where, into=into)
+    positions = words[sub_pos]
+    if np.unique(conditioned.rows_of(positions, R, o)).size != rows.size:
+        raise FormatError(f"{where}: rsparse record lists a row without a change")
+    if into:
+        ref[words] = sub
     return positions, d
 
 

@@ -373,6 +373,68 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
     return np.concatenate([movers, got]), k_m, runs
 
 
+# -- rows (RSPARSE) -------------------------------------------------------------------
+
+
+def row_count(n: int, R: int, o: int) -> int:
+    """How many rows ``n`` words fall into when rows are ``R`` words long and
+    the first full row starts at word ``o`` (0 <= o < R): the words before
+    ``o`` are a row of their own."""
+    return (n + (R - o) % R + R - 1) // R
+
+
+def rows_of(positions: np.ndarray, R: int, o: int) -> np.ndarray:
+    """The row of each word position (int64)."""
+    return (positions.astype(np.int64, copy=False) + (R - o) % R) // R
+
+
+def row_words(rows: np.ndarray, n: int, R: int, o: int) -> np.ndarray:
+    """The positions of every word of ``rows`` (increasing, distinct), in
+    order: the words the CSPARSE part of an RSPARSE record covers (int64)."""
+    c0 = (R - o) % R
+    rows = rows.astype(np.int64, copy=False)
+    lo = np.maximum(rows * R - c0, 0)
+    hi = np.minimum(rows * R - c0 + R, n)
+    lengths = hi - lo
+    total = int(lengths.sum())
+    if not total:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.zeros(rows.size, dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return np.arange(total, dtype=np.int64) + np.repeat(lo - starts, lengths)
+
+
+def row_head(R: int, o: int, rows: np.ndarray) -> bytes:
+    """RSPARSE's row list, the start of its section 0: varints R, o, k_r,
+    r_r, u_r, then the Rice streams of the listed rows (as SPARSE codes
+    positions)."""
+    r, u, rem = kernels.rice_encode(rows) if rows.size else (0, b"", b"")
+    return varint(R) + varint(o) + varint(rows.size) + varint(r) + varint(len(u)) + u + rem
+
+
+def read_row_head(data: bytes, n: int) -> tuple[int, int, np.ndarray, int]:
+    """Inverse of :func:`row_head`: (R, o, rows, the offset after it);
+    Malformed unless 1 <= R <= n, o < R, 1 <= k_r <= the row count, and
+    the streams are exactly as long as their bits need."""
+    R, at = _read_varint(data, 0)
+    o, at = _read_varint(data, at)
+    k_r, at = _read_varint(data, at)
+    r, at = _read_varint(data, at)
+    u, at = _read_varint(data, at)
+    if not 1 <= R <= n or o >= R:
+        raise Malformed("bad row length or offset")
+    n_r = row_count(n, R, o)
+    if not 1 <= k_r <= n_r or r > MAX_RICE:
+        raise Malformed("bad row list")
+    rlen = (k_r * r + 7) // 8
+    if at + u + rlen > len(data):
+        raise Malformed("row streams longer than section 0")
+    got = kernels.rice_decode(r, data[at : at + u], data[at + u : at + u + rlen], k_r, n_r)
+    if isinstance(got, str):
+        raise Malformed(f"row list: {got}")
+    return R, o, got.astype(np.int64), at + u + rlen
+
+
 def movers_of(fn: int, old: np.ndarray, new: np.ndarray) -> np.ndarray:
     """The positions whose bucket differs between old and new (int64)."""
     _, _, shift, mask = BUCKETS[fn]
@@ -474,6 +536,7 @@ def conditional_entropy(fn: int | None, old: np.ndarray, new: np.ndarray) -> tup
 __all__ = [
     "BUCKETS", "DTYPE_BUCKETS", "Malformed", "add_at", "bucket_order", "buckets_of", "conditional_entropy",
     "decode_positions", "dense_order", "dense_sign_magnitude", "encode_positions", "from_dense_sign_magnitude",
-    "from_sign_magnitude", "mover_head", "movers_of", "read_mover_head", "read_varint", "sign_magnitude",
+    "from_sign_magnitude", "mover_head", "movers_of", "read_mover_head", "read_row_head", "read_varint", "row_count",
+    "row_head", "row_words", "rows_of", "sign_magnitude",
     "unzigzag", "varint", "zigzag_diff",
 ]

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from ..codec.chunk import CODEC_NAMES, CODEC_VERSION, ZSTD, Encoded, compressor, encode_delta, encode_raw
-from ..codec.dtypes import uint_type
+from ..codec.chunk import CODEC_NAMES, CODEC_VERSION, ZSTD, Encoded, compressor, encode_delta, encode_raw, rows_of_tensor
+from ..codec.dtypes import dtype_info, uint_type
 from ..defaults import DEFAULT_CHUNK, DEFAULT_LEVEL, __version__
 from ..errors import UsageError
 from ..format import records as fmt
@@ -277,8 +277,20 @@ def encode_unit(fds: FdCache, level: int, i: int, unit: Unit, bbuf, version: int
     a_dig = span_digests(unit, abuf)
     if a_dig == b_dig:
         return EncodedUnit(i, unit, a_dig, b_dig, None)
-    enc = encode_delta(abuf.view(ut), bbuf.view(ut), level, version=version, dtype=unit_dtype(unit))
+    enc = encode_delta(abuf.view(ut), bbuf.view(ut), level, version=version, dtype=unit_dtype(unit),
+                       rows=unit_rows(unit))
     return EncodedUnit(i, unit, a_dig, b_dig, enc)
+
+
+def unit_rows(unit: Unit) -> tuple[int, int] | None:
+    """The rows of a unit that is a piece of one tensor (see rows_of_tensor)."""
+    if len(unit.spans) != 1:
+        return None
+    s = unit.spans[0]
+    bits = dtype_info(s.tensor.dtype).bits
+    if not bits or bits % (8 * unit.word):
+        return None
+    return rows_of_tensor(s.tensor.shape, bits // (8 * unit.word), s.lo // unit.word)
 
 
 def _changed_spans(unit: Unit, a_dig, b_dig):
