@@ -312,6 +312,7 @@ def test_value_coder_matches_its_python_twin_and_refuses_what_it_cannot_have_wri
     get the same answer from both, never a crash."""
     from wdiff.codec import rangecoder
 
+    assert rangecoder.LIMIT == kernels.RC_LIMIT  # the C side's is checked at import (kernels.CONTRACT)
     if not kernels.available():
         pytest.skip("the C extension is not built") if not os.environ.get("CI") else pytest.fail("no C extension in CI")
     rng = np.random.default_rng(23)
@@ -375,6 +376,7 @@ def test_value_section_kernels_match_their_numpy_twins():
     against numpy: the same bytes, the same verdict on bad magnitudes and
     on words in the wrong bucket, and a refused section leaves the buffer
     as it was."""
+    assert rangecoder.LIMIT == kernels.RC_LIMIT  # the C side's is checked at import (kernels.CONTRACT)
     if not kernels.available():
         pytest.skip("the C extension is not built") if not os.environ.get("CI") else pytest.fail("no C extension in CI")
     rng = np.random.default_rng(23)
