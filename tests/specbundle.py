@@ -1276,17 +1276,31 @@ def _rice_r(positions, n) -> int:
     return max(0, min(MAX_RICE, best_rice(positions, n)))
 
 
+def row_head(rows, n: int, R: int, o: int, rr: int | None = None) -> bytes:
+    """RSPARSE's row list for the given rows (increasing) of a chunk of n
+    words, rows of R words, the first full one at o (any values: a fuzzer
+    states lies with it)."""
+    c0 = (R - o) % R if R else 0
+    Nr = -(-(n + c0) // R) if R else 0
+    rr = _rice_r(rows, Nr) if rr is None else rr
+    u, m = rice_encode(rows, rr)
+    return b"".join(varint(v) for v in (R, o, len(rows), rr, len(u))) + u + m
+
+
+def row_positions(rows, n: int, R: int, o: int) -> np.ndarray:
+    """The subchunk: the positions of the words of the rows, increasing."""
+    c0 = (R - o) % R
+    return np.concatenate([np.arange(max(0, j * R - c0), min(n, (j + 1) * R - c0), dtype=np.int64) for j in rows]
+                          + [np.zeros(0, np.int64)])
+
+
 def row_list(positions, n: int, R: int, o: int, rr: int | None = None) -> tuple[bytes, np.ndarray, list]:
     """RSPARSE's row list for the changed positions of a chunk of n words
     (rows of R words, the first full one at o): (its bytes, the subchunk's
     positions, the rows)."""
     c0 = (R - o) % R
-    Nr = -(-(n + c0) // R)
     rows = sorted({(int(p) + c0) // R for p in positions})
-    rr = _rice_r(rows, Nr) if rr is None else rr
-    u, m = rice_encode(rows, rr)
-    pos = np.concatenate([np.arange(max(0, j * R - c0), min(n, (j + 1) * R - c0), dtype=np.int64) for j in rows])
-    return b"".join(varint(v) for v in (R, o, len(rows), rr, len(u))) + u + m, pos, rows
+    return row_head(rows, n, R, o, rr), row_positions(rows, n, R, o), rows
 
 
 def encode_v2(codec: int, old: bytes, new: bytes, w: int, *, fn: int | None = None, r: int | None = None,

@@ -391,9 +391,10 @@ def test_semantic_fuzz_v3(world):
     assert not [c for c in stats.cli if c.get("bad")], json.dumps([c for c in stats.cli if c.get("bad")][:5], indent=1)
     for k in V3_KINDS:
         assert stats.kinds[k] > 0, k
-    # value sections leave a reader no latitude: wdiff and the spec agree
+    # value sections and RSPARSE's row lists leave a reader no latitude:
+    # wdiff and the spec agree
     split = [k for k in list(stats.lenient) + list(stats.strict)
-             if k.startswith(("v3.value_section:", "v3.dense_values:"))]
+             if k.startswith(("v3.value_section:", "v3.dense_values:", "v3.rows:"))]
     assert not split, (split, stats.lenient_examples, stats.strict_examples)
     # valid re-encodings and restatements are accepted, and give the bytes the
     # spec reader gives (one_case compares them)
@@ -403,7 +404,7 @@ def test_semantic_fuzz_v3(world):
 def test_value_section_refusals_and_agreement(world, tmp_path):
     """Codec v2's range-coded value section: each variant of the
     v3.value_section mutation, on records of every codec that has one
-    (MSPARSE, MBITMAP, CSPARSE), makes the spec reader refuse for the reason
+    (MSPARSE, MBITMAP, CSPARSE, RSPARSE), makes the spec reader refuse for the reason
     it is about (shorter than 5 bytes, first byte not 0, reading past the
     end, bytes left unread, code >= range) or accept the valid ones; and
     wdiff gives the same verdict: the same status, or both accept with the
@@ -440,7 +441,77 @@ def test_value_section_refusals_and_agreement(world, tmp_path):
             else:
                 assert not out.exists()
     assert {v for v, _ in seen} == set(fz.VALUE_VARIANTS), seen
-    assert {c for _, c in seen} == {sb.MSPARSE, sb.MBITMAP, sb.CSPARSE}, seen
+    assert {c for _, c in seen} == {sb.MSPARSE, sb.MBITMAP, sb.CSPARSE, sb.RSPARSE}, seen
+
+
+def _agree(sc, bad: bytes, tmp_path, k: int, what) -> tuple[int, object]:
+    """The spec reader's verdict on ``bad``, and wdiff's the same: the same
+    status, or both accept with the same bytes and the stated target."""
+    status, res = fz.spec_verdict(bad, sc.base, False)
+    p = tmp_path / f"{k}.wdb"
+    p.write_bytes(bad)
+    out = tmp_path / f"out{k}"
+    oc = fz.run_apply(str(p), sc.base_dir, str(out))
+    assert oc.status == status, (what, oc.error, res if status else "")
+    if status == 0:
+        assert {q: (out / q).read_bytes() for q in res} == res, what
+    else:
+        assert not out.exists(), what
+    return status, res
+
+
+def test_rsparse_row_list_refusals_and_agreement(world, tmp_path):
+    """RSPARSE's row list: each variant of the v3.rows mutation (R = 0 or
+    above n, o >= R, k_r = 0 or above N_r, a row listed without a change,
+    u_r off by one, a byte more or less after the remainder stream, padding
+    bits set, r_r above 40, a changed row left out, a non-minimal varint, a
+    row at N_r, streams past section 0, and valid restatements) makes the
+    spec reader refuse for the rule it is about, or accept the valid ones;
+    wdiff gives the same verdict. Then RSPARSE's CSPARSE part: its table,
+    movers and value section broken as CSPARSE's are, the same verdicts."""
+    _, _, scenarios = world
+    sc = next(s for s in scenarios if s.name == "v3")
+    rs = [(label, data) for label, data in sc.bundles
+          if any(r.type == sb.CHUNK and r.codec == sb.RSPARSE for r in sb.parse(data).records)]
+    assert rs and rs[0][0] == "wdiff", [label for label, _ in rs]  # wdiff itself writes RSPARSE there
+    seen, k = set(), 0
+    for variant, (_, why) in fz.ROW_VARIANTS.items():
+        for label, data in rs:
+            ctx = fz.Ctx(sc, sb.parse(data), random.Random(f"{variant}:{label}"))
+            try:
+                fz.m_v3_rows(ctx, variant)
+            except fz.Skip:
+                continue
+            seen.add(variant)
+            status, res = _agree(sc, sb.serialize(ctx.b), tmp_path, k, (variant, label))
+            k += 1
+            if why == "valid":
+                assert status == 0, (variant, label, res)
+            elif why != "either":
+                assert status == 4, (variant, label)
+                assert why == "refused" or why in res, (variant, res)
+    assert seen == set(fz.ROW_VARIANTS), set(fz.ROW_VARIANTS) - seen
+    statuses = set()
+    for name, mut in (("table", fz.m_v3_table), ("movers", fz.m_v3_movers)):
+        for seed in range(8):
+            label, data = rs[seed % len(rs)]
+            ctx = fz.Ctx(sc, sb.parse(data), random.Random(f"{name}:{seed}"))
+            try:
+                mut(ctx, codec=sb.RSPARSE)
+            except fz.Skip:
+                continue
+            statuses.add(_agree(sc, sb.serialize(ctx.b), tmp_path, k, (name, seed, label))[0])
+            k += 1
+    for variant in fz.VALUE_VARIANTS:
+        label, data = rs[variant % len(rs)]
+        ctx = fz.Ctx(sc, sb.parse(data), random.Random(f"values:{variant}"))
+        try:
+            fz.m_v3_values(ctx, variant, codec=sb.RSPARSE)
+        except fz.Skip:
+            continue
+        statuses.add(_agree(sc, sb.serialize(ctx.b), tmp_path, k, ("values", variant, label))[0])
+        k += 1
+    assert statuses == {0, 4}, statuses
 
 
 @pytest.mark.parametrize("native", [True, False])
