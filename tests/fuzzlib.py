@@ -2085,7 +2085,9 @@ def mutate(sc: Scenario, rng: random.Random, *, kinds=None, stack=None):
     names = kinds or list(MUTATIONS)
     weights = [MUTATIONS[n][1] for n in names]
     depth = stack if stack is not None else rng.choice([1, 1, 1, 1, 1, 1, 2, 2, 3])
-    for _attempt in range(50):
+    for attempt in range(50):
+        if attempt:  # nothing applied: another bundle too (a mutation may need a codec only some hold)
+            label, data = rng.choice(sc.bundles)
         b = sb.parse(data)
         ctx = Ctx(sc, b, rng)
         applied, fix_records, fix_index, raw_index, footer = [], True, True, None, None

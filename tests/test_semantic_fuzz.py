@@ -325,7 +325,9 @@ def cli_check(world_root, keep, stats):
                 row["bad"] = True
 
 
-def fuzz(world, n: int, seed: str, *, only=None, kinds=None, cli_max: int = CLI_MAX) -> fz.Stats:
+def fuzz(world, n: int, seed: str, *, only=None, kinds=None, cli_max: int = CLI_MAX, cover: bool = False) -> fz.Stats:
+    """n mutated cases; with ``cover``, the first len(kinds) of them one of
+    each kind (so that every kind runs, whatever the draw)."""
     import time
 
     root, work, scenarios = world
@@ -346,7 +348,8 @@ def fuzz(world, n: int, seed: str, *, only=None, kinds=None, cli_max: int = CLI_
     try:
         for i in range(n):
             sc = pick.choices(scenarios, weights)[0]
-            one_case(i, sc, work, root, stats, seed=seed, inplace=i % INPLACE_EVERY == 0, keep=keep, kinds=kinds)
+            ks = [kinds[i]] if cover and kinds and i < len(kinds) else kinds
+            one_case(i, sc, work, root, stats, seed=seed, inplace=i % INPLACE_EVERY == 0, keep=keep, kinds=ks)
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     cli_check(root, keep[:cli_max], stats)
@@ -384,7 +387,7 @@ V3_KINDS = [k for k in fz.MUTATIONS if k.startswith(("v3.", "delta."))]
 def test_semantic_fuzz_v3(world):
     """The version 3 mutations only, on the version 3 scenario, so that each
     of them runs in every suite run (the run above spreads them thin)."""
-    stats = fuzz(world, max(150, N // 10), SEED + ":v3", only={"v3"}, kinds=V3_KINDS, cli_max=12)
+    stats = fuzz(world, max(150, N // 10), SEED + ":v3", only={"v3"}, kinds=V3_KINDS, cli_max=12, cover=True)
     print("\n" + stats.table())
     assert not stats.wrong, json.dumps(stats.wrong[:5], indent=1, default=str)
     assert not stats.crashes, json.dumps(stats.crashes[:5], indent=1, default=str)
