@@ -292,6 +292,40 @@ def test_spec_csparse_examples():
     assert sb.value_decode_sm(s2, 3, 2, "t", [3]) != ([0, 0, 0], [0, 0, 1])
 
 
+def test_spec_rsparse_example(tmp_path):
+    """RSPARSE (10), the example: the bytes the spec gives decode with the
+    spec reader to the words it states, the spec writer writes exactly them,
+    and wdiff applies a bundle whose one CHUNK record is that example."""
+    import random
+
+    old = np.array([0x3f00, 0x3f7f, 0x3e00, 0x3f10] * 2, np.uint16)
+    new = old.copy()
+    new[6] += 1
+    new[7] -= 1
+    # the row list (R 3, o 1, k_r 2, r_r 0, u_r 1, unary 30), then the table
+    # (k_m r_m u_m 0 0 0, E 2, entries 7c 00 01 and 01 01 00, u 1)
+    s0 = bytes.fromhex("03 01 02 00 01 30") + bytes.fromhex("00 00 00 02 7c 00 01 01 01 00 01")
+    s1, s2 = bytes.fromhex("20"), bytes.fromhex("002fff4000")
+    rec = sb.Rec(sb.CHUNK, sb.RSPARSE, 2, 1, 0, 0, 16, 2, sb.ZERO, sb.ZERO, [s0, s1, s2])
+    rl = sb.rsparse_rows(rec, 8)
+    assert (rl.R, rl.o, rl.c0, rl.Nr, rl.rows, rl.pos.tolist()) == (3, 1, 2, 4, [2, 3], [4, 5, 6, 7])
+    assert sb.value_layout(rec, old.tobytes(), 8) == (2, 2, [0, 1, 1], [6, 7])
+    assert sb.value_decode(s2, 2, 2, "t", [0, 1, 1]).tolist() == [1, 0xFFFF]
+    assert sb.decode_chunk(rec, old.tobytes(), 8) == new.tobytes()
+    assert sb.encode_v2(sb.RSPARSE, old.tobytes(), new.tobytes(), 2, fn=1, R=3, o=1, rr=0) == (1, 2, [s0, s1, s2])
+    A = _tree(tmp_path / "A", {"model.safetensors": _st([("e", "BF16", old.reshape(2, 4))])})
+    B = _tree(tmp_path / "B", {"model.safetensors": _st([("e", "BF16", new.reshape(2, 4))])})
+    b = sb.pack(sb.scan(A), sb.scan(B), random.Random(0), version=3)
+    (chunk,) = [r for r in b.records if r.type == sb.CHUNK]
+    chunk.codec, chunk.param, chunk.count, chunk.sections, chunk.lens = sb.RSPARSE, 1, 2, [s0, s1, s2], None
+    data = sb.serialize(b)
+    want = {"model.safetensors": (Path(B) / "model.safetensors").read_bytes()}
+    assert sb.read(data, sb.scan(A)) == want
+    (tmp_path / "ex.wdb").write_bytes(data)
+    wdiff.apply(str(tmp_path / "ex.wdb"), A, str(tmp_path / "out"))
+    assert _read_tree(tmp_path / "out") == want
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_wdiff_applies_spec_written_v3_bundles(v3_world, seed):
     """The spec's writer (random codec v2 chunks, any bucket function of the
