@@ -646,9 +646,12 @@ def test_squash_and_reverse_over_v3_bundles_stay_bit_exact(tmp_path):
     master = (rng.standard_normal(n) * 0.02).astype(np.float32)
     bf = lambda x: ((x.view(np.uint32).astype(np.uint64) + 0x7FFF + ((x.view(np.uint32) >> 16) & 1)) >> 16).astype(np.uint16)  # noqa: E731
     versions = []
+    emb = (rng.standard_normal(33_000 * 64) * 0.02).astype(np.float32)  # past one 4 MiB unit: units of its own
     for _ in range(3):
-        versions.append({"w": bf(master).reshape(600, 500), "v": bf(master[:1000] * 3)})
+        versions.append({"w": bf(master).reshape(600, 500), "v": bf(master[:1000] * 3), "e": bf(emb).reshape(33_000, 64)})
         master = master + np.float32(4e-7) * np.where(rng.random(n) < 0.5, -1, 1).astype(np.float32)
+        seen = np.repeat(rng.random(33_000) < 0.03, 64)  # an embedding: the rows of the tokens a step saw
+        emb = emb + np.float32(3e-4) * seen * np.where(rng.random(emb.size) < 0.5, -1, 1).astype(np.float32)
     dirs = []
     for i, t in enumerate(versions):
         _write_ckpt(tmp_path / f"v{i}", t, "BF16")
@@ -656,7 +659,7 @@ def test_squash_and_reverse_over_v3_bundles_stay_bit_exact(tmp_path):
     for i in (0, 1):
         r = wdiff("pack", "--json", dirs[i], dirs[i + 1], "-o", tmp_path / f"s{i}.wdb")
         assert r.returncode == 0, r.stderr
-        assert "csparse" in json.loads(r.stdout)["codecs"]
+        assert {"csparse", "rsparse"} <= set(json.loads(r.stdout)["codecs"])
     r = wdiff("squash", tmp_path / "s0.wdb", tmp_path / "s1.wdb", "--base", dirs[0], "-o", tmp_path / "sq.wdb")
     assert r.returncode == 0, r.stderr
     r = wdiff("apply", "-q", tmp_path / "sq.wdb", dirs[0], "-o", tmp_path / "sq-out")

@@ -22,7 +22,9 @@ from wdiff.live import apply_into, iter_patches
 from wdiff.live.layout import METADATA
 
 N = 1 << 16
-LISTED = {"sparse", "bitmap", "msparse", "mbitmap", "csparse"}
+LISTED = {"sparse", "bitmap", "msparse", "mbitmap", "csparse", "rsparse"}
+#: rows of the one 2-D tensor of the rsparse case
+ROW = 256
 
 
 def _bf16(seed: int) -> torch.Tensor:
@@ -43,6 +45,9 @@ def _case(name: str):
         new[blocks] += 1
     elif name == "csparse":  # only the large words move: their buckets give the positions
         new[torch.from_numpy(rng.random(N) < 0.5) & (exp >= 127)] += 1
+    elif name == "rsparse":  # as csparse, in a few rows only (an embedding's seen tokens)
+        rows = torch.from_numpy(np.repeat(rng.random(N // ROW) < 0.05, ROW))
+        new[torch.from_numpy(rng.random(N) < 0.5) & (exp >= 127) & rows] += 1
     elif name == "cdense":
         sel = exp >= 126
         new[sel] += torch.from_numpy(rng.integers(1, 3, N).astype(np.int16))[sel]
@@ -55,16 +60,16 @@ def _case(name: str):
     return a, new.view(torch.bfloat16)
 
 
-def _split(t: torch.Tensor, small: bool) -> dict[str, torch.Tensor]:
-    """One big tensor, or 64 small ones (one chunk of many spans)."""
+def _split(t: torch.Tensor, small: bool, rows: bool = False) -> dict[str, torch.Tensor]:
+    """One big tensor (``rows``: a 2-D one), or 64 small ones (one chunk of many spans)."""
     if not small:
-        return {"w": t.clone()}
+        return {"w": t.clone().reshape(-1, ROW) if rows else t.clone()}
     return {f"s.{i:02d}": p.clone() for i, p in enumerate(t.chunk(64))}
 
 
 def _bundle(tmp_path, name: str, small: bool):
     a, b = _case(name)
-    A, B = _split(a, small), _split(b, small)
+    A, B = _split(a, small, name == "rsparse"), _split(b, small, name == "rsparse")
     for d, sd in (("A", A), ("B", B)):
         os.makedirs(tmp_path / d, exist_ok=True)
         save_file(sd, str(tmp_path / d / "model.safetensors"), metadata=METADATA)
@@ -100,10 +105,12 @@ class _Spy:
 
 
 CODECS = ["msparse", "mbitmap", "csparse", "mdense", "cdense", "sparse", "bitmap"]
+#: (codec, small): every codec in one tensor and in 64; RSPARSE's rows are a
+#: single tensor's (a chunk of many tensors has none)
+CASES = [(c, s) for c in CODECS for s in (False, True)] + [("rsparse", False)]
 
 
-@pytest.mark.parametrize("small", [False, True], ids=["one-tensor", "64-tensors"])
-@pytest.mark.parametrize("name", CODECS)
+@pytest.mark.parametrize("name,small", CASES, ids=[f"{c}-{'64-tensors' if s else 'one-tensor'}" for c, s in CASES])
 def test_apply_into_and_iter_patches_for_every_codec(tmp_path, monkeypatch, name, small):
     bundle, A, B, changed = _bundle(tmp_path, name, small)
     spy = _Spy(monkeypatch)
@@ -124,7 +131,7 @@ def test_apply_into_and_iter_patches_for_every_codec(tmp_path, monkeypatch, name
         for tname, idx, values, shape in iter_patches(bundle, base=src):
             assert tuple(shape) == tuple(A[tname].shape) and idx.dtype == np.int32
             assert (np.diff(idx) > 0).all()  # sorted, each once (CSPARSE lists them by bucket)
-            flat = out[tname].view(torch.int16)
+            flat = out[tname].view(torch.int16).reshape(-1)
             if isinstance(values, torch.Tensor):
                 flat[torch.from_numpy(idx).long()] = values.view(torch.int16)
             else:

@@ -61,6 +61,7 @@ import zlib
 
 import numpy as np
 
+from ..format.records import RECORD
 from ..store import sample
 
 ADAM = {"adam0.5": 0.005, "adam1": 0.01, "adam3": 0.03, "adam6": 0.06, "adam20": 0.20}
@@ -447,7 +448,10 @@ def main(argv: list[str] | None = None) -> int:
                 if r.returncode != 0:
                     raise SystemExit(r.stderr.decode())
                 doc = json.loads(r.stdout)
-                vs = f"{doc['bundle_bytes'] / given:.3f}x entropy; " if given else ""
+                # the records' payloads alone: what the codecs wrote, without the
+                # 112-byte record headers (digests, offsets) and the index
+                payload = sum(c["bytes"] - RECORD.size * c["records"] for c in doc["codecs"].values())
+                vs = f"{doc['bundle_bytes'] / given:.3f}x entropy ({payload / given:.3f}x in payloads); " if given else ""
                 add(label, t, rss, 2 * a_bytes, doc["bundle_bytes"], note=vs + _codec_note(doc["codecs"]))
                 t, rss, r = run([*wd, "apply", "-q", *threads, bundle, a, "-o", out], before=rm_out)
                 if r.returncode != 0:

@@ -2200,17 +2200,12 @@ static void rc_init_tables(void)
 static inline void rc_adapt(rc_bit_t *m, int bit)
 {
     uint32_t p = m->p, r = rc_rate[m->n];
-    if (bit)
-        p -= (p * r) >> 16;
-    else
-        p += ((65536u - p) * r) >> 16;
-    if (p < RC_PMIN)
-        p = RC_PMIN;
-    if (p > 65536u - RC_PMIN)
-        p = 65536u - RC_PMIN;
+    uint32_t down = p - ((p * r) >> 16), up = p + (((65536u - p) * r) >> 16);
+    p = bit ? down : up;
+    p = p < RC_PMIN ? RC_PMIN : p;
+    p = p > 65536u - RC_PMIN ? 65536u - RC_PMIN : p;
     m->p = (uint16_t)p;
-    if (m->n < RC_LIMIT - 2)
-        m->n++;
+    m->n += m->n < RC_LIMIT - 2;
 }
 
 static void rc_reset(rc_bit_t *m, size_t count)
@@ -2267,13 +2262,9 @@ static inline void rc_shift_low(rc_enc_t *e)
 
 static inline void rc_encode(rc_enc_t *e, uint32_t p, int bit)
 {
-    uint32_t bound = (e->range >> 16) * p;
-    if (bit) {
-        e->low += bound;
-        e->range -= bound;
-    } else {
-        e->range = bound;
-    }
+    uint32_t bound = (e->range >> 16) * p, m = 0u - (uint32_t)(bit != 0);
+    e->low += bound & m;
+    e->range = ((e->range - bound) & m) | (bound & ~m);
     while (e->range < (1u << 24)) {
         e->range <<= 8;
         rc_shift_low(e);
@@ -2302,21 +2293,21 @@ static inline uint8_t rc_get(rc_dec_t *d)
 
 static inline int rc_decode(rc_dec_t *d, uint32_t p)
 {
+    /* branch-free: a sign bit is a coin toss, and a mispredicted branch
+       costs more than the arithmetic of both ways */
     uint32_t bound = (d->range >> 16) * p;
-    int bit;
-    if (d->code < bound) {
-        d->range = bound;
-        bit = 0;
-    } else {
-        d->code -= bound;
-        d->range -= bound;
-        bit = 1;
-    }
-    while (d->range < (1u << 24)) {
+    uint32_t bit = d->code >= bound, m = 0u - bit;
+    d->code -= bound & m;
+    d->range = ((d->range - bound) & m) | (bound & ~m);
+    if (d->range < (1u << 24)) {
         d->range <<= 8;
         d->code = (d->code << 8) | rc_get(d);
+        if (d->range < (1u << 24)) {
+            d->range <<= 8;
+            d->code = (d->code << 8) | rc_get(d);
+        }
     }
-    return bit;
+    return (int)bit;
 }
 
 static inline int rc_decode_bit(rc_dec_t *d, rc_bit_t *m)

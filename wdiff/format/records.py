@@ -35,7 +35,7 @@ SCOPED_NAMES = 2
 #: at the same path by DELTA records (target source "delta")
 FILE_DELTAS = 3
 #: from this version on, CHUNK records may use the codecs of codec v2
-#: (modular differences, base-conditioned positions: codecs 5 to 9)
+#: (modular differences, base-conditioned positions: codecs 5 to 10)
 CODEC_V2 = 3
 FORMAT_NAME = "wdiff-bundle"
 

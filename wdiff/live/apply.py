@@ -8,9 +8,9 @@ to an engine that applies them itself (:func:`iter_patches`).
    record's digest; then every chunk it patches is checked against the
    chunk's base digest (hashed in the tensors' own memory on the CPU) and
    decoded: a record that lists its changed words (SPARSE, BITMAP, and
-   codec v2's MSPARSE, MBITMAP, CSPARSE) to its positions and new words
-   (only those words are read; CSPARSE reads the chunk's base words, which
-   place its positions), any other (DENSE, RAW, MDENSE, CDENSE) to the whole
+   codec v2's MSPARSE, MBITMAP, CSPARSE, RSPARSE) to its positions and new
+   words (only those words are read; CSPARSE and RSPARSE read the chunk's
+   base words, which place their positions), any other (DENSE, RAW, MDENSE, CDENSE) to the whole
    chunk, which is checked against its target digest at once. Nothing has
    been written yet.
 2. *patch*: per chunk, one scatter of the changed words into each tensor
@@ -45,6 +45,7 @@ from ..codec.chunk import (
     MBITMAP,
     MSPARSE,
     RAW,
+    RSPARSE,
     SPARSE,
     decode_into,
     decompress_exact,
@@ -221,7 +222,7 @@ def _chunks(reader: BundleReader, base, *, need_base: bool) -> Iterator[tuple[ob
 
 #: codecs whose records list their changed positions: patched with one
 #: scatter per tensor per chunk, never decoded whole
-LISTED = frozenset({SPARSE, BITMAP, MSPARSE, MBITMAP, CSPARSE})
+LISTED = frozenset({SPARSE, BITMAP, MSPARSE, MBITMAP, CSPARSE, RSPARSE})
 
 
 def _where(reader: BundleReader, rec, unit: Unit) -> str:
@@ -268,7 +269,7 @@ def _listed(h, parts, words: np.ndarray, where: str):
     pos, new = modular_changes(h.codec, h.param, h.count, list(parts), words, where=where)
     pos = pos.astype(np.int64, copy=False)
     if pos.size > 1 and not (pos[1:] > pos[:-1]).all():
-        order = np.argsort(pos, kind="stable")  # CSPARSE lists positions by bucket
+        order = np.argsort(pos, kind="stable")  # CSPARSE and RSPARSE list positions by bucket
         pos, new = pos[order], new[order]
     return pos, new
 
@@ -362,7 +363,7 @@ def _fast(reader: BundleReader, rec, unit: Unit):
         return None
     where = _where(reader, rec, unit)
     _base_check(_span_digest(unit), h, where)
-    words = _base_words(unit, need_all=h.codec == CSPARSE)
+    words = _base_words(unit, need_all=h.codec in (CSPARSE, RSPARSE))
     pos, new = _listed(h, rec.payload, words, where)
     return pos, words[pos], new
 
