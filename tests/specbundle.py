@@ -1,6 +1,6 @@
 """An independent reader and writer of the wdiff bundle format, versions 1
 to 3 (version 2: tensor names scoped by directory; version 3: codec v2 CHUNK
-records, codecs 5 to 9, and DELTA records of companion files, word codecs at
+records, codecs 5 to 10, and DELTA records of companion files, word codecs at
 any width and ZSTD_BASE).
 
 Written from man/wdiff-format.5 alone: nothing here imports wdiff, and no
@@ -66,6 +66,24 @@ Version 3 (read and written here from "Codec v2: modular differences" and
   for version 3; now it says version 3 only for its additions (CHANGES).
 * The base scan here applies the version-1 rule (names unique across the
   checkpoint) to a base of any version; the bundles tried hold one directory.
+
+RSPARSE (10), read and written here from its section alone (wdiff agrees on
+every bundle and every mutation the suite tries); what writing it found, now
+settled in the page:
+
+* "Codecs 5 to 9 exist from version 3 on" (Codec v2), "codecs 5 to 9"
+  (CHANGES) and the CHUNK entry of Record types left RSPARSE out of the
+  version rule; they say 5 to 10 (and RSPARSE) now.
+* The row list's streams were "u_r bytes" and "ceil(k_r r_r / 8) bytes" with
+  the rest of section 0 the table: that they must fit in section 0 was only
+  implied; the page says "both within section 0".
+* The CSPARSE part's own n: CSPARSE's rules say n (mover positions below n,
+  q bounded by floor(n / 2^r_m), 1 <= k <= n); for RSPARSE they read n', the
+  subchunk's words, which the page now says.
+* The page had no example; it has one now (rows of 3 words from o = 1, a
+  partial first and last row), checked in test_spec_v3.
+* Not settled, and harmless: Value section calls its number of runs R,
+  RSPARSE calls its row length R.
 """
 
 from __future__ import annotations
