@@ -517,25 +517,28 @@ def test_rsparse_row_list_refusals_and_agreement(world, tmp_path):
     assert statuses == {0, 4}, statuses
 
 
+@pytest.mark.parametrize("codec", [sb.CSPARSE, sb.RSPARSE])
 @pytest.mark.parametrize("native", [True, False])
-def test_csparse_entry_count_past_the_chunk_is_refused(world, tmp_path, native):
+def test_csparse_entry_count_past_the_chunk_is_refused(world, tmp_path, native, codec):
     """Found by test_semantic_fuzz_v3 (v3.csparse_table, case 62): the first
     complemented entry of a CSPARSE table claims c = 2^20 unchanged words,
-    more than the chunk holds; every reader must refuse it (4)."""
+    more than the chunk holds; every reader must refuse it (4). The same in
+    RSPARSE's CSPARSE part, past its subchunk."""
     from wdiff.codec import kernels
 
     ctx = _ctx(world, "v3")
     for r in ctx.b.records:
-        if r.type != sb.CHUNK or r.codec != sb.CSPARSE:
+        if r.type != sb.CHUNK or r.codec != codec:
             continue
-        mv, ents, u, rest = fz._table(bytes(r.sections[0]))
+        rows, _ = fz._row_prefix(r, (r.hi - r.lo) // r.word)
+        mv, ents, u, rest = fz._table(bytes(r.sections[0])[len(rows):])
         comp = [e for e in ents if e[2] & 1]
         if comp:
             break
     else:
-        pytest.fail("no CSPARSE record with a complemented entry in the v3 bundle")
+        pytest.fail(f"no codec {codec} record with a complemented entry in the v3 bundle")
     comp[0][1] += 1 << 20
-    r.sections[0] = (b"".join(sb.varint(x) for x in mv) + sb.varint(len(ents))
+    r.sections[0] = rows + (b"".join(sb.varint(x) for x in mv) + sb.varint(len(ents))
                      + b"".join(sb.varint(a) + sb.varint(b) + sb.varint(m) for a, b, m in ents) + sb.varint(u) + rest)
     r.lens = None
     data = sb.serialize(ctx.b)
