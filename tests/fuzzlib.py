@@ -187,6 +187,15 @@ def make_scenarios(root: str, *, big: bool = True) -> list[Scenario]:
     vt = [V("u8", "U8", u8b), V("i16", "I16", ulp(i16, 0.005)), V("i32", "I32", ulp(i32, 0.1)),
           V("bf", "BF16", bf(master + lr)), V("f32", "F32", (f32 * np.float32(0.999) + np.float32(1e-7))),
           V("f64", "F64", ulp(f64, 0.95)), V("f16", "F16", ulp(bf(master[:2048]), 0.02))]
+    # an embedding whose step moves a few rows only, Adam-like (RSPARSE); a
+    # generator of its own, so that the data above and below stays as it was
+    erng = np.random.default_rng(202612011)
+    emb = (erng.standard_normal((1500, 128)) * 0.02).astype(np.float32)
+    emb2 = emb.copy()
+    hit = erng.choice(1500, 25, replace=False)
+    emb2[hit] += np.float32(1e-4) * np.where(erng.random((25, 128)) < 0.5, -1, 1).astype(np.float32)
+    vb.append(V("emb", "BF16", bf(emb)))
+    vt.append(V("emb", "BF16", bf(emb2)))
     opt = (np.abs(rng.standard_normal(290_000)) * 1e-3).astype(np.float32)
     opt2 = opt.copy()
     idx = rng.choice(opt.size, 2000, replace=False)
@@ -1320,7 +1329,10 @@ def m_index_huge(ctx):
 V2 = sb.V2_CODECS
 #: the v1 codec a v2 codec mirrors (same section layout, other meaning), and back
 MIRROR = {sb.MSPARSE: sb.SPARSE, sb.MBITMAP: sb.BITMAP, sb.MDENSE: sb.DENSE, sb.CSPARSE: sb.SPARSE,
-          sb.CDENSE: sb.DENSE, sb.SPARSE: sb.MSPARSE, sb.BITMAP: sb.MBITMAP, sb.DENSE: sb.MDENSE}
+          sb.CDENSE: sb.DENSE, sb.SPARSE: sb.MSPARSE, sb.BITMAP: sb.MBITMAP, sb.DENSE: sb.MDENSE,
+          sb.RSPARSE: sb.CSPARSE}
+#: the codecs whose param is a bucket function
+BUCKETED = (sb.CSPARSE, sb.CDENSE, sb.RSPARSE)
 
 
 def _fns(w):
@@ -1330,7 +1342,7 @@ def _fns(w):
 def _encode_any(ctx, codec, old, new, w, **kw):
     if codec in V2:
         fns = _fns(w)
-        if codec in (sb.CSPARSE, sb.CDENSE) and not fns:
+        if codec in BUCKETED and not fns:
             raise Skip
         return sb.encode_v2(codec, old, new, w, fn=ctx.rng.choice(fns) if fns else None, **kw)
     return sb.encode_chunk(codec, old, new, w, **kw)
@@ -1352,8 +1364,8 @@ def m_v3_codec_swap(ctx):
         if r.codec in (sb.CSPARSE, sb.CDENSE) or r.codec in (sb.SPARSE, sb.DENSE):
             pass
     else:
-        r.codec = ctx.rng.choice([c for c in V2 + (10, 15, 16, 17) if c != r.codec])
-    if r.codec in (sb.CSPARSE, sb.CDENSE) and r.param not in sb.BUCKETS:
+        r.codec = ctx.rng.choice([c for c in V2 + (11, 15, 16, 17) if c != r.codec])
+    if r.codec in BUCKETED and r.param not in sb.BUCKETS:
         r.param = ctx.rng.choice(_fns(r.word) or [1])
 
 
@@ -1390,10 +1402,12 @@ def m_v3_reencode(ctx):
     if old is None or old == new:
         raise Skip
     codec = ctx.rng.choice(V2)
-    kw = {"complement": ctx.rng.choice([0.0, 0.5, 2.0])} if codec == sb.CSPARSE else {}
-    if codec in (sb.MSPARSE, sb.CSPARSE):
+    kw = {"complement": ctx.rng.choice([0.0, 0.5, 2.0])} if codec in (sb.CSPARSE, sb.RSPARSE) else {}
+    if codec == sb.RSPARSE:
+        kw.update(sb.rows_of(cov, r.lo, r.hi, r.word, ctx.rng))
+    if codec in (sb.MSPARSE, sb.CSPARSE, sb.RSPARSE):
         kw["r"] = ctx.rng.choice([None, 0, 3, 40])
-        if codec == sb.CSPARSE:
+        if codec != sb.MSPARSE:
             kw["rm"] = ctx.rng.choice([None, 0, 40])
     r.param, r.count, r.sections = _encode_any(ctx, codec, old, new, r.word, **kw)
     r.codec, r.lens = codec, None
@@ -1403,10 +1417,10 @@ def m_v3_reencode(ctx):
 
 @mutation("v3.bucket_fn", 2)
 def m_v3_bucket_fn(ctx):
-    """CSPARSE/CDENSE with another bucket function: one of another word size,
+    """CSPARSE/CDENSE/RSPARSE with another bucket function: one of another word size,
     none (0, 5, 255), or a valid one of the same size stated without
     re-encoding (the positions then lie)."""
-    r = ctx.b.records[ctx.pick_rec(sb.CHUNK, (sb.CSPARSE, sb.CDENSE))]
+    r = ctx.b.records[ctx.pick_rec(sb.CHUNK, BUCKETED)]
     r.param = ctx.rng.choice([p for p in (0, 1, 2, 3, 4, 5, 255) if p != r.param])
 
 
@@ -1418,16 +1432,18 @@ def _movers(sec: bytes):
 
 
 @mutation("v3.movers_lie", 3)
-def m_v3_movers(ctx):
+def m_v3_movers(ctx, codec=None):
     """A mover list that lies: k_m off by one, a mover added or dropped (the
     list re-coded, everything else kept), r_m or u_m wrong, r_m or u_m with
-    no movers, r_m above 40."""
-    i = ctx.pick_rec(sb.CHUNK, (sb.CSPARSE, sb.CDENSE))
+    no movers, r_m above 40 (for RSPARSE, in its CSPARSE part)."""
+    i = ctx.pick_rec(sb.CHUNK, codec or BUCKETED)
     r, h, cov, old, new = ctx.chunk(i)
     n = (r.hi - r.lo) // r.word
+    rows, n = _row_prefix(r, n)
     s0, s1, s2 = r.sections
+    s0 = s0[len(rows):]
     km, rm, um, p = _movers(s0)
-    if r.codec == sb.CSPARSE:
+    if r.codec != sb.CDENSE:
         mu_end = um + (km * rm + 7) // 8
         mover_bits, rest_bits = s1[:mu_end], s1[mu_end:]
         table_rest = s0[p:]
@@ -1457,12 +1473,22 @@ def m_v3_movers(ctx):
         km = len(movers)
         u, m = sb.rice_encode(movers, rm)
         mover_bits, um = u + m, len(u)
-    head = sb.varint(km) + sb.varint(rm) + sb.varint(um)
-    if r.codec == sb.CSPARSE:
+    head = rows + sb.varint(km) + sb.varint(rm) + sb.varint(um)
+    if r.codec != sb.CDENSE:
         r.sections = [head + table_rest, mover_bits + rest_bits, s2]
     else:
         r.sections = [head + mover_bits, s1, s2]
     r.lens = None
+
+
+def _row_prefix(r, n: int) -> tuple[bytes, int]:
+    """For RSPARSE: (its row list's bytes, n' the words of its subchunk);
+    for another codec (b"", n)."""
+    if r.codec != sb.RSPARSE:
+        return b"", n
+    rl = sb.rsparse_rows(r, n)
+    s0 = bytes(r.sections[0])
+    return s0[:len(s0) - len(rl.sub.sections[0])], int(rl.pos.size)
 
 
 def _table(s0: bytes):
@@ -1479,13 +1505,15 @@ def _table(s0: bytes):
 
 
 @mutation("v3.csparse_table", 3)
-def m_v3_table(ctx):
-    """A CSPARSE table that lies or overflows: E off by one, an entry's count
-    or mode (complement flag, Rice r) changed, buckets out of order or past
-    2^e, more entries than buckets, u wrong, trailing bytes, a non-minimal or
-    overlong varint, k_m above k."""
-    r = ctx.b.records[ctx.pick_rec(sb.CHUNK, sb.CSPARSE)]
-    s0 = r.sections[0]
+def m_v3_table(ctx, codec=None):
+    """A CSPARSE table (CSPARSE's, or RSPARSE's after its row list) that lies
+    or overflows: E off by one, an entry's count or mode (complement flag,
+    Rice r) changed, buckets out of order or past 2^e, more entries than
+    buckets, u wrong, trailing bytes, a non-minimal or overlong varint, k_m
+    above k."""
+    r = ctx.b.records[ctx.pick_rec(sb.CHUNK, codec or (sb.CSPARSE, sb.RSPARSE))]
+    rows, _ = _row_prefix(r, (r.hi - r.lo) // max(r.word, 1))
+    s0 = bytes(r.sections[0])[len(rows):]
     mv, ents, u, rest = _table(s0)
     e = sb.BUCKETS.get(r.param, (0, 0, 8))[2]
     c = ctx.rng.randrange(11)
@@ -1514,14 +1542,145 @@ def m_v3_table(ctx):
     elif c == 9:
         mv[0] = mv[0]  # non-minimal varint for k_m below
         head = bytes([mv[0] | 0x80, 0x00]) + sb.varint(mv[1]) + sb.varint(mv[2])
-        r.sections[0] = head + sb.varint(E) + b"".join(sb.varint(a) + sb.varint(b) + sb.varint(m) for a, b, m in ents[:E]) + sb.varint(u)
+        r.sections[0] = rows + head + sb.varint(E) + b"".join(sb.varint(a) + sb.varint(b) + sb.varint(m)
+                                                              for a, b, m in ents[:E]) + sb.varint(u)
         return
     else:
-        r.sections[0] = s0 + b"\x80" * 11  # an overlong varint after the end
+        r.sections[0] = rows + s0 + b"\x80" * 11  # an overlong varint after the end
         return
     head = b"".join(sb.varint(x) for x in mv)
     body = b"".join(sb.varint(a) + sb.varint(b) + sb.varint(m) for a, b, m in ents[:E])
-    r.sections[0] = head + sb.varint(E) + body + sb.varint(u) + tail
+    r.sections[0] = rows + head + sb.varint(E) + body + sb.varint(u) + tail
+
+
+def _rows_split(s0: bytes):
+    """RSPARSE's section 0 as [R, o, k_r, r_r, u_r], the unary stream, the
+    remainder stream and the rest (its CSPARSE table), by the stated lengths."""
+    vals, p = [], 0
+    for _ in range(5):
+        v, p = sb.read_varint(s0, p, "")
+        vals.append(v)
+    ur, rl = vals[4], (vals[2] * vals[3] + 7) // 8
+    return vals, s0[p:p + ur], s0[p + ur:p + ur + rl], s0[p + ur + rl:]
+
+
+#: m_v3_rows's variants, by number: (what each one does, what a reader must
+#: answer: a phrase of the spec reader's refusal, "refused" (status 4 for
+#: one reason or another), "valid", or "either")
+ROW_VARIANTS = {0: ("R = 0", "row length R outside"), 1: ("R > n", "row length R outside"),
+                2: ("o >= R", "o not below R"), 3: ("k_r = 0", "k_r outside"), 4: ("k_r = N_r + 1", "k_r outside"),
+                5: ("a row without a change listed, the CSPARSE part re-coded over its subchunk",
+                    "listed row holds no changed word"),
+                6: ("u_r + 1", "refused"), 7: ("u_r - 1", "refused"),
+                8: ("a byte after the remainder stream", "either"), 9: ("the remainder's last byte cut", "either"),
+                10: ("a padding bit of the remainder stream set", "remainder padding is not zero"),
+                11: ("a padding bit of the unary stream set", "1 bits"),
+                12: ("the rows re-coded with another Rice parameter", "valid"),
+                13: ("r_r above 40", "Rice parameter above 40"),
+                14: ("a changed row dropped, the CSPARSE part kept", "either"),
+                15: ("other R and o, everything re-coded", "valid"),
+                16: ("a non-minimal varint in the row list", "varint not minimal"),
+                17: ("the last row at N_r", "refused"),
+                18: ("the row streams past the end of section 0", "refused")}
+
+
+@mutation("v3.rows", 3)
+def m_v3_rows(ctx, variant: int | None = None):
+    """RSPARSE's row list broken by each of its rules: R = 0 or R > n, o >=
+    R, k_r = 0 or k_r > N_r, a listed row without a change (everything else
+    valid), the unary stream's length u_r off by one, a byte more or less
+    after the remainder stream, a padding bit set in either stream, r_r above
+    40, a changed row left out, a non-minimal varint, a row at N_r, streams
+    past section 0; and valid restatements (another r_r; other R and o with
+    the CSPARSE part re-coded) that both readers must accept alike."""
+    i = ctx.pick_rec(sb.CHUNK, sb.RSPARSE)
+    r, h, cov, old, new = ctx.chunk(i)
+    w = r.word
+    n = (r.hi - r.lo) // w
+    rl = sb.rsparse_rows(r, n)
+    s0 = bytes(r.sections[0])
+    (R, o, kr, rr, ur), un, rem, rest = _rows_split(s0)
+    c = ctx.rng.randrange(len(ROW_VARIANTS)) if variant is None else variant
+    rows = list(rl.rows)
+
+    def head(R_=R, o_=o, kr_=kr, rr_=rr, ur_=ur):
+        return b"".join(sb.varint(v) for v in (R_, o_, kr_, rr_, ur_))
+
+    def recode(R_, o_, rows_, rr_=None):
+        """Rows rows_ of R_ words from o_; the CSPARSE part re-coded over that
+        subchunk, the same changes."""
+        pos = sb.row_positions(rows_, n, R_, o_)
+        ow, nw = sb._words(old, w)[pos], sb._words(new, w)[pos]
+        _, _, secs = sb.encode_v2(sb.CSPARSE, ow.tobytes(), nw.tobytes(), w, fn=r.param)
+        r.sections = [sb.row_head(rows_, n, R_, o_, rr_) + secs[0], secs[1], secs[2]]
+
+    if c == 0:
+        s0 = head(R_=0) + un + rem + rest
+    elif c == 1:
+        s0 = head(R_=ctx.rng.choice([n + 1, n + R, 1 << 40])) + un + rem + rest
+    elif c == 2:
+        s0 = head(o_=R + ctx.rng.choice([0, 0, 1, 1000])) + un + rem + rest
+    elif c == 3:
+        s0 = head(kr_=0) + (un + rem if ctx.rng.random() < 0.5 else b"") + rest
+    elif c == 4:
+        s0 = head(kr_=rl.Nr + 1) + un + rem + rest
+    elif c == 5:
+        free = sorted(set(range(rl.Nr)) - set(rows))
+        if not free:
+            raise Skip
+        recode(R, o, sorted(rows + [ctx.rng.choice(free)]))
+        r.lens = None
+        return
+    elif c == 6:
+        s0 = head(ur_=ur + 1) + un + rem + rest
+    elif c == 7:
+        s0 = head(ur_=ur - 1) + un + rem + rest
+    elif c == 8:
+        s0 = head() + un + rem + bytes([ctx.rng.choice([0, 1, 0x80])]) + rest
+    elif c == 9:
+        if not rem:
+            raise Skip
+        s0 = head() + un + rem[:-1] + rest
+    elif c == 10:
+        rr2 = next((x for x in (rr, 1, 3, 5, 7) if (kr * x) % 8), None)
+        if rr2 is None:
+            raise Skip
+        u, m = sb.rice_encode(rows, rr2)
+        m = m[:-1] + bytes([m[-1] | 1])
+        s0 = head(rr_=rr2, ur_=len(u)) + u + m + rest
+    elif c == 11:
+        last = un[-1]
+        if last & 1:
+            raise Skip  # the last 1 bit is the last bit: no padding
+        s0 = head() + un[:-1] + bytes([last | 1]) + rem + rest
+    elif c == 12:
+        rr2 = ctx.rng.choice([x for x in (0, 1, 2, 5, 12, 40) if x != rr])
+        s0 = sb.row_head(rows, n, R, o, rr2) + rest
+    elif c == 13:
+        s0 = head(rr_=ctx.rng.choice([41, 64, 1 << 20])) + un + rem + rest
+    elif c == 14:
+        if len(rows) < 2:
+            raise Skip
+        rows.remove(ctx.rng.choice(rows))
+        s0 = sb.row_head(rows, n, R, o, rr) + rest
+    elif c == 15:
+        R2 = ctx.rng.choice([1, 2, R + 1, max(1, R - 1), ctx.rng.randint(1, n), n])
+        o2 = ctx.rng.randrange(R2)
+        c0 = (R2 - o2) % R2
+        pos = np.flatnonzero(sb.moddiff(old, new, w))
+        recode(R2, o2, sorted({(int(p) + c0) // R2 for p in pos}))
+        r.lens = None
+        return
+    elif c == 16:
+        v = sb.varint(R)  # R in one byte more than it needs
+        s0 = v[:-1] + bytes([v[-1] | 0x80, 0]) + head()[len(v):] + un + rem + rest
+    elif c == 17:
+        rows[-1] = rl.Nr
+        s0 = sb.row_head(rows, n, R, o, rr) + rest
+    else:
+        s0 = head(ur_=len(s0) + ctx.rng.choice([0, 1, 100])) + un + rem
+    r.sections = [s0, r.sections[1], r.sections[2]]
+    r.lens = None
 
 
 def _restate_chunk(ctx, r, h, cov, new: bytes) -> None:
@@ -1546,7 +1705,7 @@ VALUE_VARIANTS = {0: ("cut below 5 bytes", "shorter than 5 bytes"), 1: ("first b
 
 
 @mutation("v3.value_section", 3)
-def m_v3_values(ctx, variant: int | None = None):
+def m_v3_values(ctx, variant: int | None = None, codec=None):
     """The range-coded value section V of MSPARSE, MBITMAP and CSPARSE, broken
     by each refusal rule of the spec: shorter than 5 bytes, a first byte other
     than 0, cut short (decoding reads past its end), bytes left unread, code
@@ -1556,7 +1715,7 @@ def m_v3_values(ctx, variant: int | None = None):
     ones too: the tail bumped within the final range (the same values), and
     s = 0 with M = 2^(8w-1) - 1 (D = 2^(8w-1), a form no writer produces)
     with the target restated: both readers must accept them alike."""
-    i = ctx.pick_rec(sb.CHUNK, (sb.MSPARSE, sb.MBITMAP, sb.CSPARSE))
+    i = ctx.pick_rec(sb.CHUNK, codec or (sb.MSPARSE, sb.MBITMAP, sb.CSPARSE, sb.RSPARSE))
     r, h, cov, old, new = ctx.chunk(i)
     n = (r.hi - r.lo) // r.word
     w = r.word
@@ -1604,7 +1763,7 @@ def m_v3_values(ctx, variant: int | None = None):
             raise Skip
         sec = sec[:-4] + v.to_bytes(4, "big")
     else:  # s = 0, M = 2^(8w-1) - 1 on one value (not a CSPARSE mover), target restated
-        km = runs[0] if r.codec == sb.CSPARSE else 0
+        km = runs[0] if r.codec in (sb.CSPARSE, sb.RSPARSE) else 0
         if km >= k:
             raise Skip
         j = ctx.rng.randrange(km, k)
@@ -1926,7 +2085,9 @@ def mutate(sc: Scenario, rng: random.Random, *, kinds=None, stack=None):
     names = kinds or list(MUTATIONS)
     weights = [MUTATIONS[n][1] for n in names]
     depth = stack if stack is not None else rng.choice([1, 1, 1, 1, 1, 1, 2, 2, 3])
-    for _attempt in range(50):
+    for attempt in range(50):
+        if attempt:  # nothing applied: another bundle too (a mutation may need a codec only some hold)
+            label, data = rng.choice(sc.bundles)
         b = sb.parse(data)
         ctx = Ctx(sc, b, rng)
         applied, fix_records, fix_index, raw_index, footer = [], True, True, None, None

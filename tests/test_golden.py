@@ -40,6 +40,7 @@ BUNDLES = {
     "v3-dense.wdb": ["ckpt/base", "ckpt/dense"],
     "v3-adam.wdb": ["ckpt/base", "ckpt/adam"],
     "v3-struct.wdb": ["ckpt/base", "ckpt/struct"],
+    "v3-rows.wdb": ["ckpt/base", "ckpt/rows"],
 }
 #: committed bundle -> (base or None, target), relative to DATA
 CHECKPOINTS = {
@@ -51,6 +52,7 @@ CHECKPOINTS = {
     "v3-dense.wdb": ("ckpt/base", "ckpt/dense"),
     "v3-adam.wdb": ("ckpt/base", "ckpt/adam"),
     "v3-struct.wdb": ("ckpt/base", "ckpt/struct"),
+    "v3-rows.wdb": ("ckpt/base", "ckpt/rows"),
 }
 CORRUPT = ["corrupt/sparse-truncated.wdb", "corrupt/sparse-flipped.wdb"]
 TRUSTED = ["--trusted-key", str(DATA / "keys/test.key.pub")]
@@ -177,7 +179,7 @@ def ran(tmp_path_factory):
 # kernels of the test run (the C ones where built), the numpy kernels on 4
 # threads differ in both at once
 VARIANTS = [("4", "0")]
-VARIANT_BUNDLES = ["dense.wdb", "struct.wdb", "v3-adam.wdb", "v3-struct.wdb"]   # between them every kind of record
+VARIANT_BUNDLES = ["dense.wdb", "struct.wdb", "v3-adam.wdb", "v3-struct.wdb", "v3-rows.wdb"]   # between them every kind of record
 
 
 @pytest.mark.parametrize("name", sorted(BUNDLES))
@@ -219,9 +221,10 @@ RECORD_KINDS = {
     "v3-dense.wdb": {"dense", "mdense"},
     "v3-adam.wdb": {"csparse", "msparse"},
     "v3-struct.wdb": {"header", "file", "raw", "msparse", "bitmap"},
+    "v3-rows.wdb": {"rsparse"},
 }
 #: committed bundle -> its format version (a v3 one only where a v3 codec won)
-VERSIONS = {"v3-dense.wdb": 3, "v3-adam.wdb": 3, "v3-struct.wdb": 3}
+VERSIONS = {"v3-dense.wdb": 3, "v3-adam.wdb": 3, "v3-struct.wdb": 3, "v3-rows.wdb": 3}
 
 
 def test_versions_are_the_lowest_that_hold_the_codecs():

@@ -325,7 +325,9 @@ def cli_check(world_root, keep, stats):
                 row["bad"] = True
 
 
-def fuzz(world, n: int, seed: str, *, only=None, kinds=None, cli_max: int = CLI_MAX) -> fz.Stats:
+def fuzz(world, n: int, seed: str, *, only=None, kinds=None, cli_max: int = CLI_MAX, cover: bool = False) -> fz.Stats:
+    """n mutated cases; with ``cover``, the first len(kinds) of them one of
+    each kind (so that every kind runs, whatever the draw)."""
     import time
 
     root, work, scenarios = world
@@ -346,7 +348,8 @@ def fuzz(world, n: int, seed: str, *, only=None, kinds=None, cli_max: int = CLI_
     try:
         for i in range(n):
             sc = pick.choices(scenarios, weights)[0]
-            one_case(i, sc, work, root, stats, seed=seed, inplace=i % INPLACE_EVERY == 0, keep=keep, kinds=kinds)
+            ks = [kinds[i]] if cover and kinds and i < len(kinds) else kinds
+            one_case(i, sc, work, root, stats, seed=seed, inplace=i % INPLACE_EVERY == 0, keep=keep, kinds=ks)
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     cli_check(root, keep[:cli_max], stats)
@@ -384,16 +387,17 @@ V3_KINDS = [k for k in fz.MUTATIONS if k.startswith(("v3.", "delta."))]
 def test_semantic_fuzz_v3(world):
     """The version 3 mutations only, on the version 3 scenario, so that each
     of them runs in every suite run (the run above spreads them thin)."""
-    stats = fuzz(world, max(150, N // 10), SEED + ":v3", only={"v3"}, kinds=V3_KINDS, cli_max=12)
+    stats = fuzz(world, max(150, N // 10), SEED + ":v3", only={"v3"}, kinds=V3_KINDS, cli_max=12, cover=True)
     print("\n" + stats.table())
     assert not stats.wrong, json.dumps(stats.wrong[:5], indent=1, default=str)
     assert not stats.crashes, json.dumps(stats.crashes[:5], indent=1, default=str)
     assert not [c for c in stats.cli if c.get("bad")], json.dumps([c for c in stats.cli if c.get("bad")][:5], indent=1)
     for k in V3_KINDS:
         assert stats.kinds[k] > 0, k
-    # value sections leave a reader no latitude: wdiff and the spec agree
+    # value sections and RSPARSE's row lists leave a reader no latitude:
+    # wdiff and the spec agree
     split = [k for k in list(stats.lenient) + list(stats.strict)
-             if k.startswith(("v3.value_section:", "v3.dense_values:"))]
+             if k.startswith(("v3.value_section:", "v3.dense_values:", "v3.rows:"))]
     assert not split, (split, stats.lenient_examples, stats.strict_examples)
     # valid re-encodings and restatements are accepted, and give the bytes the
     # spec reader gives (one_case compares them)
@@ -403,7 +407,7 @@ def test_semantic_fuzz_v3(world):
 def test_value_section_refusals_and_agreement(world, tmp_path):
     """Codec v2's range-coded value section: each variant of the
     v3.value_section mutation, on records of every codec that has one
-    (MSPARSE, MBITMAP, CSPARSE), makes the spec reader refuse for the reason
+    (MSPARSE, MBITMAP, CSPARSE, RSPARSE), makes the spec reader refuse for the reason
     it is about (shorter than 5 bytes, first byte not 0, reading past the
     end, bytes left unread, code >= range) or accept the valid ones; and
     wdiff gives the same verdict: the same status, or both accept with the
@@ -440,28 +444,101 @@ def test_value_section_refusals_and_agreement(world, tmp_path):
             else:
                 assert not out.exists()
     assert {v for v, _ in seen} == set(fz.VALUE_VARIANTS), seen
-    assert {c for _, c in seen} == {sb.MSPARSE, sb.MBITMAP, sb.CSPARSE}, seen
+    assert {c for _, c in seen} == {sb.MSPARSE, sb.MBITMAP, sb.CSPARSE, sb.RSPARSE}, seen
 
 
+def _agree(sc, bad: bytes, tmp_path, k: int, what) -> tuple[int, object]:
+    """The spec reader's verdict on ``bad``, and wdiff's the same: the same
+    status, or both accept with the same bytes and the stated target."""
+    status, res = fz.spec_verdict(bad, sc.base, False)
+    p = tmp_path / f"{k}.wdb"
+    p.write_bytes(bad)
+    out = tmp_path / f"out{k}"
+    oc = fz.run_apply(str(p), sc.base_dir, str(out))
+    assert oc.status == status, (what, oc.error, res if status else "")
+    if status == 0:
+        assert {q: (out / q).read_bytes() for q in res} == res, what
+    else:
+        assert not out.exists(), what
+    return status, res
+
+
+def test_rsparse_row_list_refusals_and_agreement(world, tmp_path):
+    """RSPARSE's row list: each variant of the v3.rows mutation (R = 0 or
+    above n, o >= R, k_r = 0 or above N_r, a row listed without a change,
+    u_r off by one, a byte more or less after the remainder stream, padding
+    bits set, r_r above 40, a changed row left out, a non-minimal varint, a
+    row at N_r, streams past section 0, and valid restatements) makes the
+    spec reader refuse for the rule it is about, or accept the valid ones;
+    wdiff gives the same verdict. Then RSPARSE's CSPARSE part: its table,
+    movers and value section broken as CSPARSE's are, the same verdicts."""
+    _, _, scenarios = world
+    sc = next(s for s in scenarios if s.name == "v3")
+    rs = [(label, data) for label, data in sc.bundles
+          if any(r.type == sb.CHUNK and r.codec == sb.RSPARSE for r in sb.parse(data).records)]
+    assert rs and rs[0][0] == "wdiff", [label for label, _ in rs]  # wdiff itself writes RSPARSE there
+    seen, k = set(), 0
+    for variant, (_, why) in fz.ROW_VARIANTS.items():
+        for label, data in rs:
+            ctx = fz.Ctx(sc, sb.parse(data), random.Random(f"{variant}:{label}"))
+            try:
+                fz.m_v3_rows(ctx, variant)
+            except fz.Skip:
+                continue
+            seen.add(variant)
+            status, res = _agree(sc, sb.serialize(ctx.b), tmp_path, k, (variant, label))
+            k += 1
+            if why == "valid":
+                assert status == 0, (variant, label, res)
+            elif why != "either":
+                assert status == 4, (variant, label)
+                assert why == "refused" or why in res, (variant, res)
+    assert seen == set(fz.ROW_VARIANTS), set(fz.ROW_VARIANTS) - seen
+    statuses = set()
+    for name, mut in (("table", fz.m_v3_table), ("movers", fz.m_v3_movers)):
+        for seed in range(8):
+            label, data = rs[seed % len(rs)]
+            ctx = fz.Ctx(sc, sb.parse(data), random.Random(f"{name}:{seed}"))
+            try:
+                mut(ctx, codec=sb.RSPARSE)
+            except fz.Skip:
+                continue
+            statuses.add(_agree(sc, sb.serialize(ctx.b), tmp_path, k, (name, seed, label))[0])
+            k += 1
+    for variant in fz.VALUE_VARIANTS:
+        label, data = rs[variant % len(rs)]
+        ctx = fz.Ctx(sc, sb.parse(data), random.Random(f"values:{variant}"))
+        try:
+            fz.m_v3_values(ctx, variant, codec=sb.RSPARSE)
+        except fz.Skip:
+            continue
+        statuses.add(_agree(sc, sb.serialize(ctx.b), tmp_path, k, ("values", variant, label))[0])
+        k += 1
+    assert statuses == {0, 4}, statuses
+
+
+@pytest.mark.parametrize("codec", [sb.CSPARSE, sb.RSPARSE])
 @pytest.mark.parametrize("native", [True, False])
-def test_csparse_entry_count_past_the_chunk_is_refused(world, tmp_path, native):
+def test_csparse_entry_count_past_the_chunk_is_refused(world, tmp_path, native, codec):
     """Found by test_semantic_fuzz_v3 (v3.csparse_table, case 62): the first
     complemented entry of a CSPARSE table claims c = 2^20 unchanged words,
-    more than the chunk holds; every reader must refuse it (4)."""
+    more than the chunk holds; every reader must refuse it (4). The same in
+    RSPARSE's CSPARSE part, past its subchunk."""
     from wdiff.codec import kernels
 
     ctx = _ctx(world, "v3")
     for r in ctx.b.records:
-        if r.type != sb.CHUNK or r.codec != sb.CSPARSE:
+        if r.type != sb.CHUNK or r.codec != codec:
             continue
-        mv, ents, u, rest = fz._table(bytes(r.sections[0]))
+        rows, _ = fz._row_prefix(r, (r.hi - r.lo) // r.word)
+        mv, ents, u, rest = fz._table(bytes(r.sections[0])[len(rows):])
         comp = [e for e in ents if e[2] & 1]
         if comp:
             break
     else:
-        pytest.fail("no CSPARSE record with a complemented entry in the v3 bundle")
+        pytest.fail(f"no codec {codec} record with a complemented entry in the v3 bundle")
     comp[0][1] += 1 << 20
-    r.sections[0] = (b"".join(sb.varint(x) for x in mv) + sb.varint(len(ents))
+    r.sections[0] = rows + (b"".join(sb.varint(x) for x in mv) + sb.varint(len(ents))
                      + b"".join(sb.varint(a) + sb.varint(b) + sb.varint(m) for a, b, m in ents) + sb.varint(u) + rest)
     r.lens = None
     data = sb.serialize(ctx.b)

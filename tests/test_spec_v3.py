@@ -1,6 +1,6 @@
 """The independent reader (tests/specbundle.py, written from the format page
 alone) against wdiff on format version 3: codec v2 CHUNK records (MSPARSE,
-MBITMAP, MDENSE, CSPARSE, CDENSE) and DELTA records (word codecs at every
+MBITMAP, MDENSE, CSPARSE, CDENSE, RSPARSE) and DELTA records (word codecs at every
 width and ZSTD_BASE). For bundles wdiff packs on data where each of them wins,
 and for the committed golden v3 bundles, the reader's output equals what
 ``wdiff apply`` writes, byte for byte, and the codecs the test is about were
@@ -124,15 +124,116 @@ def test_spec_reader_equals_wdiff_apply_on_v3_codecs(v3_world):
     assert sb.parse(bundle.read_bytes()).version == 3
     chunk_codecs = {c for t, c in kinds if t == sb.CHUNK}
     delta_codecs = {c for t, c in kinds if t == sb.DELTA}
-    assert set(sb.V2_CODECS) <= chunk_codecs, sorted(chunk_codecs)
+    # RSPARSE (rows of a 2-D tensor) has its own world below
+    assert set(sb.V2_CODECS) - {sb.RSPARSE} <= chunk_codecs, sorted(chunk_codecs)
     assert sb.ZSTD_BASE in delta_codecs and delta_codecs & set(sb.V1_CODECS), sorted(delta_codecs)
     assert _read_tree(tmp / ("OUT-" + bundle.stem)) == _read_tree(B)
 
 
 @pytest.mark.parametrize("name,base", [("v3-dense.wdb", "ckpt/base"), ("v3-adam.wdb", "ckpt/base"),
-                                       ("v3-struct.wdb", "ckpt/base")])
+                                       ("v3-struct.wdb", "ckpt/base"), ("v3-rows.wdb", "ckpt/base")])
 def test_spec_reader_equals_wdiff_apply_on_golden_v3(name, base, tmp_path):
     _cross_check(GOLDEN / name, str(GOLDEN / base), tmp_path)
+
+
+#: the embedding's rows and the rows an optimizer step touches: row 5461
+#: straddles the boundary of the tensor's 4 MiB units (words 2097024 to
+#: 2097408, the unit boundary at 2097152), so the second unit starts with a
+#: partial row (o = 256) that holds a change; the last row changes too
+EMB_ROWS, EMB_DIM = 8192, 384
+EMB_HIT = [0, 7, 8, 9, 500, 1234, 3000, 5460, 5461, 6000, 6001, 8191]
+
+
+@pytest.fixture(scope="module")
+def rows_world(tmp_path_factory):
+    """Embedding-like tensors where an Adam-like step changes a few rows
+    only (the tokens a batch saw): wdiff packs them as RSPARSE."""
+    tmp = tmp_path_factory.mktemp("specrows")
+    rng = np.random.default_rng(11)
+
+    def step(master, rows, lr):
+        upd = master.copy()
+        upd[rows] += np.float32(lr) * np.where(rng.random((len(rows), master.shape[1])) < 0.5, -1, 1).astype(np.float32)
+        return upd
+
+    emb = (rng.standard_normal((EMB_ROWS, EMB_DIM)) * 0.02).astype(np.float32)
+    proj = (rng.standard_normal((700, 96)) * 0.02).astype(np.float32)
+    f32 = (rng.standard_normal((2000, 64)) * 0.02).astype(np.float32)
+    emb2 = step(emb, EMB_HIT + rng.choice(np.arange(10, 5400), 30, replace=False).tolist(), 3e-4)
+    proj2 = step(proj, rng.choice(700, 15, replace=False), 4e-5)
+    f322 = step(f32, rng.choice(2000, 20, replace=False), 1e-6)
+    base = [("emb", "BF16", _bf16(emb)), ("f32", "F32", f32.view(np.uint32)), ("proj", "BF16", _bf16(proj))]
+    tgt = [("emb", "BF16", _bf16(emb2)), ("f32", "F32", f322.view(np.uint32)), ("proj", "BF16", _bf16(proj2))]
+    A = _tree(tmp / "A", {"model.safetensors": _st(base), "config.json": b'{"a": 1}'})
+    B = _tree(tmp / "B", {"model.safetensors": _st(tgt), "config.json": b'{"a": 1}'})
+    bundle = tmp / "rows.wdb"
+    wdiff.pack(A, B, str(bundle), threads=2)
+    return tmp, A, B, bundle
+
+
+def test_spec_reader_equals_wdiff_apply_on_rsparse(rows_world):
+    """wdiff packs the embedding-like tensors as RSPARSE (its info says so),
+    rows of the tensor's last dimension, one unit starting inside a row; the
+    spec reader rebuilds what wdiff apply writes."""
+    import json
+    import subprocess
+    import sys
+
+    tmp, A, B, bundle = rows_world
+    kinds = _cross_check(bundle, A, tmp)
+    assert (sb.CHUNK, sb.RSPARSE) in kinds, sorted(kinds)
+    assert _read_tree(tmp / ("OUT-" + bundle.stem)) == _read_tree(B)
+    recs = [r for r in sb.parse(bundle.read_bytes()).records if r.type == sb.CHUNK and r.codec == sb.RSPARSE]
+    lists = [sb.rsparse_rows(r, (r.hi - r.lo) // r.word) for r in recs]
+    assert len(recs) == 4, [(r.lo, r.hi, r.word) for r in recs]  # emb in two units, f32, proj
+    assert {(rl.R, r.word) for r, rl in zip(recs, lists)} == {(EMB_DIM, 2), (64, 4), (96, 2)}
+    assert {rl.o for rl in lists} == {0, 256}  # the second unit of emb starts with a partial row
+    second = next(rl for rl in lists if rl.o == 256)
+    assert second.rows[0] == 0 and len(second.rows) == len([h for h in EMB_HIT if h >= 5461])
+    wdiff_cli = os.path.join(os.path.dirname(sys.executable), "wdiff")
+    info = json.loads(subprocess.run([wdiff_cli, "info", "--json", str(bundle)], capture_output=True, text=True,
+                                     check=True).stdout)
+    assert info["records"]["rsparse"]["records"] == 4, info["records"]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_wdiff_reads_spec_written_rsparse(rows_world, seed):
+    """The spec's writer re-encodes every CHUNK of wdiff's bundle as RSPARSE
+    with rows wdiff never picks (R = 1, R = n, any R and o, any Rice
+    parameter of the rows, any complement rule) as well as the tensor's own:
+    the spec reader and wdiff both rebuild the target."""
+    import random
+
+    tmp, A, B, bundle = rows_world
+    base, target = sb.scan(A), sb.scan(B)
+    b = sb.parse(bundle.read_bytes())
+    rng = random.Random(seed)
+    bf = base.by_path()["model.safetensors"]
+    region = bf.data[bf.header.size:]
+    tensors = sb.scan(B).by_path()["model.safetensors"].header.tensors
+    chunks = [r for r in b.records if r.type == sb.CHUNK]
+    assert len(chunks) == 4
+    for i, r in enumerate(chunks):
+        n = (r.hi - r.lo) // r.word
+        old = region[r.lo:r.hi]
+        new = sb.decode_chunk(r, old, n)
+        cov = [t for t in tensors if t.begin < r.hi and r.lo < t.end]
+        # every choice on some chunk, for each seed
+        rows = [sb.rows_of(cov, r.lo, r.hi, r.word, rng), {"R": 1, "o": 0}, {"R": n, "o": rng.randrange(n)},
+                {"R": rng.randint(2, 1000), "rr": rng.choice([0, 40])}][(i + seed) % 4]
+        rows.setdefault("o", rng.randrange(rows["R"]))
+        fn = {2: (1, 2)[(i + seed) % 2], 4: 3}[r.word]  # any function of the word size (Buckets: a writer MAY)
+        r.param, r.count, r.sections = sb.encode_v2(sb.RSPARSE, old, new, r.word, fn=fn,
+                                                     complement=rng.choice([0.0, 0.5, 2.0]), **rows)
+        r.codec, r.lens = sb.RSPARSE, None
+    data = sb.serialize(b, level=3)
+    want = {f.path: f.data for f in target.files}
+    assert sb.read(data, base) == want
+    path = tmp / f"spec-rows{seed}.wdb"
+    path.write_bytes(data)
+    out = tmp / f"OUT-spec-rows{seed}"
+    wdiff.apply(str(path), A, str(out))
+    assert _read_tree(out) == want
 
 
 def test_spec_writer_v2_codecs_round_trip_and_wdiff_reads_them(v3_world):
@@ -189,6 +290,40 @@ def test_spec_csparse_examples():
     # the runs matter: the same bytes as one run are other values (the one
     # model is fresh for the entry's M = 1, not shared with the mover's run)
     assert sb.value_decode_sm(s2, 3, 2, "t", [3]) != ([0, 0, 0], [0, 0, 1])
+
+
+def test_spec_rsparse_example(tmp_path):
+    """RSPARSE (10), the example: the bytes the spec gives decode with the
+    spec reader to the words it states, the spec writer writes exactly them,
+    and wdiff applies a bundle whose one CHUNK record is that example."""
+    import random
+
+    old = np.array([0x3f00, 0x3f7f, 0x3e00, 0x3f10] * 2, np.uint16)
+    new = old.copy()
+    new[6] += 1
+    new[7] -= 1
+    # the row list (R 3, o 1, k_r 2, r_r 0, u_r 1, unary 30), then the table
+    # (k_m r_m u_m 0 0 0, E 2, entries 7c 00 01 and 01 01 00, u 1)
+    s0 = bytes.fromhex("03 01 02 00 01 30") + bytes.fromhex("00 00 00 02 7c 00 01 01 01 00 01")
+    s1, s2 = bytes.fromhex("20"), bytes.fromhex("002fff4000")
+    rec = sb.Rec(sb.CHUNK, sb.RSPARSE, 2, 1, 0, 0, 16, 2, sb.ZERO, sb.ZERO, [s0, s1, s2])
+    rl = sb.rsparse_rows(rec, 8)
+    assert (rl.R, rl.o, rl.c0, rl.Nr, rl.rows, rl.pos.tolist()) == (3, 1, 2, 4, [2, 3], [4, 5, 6, 7])
+    assert sb.value_layout(rec, old.tobytes(), 8) == (2, 2, [0, 1, 1], [6, 7])
+    assert sb.value_decode(s2, 2, 2, "t", [0, 1, 1]).tolist() == [1, 0xFFFF]
+    assert sb.decode_chunk(rec, old.tobytes(), 8) == new.tobytes()
+    assert sb.encode_v2(sb.RSPARSE, old.tobytes(), new.tobytes(), 2, fn=1, R=3, o=1, rr=0) == (1, 2, [s0, s1, s2])
+    A = _tree(tmp_path / "A", {"model.safetensors": _st([("e", "BF16", old.reshape(2, 4))])})
+    B = _tree(tmp_path / "B", {"model.safetensors": _st([("e", "BF16", new.reshape(2, 4))])})
+    b = sb.pack(sb.scan(A), sb.scan(B), random.Random(0), version=3)
+    (chunk,) = [r for r in b.records if r.type == sb.CHUNK]
+    chunk.codec, chunk.param, chunk.count, chunk.sections, chunk.lens = sb.RSPARSE, 1, 2, [s0, s1, s2], None
+    data = sb.serialize(b)
+    want = {"model.safetensors": (Path(B) / "model.safetensors").read_bytes()}
+    assert sb.read(data, sb.scan(A)) == want
+    (tmp_path / "ex.wdb").write_bytes(data)
+    wdiff.apply(str(tmp_path / "ex.wdb"), A, str(tmp_path / "out"))
+    assert _read_tree(tmp_path / "out") == want
 
 
 @pytest.mark.parametrize("seed", range(3))

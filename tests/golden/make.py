@@ -117,6 +117,24 @@ def adam_change(label: str, a: np.ndarray) -> np.ndarray:
     return flat.reshape(a.shape)
 
 
+def row_change(label: str, a: np.ndarray, k: int) -> np.ndarray:
+    """An Adam step that touches k rows only (the embedding rows of the
+    tokens a batch saw), rows picked by a SHAKE-256 stream: there a word
+    moves by +-1 on its bit pattern with probability 3/4 (Adam's step is
+    about the learning rate whatever the gradient, so most words of a row it
+    touches cross a rounding boundary); the other rows keep their words."""
+    b = a.copy()
+    keys = words(label + "/rows", a.shape[0], np.uint64)
+    rows = np.sort(np.argsort(keys, kind="stable")[:k])
+    sub = b[rows].reshape(-1)
+    r = stream(label + "/rowstep", sub.size)
+    moves = (r & 3) != 0
+    step = np.where(r & 4, 1, 0xFFFF).astype(np.uint16)
+    sub[moves] = sub[moves] + step[moves]
+    b[rows] = sub.reshape(k, a.shape[1])
+    return b
+
+
 def run_change(label: str, a: np.ndarray, cols: int) -> np.ndarray:
     """Change the first ``cols`` elements of every row (runs of changed words,
     as when some input features were updated; a bitmap codes them best)."""
@@ -190,10 +208,11 @@ def config(**over) -> bytes:
 
 
 def checkpoints(out: Path):
-    """base, and three targets: sparse (1% of bf16 words), dense (every
-    element of every tensor) and struct (tensors added, removed, retyped and
-    reshaped, one changed in runs, companion files changed and added, shards
-    re-split)."""
+    """base, and five targets: sparse (1% of bf16 words), dense (every
+    element of every tensor), adam (an optimizer step on every bf16 word),
+    rows (an optimizer step on a few rows of two bf16 matrices) and struct
+    (tensors added, removed, retyped and reshaped, one changed in runs,
+    companion files changed and added, shards re-split)."""
     base = {
         "model.embed_tokens.weight": ("BF16", bf16("embed", (64, 64))),
         "model.layers.0.input_layernorm.weight": ("F32", f32("ln0", (64,), 126, 2)),
@@ -231,6 +250,11 @@ def checkpoints(out: Path):
 
     adam = {k: (d, adam_change(k, a) if d == "BF16" else a) for k, (d, a) in base.items()}
     write_checkpoint(out / "adam", split(adam, shard_of, 2), companions)
+
+    rows = dict(base)
+    for name, k in (("model.embed_tokens.weight", 4), ("model.layers.0.mlp.down_proj.weight", 3)):
+        rows[name] = ("BF16", row_change(name, base[name][1], k))
+    write_checkpoint(out / "rows", split(rows, shard_of, 2), companions)
 
     struct_t = dict(sparse)
     del struct_t["model.rotary.inv_freq"]                                      # removed
@@ -277,6 +301,7 @@ BUNDLES = {
     "v3-dense.wdb": ["ckpt/base", "ckpt/dense"],
     "v3-adam.wdb": ["ckpt/base", "ckpt/adam"],
     "v3-struct.wdb": ["ckpt/base", "ckpt/struct"],
+    "v3-rows.wdb": ["ckpt/base", "ckpt/rows"],
 }
 #: corrupt copies: file -> (source bundle, what is done to it)
 CORRUPT = {
@@ -330,6 +355,7 @@ anything; `python tests/golden/make.py` rewrites this directory.
 | `ckpt/sparse/` | base with 1% of the BF16 elements changed (low mantissa bits) |
 | `ckpt/dense/` | base with every element of every tensor changed |
 | `ckpt/adam/` | base with its BF16 words moved by one ulp with a probability that halves with each step of their exponent (an optimizer step: small weights change more often) |
+| `ckpt/rows/` | base with an Adam step in a few rows only of two BF16 matrices (4 of the 64 embedding rows, 3 of the 64 rows of `down_proj`): there three words in four move by one ulp, every other row is as it was |
 | `ckpt/struct/` | sparse, but: one BF16 tensor back to its base value, one with runs of changes (12.5%) instead of 1%, a tensor added, one removed, one retyped (F32 to BF16), one reshaped, `config.json` changed, two companion files added (one in a subdirectory), three shards instead of two |
 | `anchor.wdb` | `wdiff pack --anchor ckpt/base`: HEADER, FILE and RAW records |
 | `sparse.wdb` | `wdiff pack --format 1 ckpt/base ckpt/sparse`: SPARSE records only |
@@ -338,6 +364,7 @@ anything; `python tests/golden/make.py` rewrites this directory.
 | `signed.wdb`, `signed.wdb.minisig` | `wdiff pack --format 1 ckpt/base ckpt/sparse --sign keys/test.key` |
 | `v3-dense.wdb` | `wdiff pack ckpt/base ckpt/dense`: format version 3, MDENSE records |
 | `v3-adam.wdb` | `wdiff pack ckpt/base ckpt/adam`: format version 3, CSPARSE and MSPARSE records |
+| `v3-rows.wdb` | `wdiff pack ckpt/base ckpt/rows`: format version 3, RSPARSE records (a row list, then CSPARSE over the rows that changed) |
 | `v3-struct.wdb` | `wdiff pack ckpt/base ckpt/struct`: as `struct.wdb` but format version 3, its one sparse chunk MSPARSE (range-coded values are smaller there) |
 | `corrupt/sparse-truncated.wdb` | `sparse.wdb` without its last 100 bytes |
 | `corrupt/sparse-flipped.wdb` | `sparse.wdb` with one bit of its first record's payload flipped |
