@@ -179,6 +179,14 @@ def test_push_rules(versions, remote):
     r = wdiff.push(versions[1], remote, base=versions[0])
     assert r.uploaded
     assert not wdiff.push(versions[1], remote, base=versions[0]).uploaded  # idempotent
+    # another bundle of the same step (packed by an older format here) adds nothing either
+    other = str(versions[1]) + "-v1.wdb"
+    wdiff.pack(versions[0], versions[1], other, format_version=1)
+    assert wdiff.inspect(other).bundle_id != r.bundle_id
+    before = wdiff.log(remote)
+    again = wdiff.push(other, remote)
+    assert not again.uploaded and again.bundle_id == r.bundle_id
+    assert wdiff.log(remote) == before
     # a fork from an older version is possible when asked for
     r = wdiff.push(versions[2], remote, base=versions[0], fork=True)
     assert r.uploaded and wdiff.log(remote).head == r.version

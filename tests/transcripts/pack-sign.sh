@@ -1,5 +1,5 @@
 # signing with the committed test key is deterministic (Ed25519)
-wdiff pack base sparse -o s.wdb --sign keys/test.key
+wdiff pack --format 1 base sparse -o s.wdb --sign keys/test.key
 cmp s.wdb.minisig signed.wdb.minisig
 cat s.wdb.minisig
 wdiff sign dense.wdb --key keys/test.key

@@ -228,8 +228,12 @@ def push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_ke
     verified = check_extended(store, chain, raw, key, adopt=adopt, records=records, reporter=reporter)
     parent, version = ix.base_fingerprint, ix.target_fingerprint
     done = chain.entry(bundle_id)
+    if done is None and not shortcut:
+        # another bundle of the same step (the same base and target: packed
+        # again, by another wdiff or with other options) adds nothing
+        done = next((e for e in chain.entries if e.version == version and e.parent == parent), None)
     if done is not None:
-        return PushResult(store.url, bundle_id, version, parent, len(done.parts), done.size, False, done.label)
+        return PushResult(store.url, done.bundle, version, parent, len(done.parts), done.size, False, done.label)
     if shortcut:
         if version not in chain.versions or (parent is not None and parent not in chain.versions):
             raise BaseMismatchError(f"{store.url}: a squash must join two versions the chain already has")
