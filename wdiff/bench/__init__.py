@@ -365,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                          "--size, --shards and --tensors [a temporary one]")
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
     ap.add_argument("--no-peers", action="store_true", help="skip zstd")
+    ap.add_argument("--no-entropy", action="store_true",
+                    help="skip the information floor and the entropies (minutes at 8 GB): timings only")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
 
@@ -405,8 +407,11 @@ def main(argv: list[str] | None = None) -> int:
                 _unstamp(b)
                 _in_child("make_variant", b, size, args.shards, sc, args.tensors)
                 _stamp(b, size, args.shards, args.tensors, sc)
-            k, floor = _in_child("information_floor", a, b) if sc not in OWN_BASE else (None, None)
-            k, given, free = _in_child("delta_entropy", a, b)
+            if args.no_entropy:
+                k, floor, given, free = None, None, None, None
+            else:
+                k, floor = _in_child("information_floor", a, b) if sc not in OWN_BASE else (None, None)
+                k, given, free = _in_child("delta_entropy", a, b)
             bundle = os.path.join(work, f"{sc}.wdb")
             out = os.path.join(work, f"C-{sc}")
 
@@ -440,8 +445,9 @@ def main(argv: list[str] | None = None) -> int:
             add("wdiff startup (--version)", t, rss, 0, note="fixed cost in every row below")
             t, rss, r = run([*wd, "diff", "--json", *threads, a, b])
             add("wdiff diff", t, rss, 2 * a_bytes)
-            add("entropy given the base", 0, 0, 0, int(given), note="order 0, per chunk: positions | bucket + values | bucket")
-            add("entropy, no context", 0, 0, 0, int(free), note="order 0, per chunk")
+            if given is not None:
+                add("entropy given the base", 0, 0, 0, int(given), note="order 0, per chunk: positions | bucket + values | bucket")
+                add("entropy, no context", 0, 0, 0, int(free), note="order 0, per chunk")
             for label, fmt_args in (("wdiff pack --format 1", ["--format", "1"]), ("wdiff pack", [])):
                 t, rss, r = run([*wd, "pack", "--json", "--force", *fmt_args, *threads, a, b, "-o", bundle])
                 if r.returncode != 0:
