@@ -113,6 +113,7 @@ class FdCache:
                         fd = os.open(path, os.O_RDONLY)
                     except OSError as e:
                         raise io_error(path, e) from None
+                    _sequential(fd)
                     self._fds[path] = fd
         return fd
 
@@ -127,6 +128,16 @@ class FdCache:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _sequential(fd: int) -> None:
+    """Tell the kernel the file is read front to back (a data pass reads
+    it so, in units, a few threads apart): a larger read-ahead window keeps
+    the disk busy while the units already read are hashed and compared."""
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    except (AttributeError, OSError):  # not every system or file system has it
+        pass
 
 
 def read_target(fds: FdCache, entry, unit: Unit, buf: np.ndarray) -> None:
