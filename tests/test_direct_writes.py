@@ -27,7 +27,7 @@ def test_write_out_puts_every_byte_in_place(tmp_path, offset, size):
     before = rng.integers(0, 256, total, dtype=np.uint8)
     path.write_bytes(before.tobytes())
     fd = os.open(path, os.O_WRONLY)
-    dfd = open_direct(str(path))
+    dfd = open_direct(str(path), fd)
     try:
         buf = scratch_at("test", size, offset)
         assert (buf.ctypes.data - offset) % A_ == 0
@@ -49,7 +49,7 @@ def test_write_out_with_memory_not_laid_out_as_the_file(tmp_path):
     path = tmp_path / "f"
     path.write_bytes(bytes(4 * A_))
     fd = os.open(path, os.O_WRONLY)
-    dfd = open_direct(str(path))
+    dfd = open_direct(str(path), fd)
     try:
         buf = scratch("test2", 3 * A_ + 8)[8:]  # page-aligned + 8, written at 0
         buf[:] = 7
@@ -59,6 +59,24 @@ def test_write_out_with_memory_not_laid_out_as_the_file(tmp_path):
         if dfd >= 0:
             os.close(dfd)
     assert path.read_bytes() == bytes([7]) * (3 * A_) + bytes(A_)
+
+
+def test_direct_descriptor_must_be_the_file_created(tmp_path):
+    """The O_DIRECT descriptor is opened by path: a file or a link put at the
+    path after the create is never written through it."""
+    made, other = tmp_path / "made", tmp_path / "other"
+    made.write_bytes(b"")
+    other.write_bytes(b"")
+    fd = os.open(made, os.O_WRONLY)
+    try:
+        assert open_direct(str(other), fd) == -1  # another file at the path
+        (tmp_path / "link").symlink_to(made)
+        assert open_direct(str(tmp_path / "link"), fd) == -1  # a link, even to the file itself
+        dfd = open_direct(str(made), fd)
+        if dfd >= 0:
+            os.close(dfd)
+    finally:
+        os.close(fd)
 
 
 def _pair(root, shift: int):

@@ -49,17 +49,28 @@ def scratch_at(name: str, nbytes: int, offset: int) -> np.ndarray:
     return scratch(name, nbytes + pad)[pad:]
 
 
-def open_direct(path: str) -> int:
-    """A second, write-only O_DIRECT descriptor of the file at ``path``, or
-    -1 where the system or the file system has none (``WDIFF_DIRECT=0``
-    turns it off)."""
+def open_direct(path: str, fd: int) -> int:
+    """A second, write-only O_DIRECT descriptor of ``fd``, the file just
+    created at ``path``, or -1 where the system or the file system has none
+    (``WDIFF_DIRECT=0`` turns it off). It is opened by path, so it must
+    turn out to be the same file as ``fd`` (not a link or another file
+    put there since), or it is not used."""
     flag = getattr(os, "O_DIRECT", 0)
     if not flag or os.environ.get("WDIFF_DIRECT", "1") == "0":
         return -1
     try:
-        return os.open(path, os.O_WRONLY | flag | os.O_CLOEXEC)
+        dfd = os.open(path, os.O_WRONLY | flag | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
         return -1
+    try:
+        a, b = os.fstat(fd), os.fstat(dfd)
+        same = (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+    except OSError:
+        same = False
+    if not same:
+        os.close(dfd)
+        return -1
+    return dfd
 
 
 def write_out(fd: int, direct_fd: int, buf: np.ndarray, offset: int, *, write=write_all) -> None:

@@ -301,7 +301,7 @@ class _Builder:
                 fd = self.out_fds[i] = self.open_out(i)
                 _preallocate(fd, self.index.files[i].size, self.index.files[i].path)
                 write_all(fd, self.headers[i].raw, 0)
-                self.direct_fds[i] = open_direct(self.outputs[i])
+                self.direct_fds[i] = open_direct(self.outputs[i], fd)
             yield item
 
     def close(self) -> None:
