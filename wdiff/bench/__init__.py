@@ -366,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                          "--size, --shards and --tensors [a temporary one]")
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
     ap.add_argument("--no-peers", action="store_true", help="skip zstd")
+    ap.add_argument("--no-entropy", action="store_true",
+                    help="skip the information floor and the entropies (minutes at 8 GB): timings only")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
 
@@ -406,8 +408,11 @@ def main(argv: list[str] | None = None) -> int:
                 _unstamp(b)
                 _in_child("make_variant", b, size, args.shards, sc, args.tensors)
                 _stamp(b, size, args.shards, args.tensors, sc)
-            k, floor = _in_child("information_floor", a, b) if sc not in OWN_BASE else (None, None)
-            k, given, free = _in_child("delta_entropy", a, b)
+            if args.no_entropy:
+                k, floor, given, free = None, None, None, None
+            else:
+                k, floor = _in_child("information_floor", a, b) if sc not in OWN_BASE else (None, None)
+                k, given, free = _in_child("delta_entropy", a, b)
             bundle = os.path.join(work, f"{sc}.wdb")
             out = os.path.join(work, f"C-{sc}")
 
@@ -441,8 +446,9 @@ def main(argv: list[str] | None = None) -> int:
             add("wdiff startup (--version)", t, rss, 0, note="fixed cost in every row below")
             t, rss, r = run([*wd, "diff", "--json", *threads, a, b])
             add("wdiff diff", t, rss, 2 * a_bytes)
-            add("entropy given the base", 0, 0, 0, int(given), note="order 0, per chunk: positions | bucket + values | bucket")
-            add("entropy, no context", 0, 0, 0, int(free), note="order 0, per chunk")
+            if given is not None:
+                add("entropy given the base", 0, 0, 0, int(given), note="order 0, per chunk: positions | bucket + values | bucket")
+                add("entropy, no context", 0, 0, 0, int(free), note="order 0, per chunk")
             for label, fmt_args in (("wdiff pack --format 1", ["--format", "1"]), ("wdiff pack", [])):
                 t, rss, r = run([*wd, "pack", "--json", "--force", *fmt_args, *threads, a, b, "-o", bundle])
                 if r.returncode != 0:
@@ -485,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep and not args.dir:
             shutil.rmtree(work, ignore_errors=True)
+    add_ratios(rows)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -501,18 +508,44 @@ def _codec_note(codecs: dict) -> str:
     return "; ".join(out)
 
 
+#: the reference row each timed wdiff row is judged against (issue bars:
+#: diff and pack against reading A and B, apply against a durable copy)
+REFERENCE = {"wdiff diff": ("read A+B (cat)", "cat"), "wdiff pack": ("read A+B (cat)", "cat"),
+             "wdiff apply": ("copy A durably (cp -r; sync)", "cp+sync")}
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """Give each wdiff row ``vs``: its median over its reference row's median
+    in the same scenario (and, for a pack, over the ``--format 1`` pack's
+    time), as text for the table and as numbers (``vs_ref``, ``vs_v1``)."""
+    by = {(r["scenario"], r["op"]): r for r in rows}
+    for r in rows:
+        r["vs"], r["vs_ref"], r["vs_v1"] = "", None, None
+        for prefix, (ref_op, label) in REFERENCE.items():
+            ref = by.get((r["scenario"], ref_op))
+            if r["op"].startswith(prefix) and ref and ref["seconds"] and r["seconds"]:
+                r["vs_ref"] = r["seconds"] / ref["seconds"]
+                r["vs"] = f"{r['vs_ref']:.2f}x {label}"
+        v1 = by.get((r["scenario"], "wdiff pack --format 1"))
+        if r["op"] == "wdiff pack" and v1 and v1["seconds"]:
+            r["vs_v1"] = r["seconds"] / v1["seconds"]
+            r["vs"] += f", {r['vs_v1']:.2f}x v1"
+
+
 def print_table(rows: list[dict], a_bytes: int) -> None:
     from ..cli.output import size, table
 
-    print(f"checkpoint A: {size(a_bytes)}; medians; GB/s counts bytes read; ratio = checkpoint / bundle")
-    out = [["scenario", "operation", "seconds", "GB/s", "peak RSS", "bundle", "B/changed", "ratio", "vs floor", "note"]]
+    print(f"checkpoint A: {size(a_bytes)}; medians; vs = median over the reference row's (cat, cp+sync) and "
+          "over v1's pack; GB/s counts bytes read; ratio = checkpoint / bundle")
+    out = [["scenario", "operation", "seconds", "vs", "GB/s", "peak RSS", "bundle", "B/changed", "ratio", "vs floor",
+            "note"]]
     for r in rows:
         out.append([
-            r["scenario"], r["op"], f"{r['seconds']:.2f}", f"{r['gbps']:.2f}" if r["gbps"] else "",
+            r["scenario"], r["op"], f"{r['seconds']:.2f}", r.get("vs", ""), f"{r['gbps']:.2f}" if r["gbps"] else "",
             size(r["peak_rss"]) if r["peak_rss"] else "", size(r["bundle_bytes"]) if r["bundle_bytes"] else "",
             f"{r['bytes_per_changed']:.3f}" if r["bytes_per_changed"] else "",
             f"{r['ratio']:.1f}x" if r["ratio"] else "", f"{r['vs_floor']:.3f}" if r["vs_floor"] else "", r["note"],
         ])
-    for line in table(out, right={2, 3, 4, 5, 6, 7, 8}):
+    for line in table(out, right={2, 4, 5, 6, 7, 8, 9}):
         print(line)
 

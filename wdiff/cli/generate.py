@@ -34,6 +34,8 @@ ENVIRONMENT = [
                         "Its entries are only guesses, used by pull to choose bundles; no result rests on them."),
     ("WDIFF_NATIVE", "Set to 0 to use the numpy kernels instead of the C extension (same results, slower); "
                      "wdiff --version says which are in use."),
+    ("WDIFF_DIRECT", "Set to 0 to have apply write the tensor data it rebuilds through the page cache "
+                     "instead of with O_DIRECT (the same bytes, fsynced the same; slower, and it fills the cache)."),
     ("WDIFF_DEBUG", "Set to 1 to print a traceback with every error."),
     ("NO_COLOR", "Never use colour."),
     ("HF_TOKEN", "Hugging Face token, resolved by huggingface_hub (as are hf auth login and "

@@ -4,13 +4,14 @@ itself, so each worker thread keeps its buffers for the whole run."""
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
 
 import numpy as np
 
-from ..fsutil import io_error
+from ..fsutil import io_error, write_all
 from .checkpoint import read_into
 from .hashing import block_digests
 from .units import Unit
@@ -32,6 +33,72 @@ def scratch(name: str, nbytes: int) -> np.ndarray:
     if buf is None or buf.size < nbytes:
         buf = bufs[name] = aligned(max(nbytes, 1))
     return buf[:nbytes]
+
+
+#: the alignment of file offsets, lengths and memory that O_DIRECT writes
+#: keep to (a page: enough for 512-byte and 4 KiB logical blocks)
+DIRECT_ALIGN = mmap.PAGESIZE
+
+
+def scratch_at(name: str, nbytes: int, offset: int) -> np.ndarray:
+    """Like :func:`scratch`, but the view starts ``offset % DIRECT_ALIGN``
+    bytes into the buffer: its address is congruent to file offset
+    ``offset``, so that :func:`write_out` can hand its block-aligned middle to
+    an O_DIRECT descriptor as it is."""
+    pad = offset % DIRECT_ALIGN
+    return scratch(name, nbytes + pad)[pad:]
+
+
+def open_direct(path: str, fd: int) -> int:
+    """A second, write-only O_DIRECT descriptor of ``fd``, the file just
+    created at ``path``, or -1 where the system or the file system has none
+    (``WDIFF_DIRECT=0`` turns it off). It is opened by path, so it must
+    turn out to be the same file as ``fd`` (not a link or another file
+    put there since), or it is not used."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag or os.environ.get("WDIFF_DIRECT", "1") == "0":
+        return -1
+    try:
+        dfd = os.open(path, os.O_WRONLY | flag | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return -1
+    try:
+        a, b = os.fstat(fd), os.fstat(dfd)
+        same = (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+    except OSError:
+        same = False
+    if not same:
+        os.close(dfd)
+        return -1
+    return dfd
+
+
+def write_out(fd: int, direct_fd: int, buf: np.ndarray, offset: int, *, write=write_all) -> None:
+    """Write ``buf`` at ``offset`` of a file: the block-aligned middle
+    through ``direct_fd`` (O_DIRECT: from this memory to the disk, no copy
+    into the page cache, no dirty pages for the kernel to write back and
+    throttle on, none to evict the base's cached pages), the unaligned ends
+    (and everything, when ``direct_fd`` is -1, or the memory is not
+    congruent to ``offset``, or the file system refuses) through ``fd``.
+    Durability is the caller's fsync, as for any write. ``write``: the
+    ``write_all`` every piece goes through."""
+    n = buf.nbytes
+    a0 = -(-offset // DIRECT_ALIGN) * DIRECT_ALIGN
+    a1 = (offset + n) // DIRECT_ALIGN * DIRECT_ALIGN
+    if direct_fd < 0 or a1 <= a0 or (buf.ctypes.data - offset) % DIRECT_ALIGN:
+        write(fd, buf, offset)
+        return
+    mv = memoryview(buf).cast("B")
+    try:
+        write(direct_fd, mv[a0 - offset : a1 - offset], a0)
+    except OSError as e:
+        if e.errno != errno.EINVAL:  # EINVAL: this file refuses direct writes after all
+            raise
+        write(fd, mv[a0 - offset : a1 - offset], a0)
+    if a0 > offset:
+        write(fd, mv[: a0 - offset], offset)
+    if offset + n > a1:
+        write(fd, mv[a1 - offset :], a1)
 
 
 def aligned(nbytes: int) -> np.ndarray:
@@ -57,6 +124,7 @@ class FdCache:
                         fd = os.open(path, os.O_RDONLY)
                     except OSError as e:
                         raise io_error(path, e) from None
+                    _sequential(fd)
                     self._fds[path] = fd
         return fd
 
@@ -71,6 +139,16 @@ class FdCache:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _sequential(fd: int) -> None:
+    """Tell the kernel the file is read front to back (a data pass reads
+    it so, in units, a few threads apart): a larger read-ahead window keeps
+    the disk busy while the units already read are hashed and compared."""
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    except (AttributeError, OSError):  # not every system or file system has it
+        pass
 
 
 def read_target(fds: FdCache, entry, unit: Unit, buf: np.ndarray) -> None:

@@ -23,7 +23,7 @@ from ...parallel import ordered_map
 from ...paths import printable
 from ...progress import Reporter
 from ...store import cache, manifest
-from ...store.blockio import FdCache, read_base, scratch, span_digests
+from ...store.blockio import FdCache, open_direct, read_base, scratch, scratch_at, span_digests, write_out
 from ...store.checkpoint import KIND_TENSORS, Checkpoint, known_checkpoint, read_header
 from ...store.digests import Digests, hash_file
 from ...store.hashing import hexd, tree
@@ -133,14 +133,18 @@ class _Walk:
 
 def apply_unit(
     fds: FdCache, out_fd: int, data_start: int, unit: Unit, rec: Record | None, *, where: str,
-    file: int = -1,
+    file: int = -1, direct_fd: int = -1,
 ) -> UnitDone:
     """Produce one unit of the target: base bytes, patched by ``rec`` if any;
     check base and target chunk digests; write at its offset in ``out_fd``
-    (or nowhere when ``out_fd`` is negative). The base bytes are hashed as
-    they are read (a base unit is never taken as matching on the manifest
-    cache's word), and every byte written is hashed."""
-    buf = scratch("b", unit.nbytes)
+    (or nowhere when ``out_fd`` is negative; ``direct_fd``: the file's
+    O_DIRECT descriptor, or -1). The base bytes are hashed as they are read
+    (a base unit is never taken as matching on the manifest cache's word),
+    and every byte written is hashed."""
+    at = data_start + unit.lo
+    # for a direct write, the memory is laid out as the file is; the words
+    # stay aligned to 8 bytes (any other layout is written through the cache)
+    buf = scratch_at("b", unit.nbytes, at) if direct_fd >= 0 and at % 8 == 0 else scratch("b", unit.nbytes)
     a_dig = None
     if unit.spans[0].base is not None:
         read_base(fds, unit, buf)
@@ -159,7 +163,7 @@ def apply_unit(
             raise IntegrityError(f"{where}: rebuilt bytes of {printable(unit.spans[0].tensor.name)} do not match the target digest")
     if out_fd >= 0:
         try:
-            write_all(out_fd, buf, data_start + unit.lo)
+            write_out(out_fd, direct_fd, buf, at, write=write_all)
         except OSError as e:
             raise io_error(where, e) from None
     return UnitDone(file, unit, a_dig, t_dig)
@@ -177,6 +181,8 @@ class _Builder:
         self.outputs, self.reporter = outputs, reporter
         self.da, self.dt = Digests(), Digests()
         self.out_fds: dict[int, int] = {}
+        #: a second, O_DIRECT descriptor of each tensor file, where there is one
+        self.direct_fds: dict[int, int] = {}
         self.written = 0
         self._modes: dict[str, int] | None = None
         self._delta: tuple[int, int, int, FileRebuild] | None = None  # file, out fd, base fd, rebuild
@@ -295,12 +301,14 @@ class _Builder:
                 fd = self.out_fds[i] = self.open_out(i)
                 _preallocate(fd, self.index.files[i].size, self.index.files[i].path)
                 write_all(fd, self.headers[i].raw, 0)
+                self.direct_fds[i] = open_direct(self.outputs[i], fd)
             yield item
 
     def close(self) -> None:
         self.close_delta()
-        for fd in self.out_fds.values():
-            os.close(fd)
+        for fd in (*self.out_fds.values(), *self.direct_fds.values()):
+            if fd >= 0:
+                os.close(fd)
 
 
 def build(
@@ -327,7 +335,7 @@ def build(
                 return item
             where = f"{reader.path}: {printable(index.files[item.file].path)}"
             return apply_unit(fds, b.out_fds[item.file], item.layout.header.data_start, item.unit, item.record,
-                              where=where, file=item.file)
+                              where=where, file=item.file, direct_fd=b.direct_fds.get(item.file, -1))
 
         try:
             _collect(b, ordered_map(work, b.items(), threads=threads))
