@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # one fp32 pair per learning rate
                 rows.append(_row(f"lr {lr:g} {kind} step {step - 1}->{step}", saved[step - 1][col],
                                  saved[step][col], work, zstd))
-    head = ["pair", "changed", "density", "entropy|base", "v1", "v2", "v2/v1", "v2/entropy", "zstd --patch-from",
+    head = ["pair", "changed", "density", "entropy given base", "v1", "v2", "v2/v1", "v2/entropy", "zstd --patch-from",
             "pack s v1/v2"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
