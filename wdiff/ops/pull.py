@@ -13,68 +13,32 @@ too; under them, a pull removes the debris of pulls that died.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-from dataclasses import dataclass
 
 from ..errors import (BaseMismatchError, BusyError, Interrupted, LocalChangesError, NotFoundError, RemoteError,
                       UsageError, WdiffError, WdiffIOError)
-from ..format import signature as signing
 from ..format.bundle import reading
 from ..format.journal import Txn
 from ..fsutil import beside_lock_path, fsync_dir, io_error, locked_beside, owner_alive, owner_tag, remove_tree
 from ..parallel import default_threads
 from ..paths import RESERVED, STATE_DIR, printable
 from ..progress import SILENT, Reporter
-from ..remotes import open_remote
 from ..statedir import StateDir
 from ..store import manifest, record
 from ..store.checkpoint import scan
 from ..store.ignore import DEFAULT_RULES
 from ..store.hashing import hexd, short
 from .apply import apply
-from .apply.copy import apply_copy
 from .apply.inplace import apply_in_place, restorable
-from . import trust
-from .fetch import accept, download, read_verified
+from .fetch import accept, download
 from .tracked import EMPTY_FINGERPRINT, LocalState, fingerprint_of, local_state, plan, plan_recorded
-from .places import refuse_remote_as_checkpoint
+from .pull_atomic import pull_atomic
+from .pullwork import PullResult, check_space, fetch_run, open_verified, pending_downloads, record_target
 from .rollback import finish_interrupted, plan_back, step_back
 from .signatures import verify_bundle_signature
 from .squash import squash, squash_from
-
-
-@dataclass(frozen=True)
-class PullResult:
-    remote: str
-    directory: str
-    before: bytes | None  # None: empty, or a version the remote does not know
-    after: bytes
-    bundles: tuple[bytes, ...] = ()
-    downloaded: int = 0  # bytes fetched from the remote
-    up_to_date: bool = False
-    from_anchor: bool = False
-    restored: tuple[str, ...] = ()  # files whose local changes --force discarded
-    link: str | None = None  # --atomic: the link that now points at ``directory``
-    stepped_back: bool = False  # undid ``bundles`` (newest first) through their inverses
-
-    def to_json(self) -> dict:
-        return {
-            "schema": "wdiff.pull/1",
-            "remote": self.remote,
-            "directory": self.directory,
-            "before": hexd(self.before) if self.before else None,
-            "after": hexd(self.after),
-            "up_to_date": self.up_to_date,
-            "from_anchor": self.from_anchor,
-            "stepped_back": self.stepped_back,
-            "bundles": [hexd(b) for b in self.bundles],
-            "downloaded_bytes": self.downloaded,
-            "restored": list(self.restored),
-            "link": self.link,
-        }
 
 
 def pull(
@@ -108,15 +72,15 @@ def pull(
     the link is then switched to it in one rename, the old one kept."""
     given = os.path.abspath(os.fspath(directory))
     if atomic:
-        return _pull_atomic(remote, given, to=to, trusted_keys=trusted_keys, require_signature=require_signature,
-                            token=token, threads=threads, max_age=max_age, reporter=reporter)
+        return pull_atomic(remote, given, to=to, trusted_keys=trusted_keys, require_signature=require_signature,
+                           token=token, threads=threads, max_age=max_age, reporter=reporter)
     directory = os.path.realpath(given)
     if os.path.lexists(directory) and not os.path.isdir(directory):
         raise UsageError(f"{given}: exists and is not a directory", hint="pull into a directory (it is created if missing)")
     threads = threads or default_threads()
     # read (and check) the chain before creating DIR: a missing or untrusted
     # remote must not leave an empty directory behind
-    store, keys, read, records = _open_verified(remote, directory, "a pull would write a checkpoint over it",
+    store, keys, read, records = open_verified(remote, directory, "a pull would write a checkpoint over it",
                                                 token=token, trusted_keys=trusted_keys,
                                                 require_signature=require_signature, max_age=max_age,
                                                 reporter=reporter)
@@ -142,18 +106,6 @@ def pull(
         raise
     reporter.done()
     return res
-
-
-def _open_verified(remote, directory: str, purpose: str, *, token, trusted_keys, require_signature, max_age,
-                   reporter: Reporter):
-    """The remote a pull into ``directory`` reads, and its chain, verified
-    with the trusted keys and against the records of remotes seen (beside
-    ``directory`` and this user's): (store, keys, ReadChain, records)."""
-    keys = signing.required_keys(trusted_keys, require_signature)
-    refuse_remote_as_checkpoint(directory, purpose)
-    store = open_remote(remote, token=token)
-    records = trust.places(directory)
-    return store, keys, read_verified(store, keys, max_age=max_age, records=records, reporter=reporter), records
 
 
 def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter: Reporter,
@@ -221,7 +173,7 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
         if guessed:  # the inverses are built from DIR's bytes: plan from them, not from a guess
             return _bring(store, chain, keys, directory, work, state, fingerprint_of(directory, threads, reporter),
                           goal, False, threads, reporter, force)
-        _check_space(work, back)
+        check_space(work, back)
         got = step_back(store, chain, keys, directory, work, back, budget=sum(e.size for e in run),
                         threads=threads, reporter=reporter)
         if got.done:
@@ -241,21 +193,14 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
             "which a pull cannot replace with a rebuilt copy; nothing was changed",
             hint="empty it (or pull into a new directory inside it), then pull again",
         )
-    _check_space(work, run)
-    downloaded = fetched
-    bundles = []
-    for e in run:
-        path, n = download(store, e, work, reporter)
-        if keys:
-            verify_bundle_signature(store, e, path, keys)
-        bundles.append(path)
-        downloaded += n
+    bundles, downloaded = fetch_run(store, keys, run, work, reporter)
+    downloaded += fetched
     if rebuild:
         with reading(bundles[-1]) as last:
             target = last.index
         _rebuild_beside(directory, bundles, work, state, threads, reporter)
         with StateDir.open(directory) as fresh:  # the new directory's own state
-            _record_target(fresh, target)
+            record_target(fresh, target)
     else:
         if len(bundles) == 1:
             bundle = bundles[0]
@@ -278,12 +223,6 @@ def _adopt(state: StateDir, directory: str, threads: int, reporter: Reporter) ->
     if ckpt.files:
         m = manifest.compute(ckpt, threads=threads, reporter=reporter, use_cache=True)
         record.write(state, record.of_rows((d.path, d.kind, d.size, d.digest) for d in m.files))
-
-
-def _record_target(state: StateDir, index) -> None:
-    rec = record.of_rows((f.path, f.kind, f.size, f.digest) for f in index.files)
-    if rec.version == index.target_fingerprint:
-        record.write(state, rec)
 
 
 def _refuse_local_changes(directory: str, local: LocalState, clashes=()) -> None:
@@ -344,7 +283,7 @@ def _bring_local(store, chain, keys, directory: str, work: StateDir, local: Loca
             return stepped
     replace = set(local.changed)
     if not from_anchor:
-        paths, downloaded = _fetch(store, keys, run, work, reporter)
+        paths, downloaded = fetch_run(store, keys, run, work, reporter)
         with reading(paths[0]) as first:
             unrestorable = restorable(first.index, replace)
         if not unrestorable:
@@ -361,8 +300,8 @@ def _bring_local(store, chain, keys, directory: str, work: StateDir, local: Loca
         run = anchored
     else:
         downloaded = 0
-    _check_space(work, run)
-    paths, n = _fetch(store, keys, run, work, reporter)
+    check_space(work, run)
+    paths, n = fetch_run(store, keys, run, work, reporter)
     downloaded += n
     bundle = paths[0]
     if len(paths) > 1:
@@ -386,7 +325,7 @@ def _step_back(store, chain, keys, directory: str, work: StateDir, current: byte
     back = plan_back(chain, current, goal, run)
     if not back:
         return None
-    _check_space(work, back)
+    check_space(work, back)
     got = step_back(store, chain, keys, directory, work, back, budget=sum(e.size for e in run),
                     threads=threads, reporter=reporter)
     if got.done:
@@ -394,18 +333,6 @@ def _step_back(store, chain, keys, directory: str, work: StateDir, current: byte
                           got.downloaded, stepped_back=True)
     reporter.warn(f"cannot step back along the chain ({got.why}); restoring from an anchor")
     return None
-
-
-def _fetch(store, keys, run, work: StateDir, reporter: Reporter) -> tuple[list[str], int]:
-    _check_space(work, run)
-    paths, downloaded = [], 0
-    for e in run:
-        path, n = download(store, e, work, reporter)
-        if keys:
-            verify_bundle_signature(store, e, path, keys)
-        paths.append(path)
-        downloaded += n
-    return paths, downloaded
 
 
 def _apply_run(directory: str, work: StateDir, local: LocalState, paths: list[str], replace: set[str], force: bool,
@@ -451,30 +378,10 @@ def _clear_quietly(state: StateDir) -> None:
     """After a finished pull, the work area goes; on a failure it is
     removed above (or kept for a resume), so errors here are not the story."""
     try:
-        if state.kind("pull") == "dir" and not _pending_downloads(state):
+        if state.kind("pull") == "dir" and not pending_downloads(state):
             state.unlink("pull")
     except WdiffError:
         pass
-
-
-def _pending_downloads(state: StateDir) -> bool:
-    with state.sub("pull", create=False) as w:
-        return w is not None and bool(w.names())
-
-
-def _check_space(work: StateDir, run) -> None:
-    """Say before downloading anything how much staging the pull needs."""
-    need = sum(e.size for e in run) + max(e.size for e in run)
-    try:
-        st = os.fstatvfs(work.fd)
-    except OSError:
-        return
-    free = st.f_bavail * st.f_frsize
-    if free < need:
-        raise WdiffIOError(
-            f"{work.path}: the pull needs {need} bytes of staging space and {free} are free (No space left on device)",
-            hint="free some space; nothing was changed",
-        )
 
 
 def _remove_if_empty(directory: str) -> None:
@@ -586,102 +493,3 @@ def _rebuild_beside(directory: str, bundles: list[str], work: StateDir, state: S
             if not swapped or os.path.isdir(directory):
                 remove_tree(fresh)
     remove_tree(old)
-
-
-# -- --atomic: build beside the link's target, then switch the link -----------------------
-
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
-
-
-def _pull_atomic(remote, link: str, *, to, trusted_keys, require_signature, token, threads, max_age,
-                 reporter: Reporter) -> PullResult:
-    if not os.path.islink(link):
-        raise UsageError(f"{link}: --atomic switches a symbolic link, and this is not one",
-                         hint="make DIR a symbolic link to a versioned directory (current -> v17), or drop --atomic")
-    old = os.path.realpath(link)
-    if not os.path.isdir(old):
-        raise UsageError(f"{link}: points at {old}, which is not a directory",
-                         hint="point the link at a directory (it may be empty), or pull without --atomic")
-    threads = threads or default_threads()
-    store, keys, read, _ = _open_verified(remote, old, "a pull would build a checkpoint from it",
-                                          token=token, trusted_keys=trusted_keys,
-                                          require_signature=require_signature, max_age=max_age,
-                                          reporter=reporter)
-    chain = read.chain
-    goal = chain.resolve(to)
-    # the link's own lock (two --atomic pulls), and the one every writer of the
-    # old directory holds: this pull writes into its .wdiff (work area, temps)
-    with locked_beside(beside_lock_path(link, follow=False), what=link), \
-            locked_beside(beside_lock_path(old), what=old):
-        with StateDir.open(old) as state:
-            state.sweep_temps()
-            if Txn(state).read_journal() is not None:
-                raise BusyError(f"{old}: an in-place apply was interrupted there",
-                                hint=f"finish it with wdiff pull REMOTE {old} first")
-            recorded = record.read(state)
-            if recorded is not None:
-                local = local_state(old, recorded, threads, reporter, guess=False)
-                current = local.version if not local.changed else None
-                rules = DEFAULT_RULES.tracking(recorded.paths)
-            else:
-                current, rules = fingerprint_of(old, threads, reporter), DEFAULT_RULES
-            if current == goal:
-                reporter.done()
-                return PullResult(store.url, old, current, goal, up_to_date=True, link=link)
-            run = chain.path(current, goal) if current is not None and current in chain.versions else None
-            from_anchor = run is None
-            if from_anchor:
-                run, _ = plan(chain, EMPTY_FINGERPRINT, goal)
-            work = state.sub("pull")
-            try:
-                paths, downloaded = _fetch(store, keys, run, work, reporter)
-                bundle = paths[0]
-                if len(paths) > 1:
-                    bundle = work.where(f"squash-{short(current or b'')}-{short(goal)}.wdb")
-                    squash_from(paths, None if from_anchor else old, bundle, threads=threads, reporter=reporter,
-                                overwrite=True, check_out=False, base_fingerprint=None if from_anchor else current,
-                                rules=None if from_anchor else rules)
-                new = _new_sibling(old, chain, goal)
-                apply_copy(bundle, None if from_anchor else old, new, threads=threads, reporter=reporter,
-                           rules=rules)
-                with reading(bundle) as r, StateDir.open(new) as fresh:
-                    _record_target(fresh, r.index)
-            finally:
-                work.close()
-            if not _pending_downloads(state):
-                state.unlink("pull")
-        _switch_link(link, new)
-        accept(store, read, trust.places(new))
-    reporter.done()
-    return PullResult(store.url, new, current if current in chain.versions else None, goal,
-                      tuple(e.bundle for e in run), downloaded, from_anchor=from_anchor, link=link)
-
-
-def _new_sibling(old: str, chain, goal: bytes) -> str:
-    """A name beside the link's target for the new version: its label when
-    that is a plain name, else its fingerprint."""
-    parent = os.path.dirname(old)
-    label = next((e.label for e in chain.entries if e.version == goal and e.label), None)
-    names = [label] if label and _SAFE_NAME.fullmatch(label) else []
-    names += [hexd(goal)[:12]] + [f"{hexd(goal)[:12]}-{k}" for k in range(2, 100)]
-    for n in names:
-        if not os.path.lexists(os.path.join(parent, n)):
-            return os.path.join(parent, n)
-    raise UsageError(f"{parent}: no free name for the new version beside {os.path.basename(old)}")
-
-
-def _switch_link(link: str, new: str) -> None:
-    """Point ``link`` at ``new`` in one rename of a fresh link over it (a
-    relative link stays relative); a reader sees the old or the new target."""
-    parent, name = os.path.split(link)
-    text = os.readlink(link)
-    target = new if os.path.isabs(text) else os.path.relpath(new, parent)
-    tmp = os.path.join(parent, f".{name}.wdiff-link-{owner_tag()}")
-    try:
-        os.symlink(target, tmp)
-        os.replace(tmp, link)
-        fsync_dir(parent)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise io_error(link, e) from None

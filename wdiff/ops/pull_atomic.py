@@ -1,0 +1,130 @@
+"""pull --atomic: DIR is a symbolic link to a versioned directory. The new
+version is built from the old one (never changed) into a new directory
+beside it, named by the version's label or fingerprint; the link is then
+switched in one rename of a fresh link over it, so a reader of the link sees
+the old checkpoint or the new one, whole. Both the link's lock and the old
+directory's (whose ``.wdiff`` holds the downloads) are held throughout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+
+from ..errors import BusyError, UsageError
+from ..format.bundle import reading
+from ..format.journal import Txn
+from ..fsutil import beside_lock_path, fsync_dir, io_error, locked_beside, owner_tag
+from ..parallel import default_threads
+from ..progress import Reporter
+from ..statedir import StateDir
+from ..store import record
+from ..store.hashing import hexd, short
+from ..store.ignore import DEFAULT_RULES
+from . import trust
+from .apply.copy import apply_copy
+from .fetch import accept
+from .pullwork import PullResult, fetch_run, open_verified, pending_downloads, record_target
+from .squash import squash_from
+from .tracked import EMPTY_FINGERPRINT, fingerprint_of, local_state, plan
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+
+
+def pull_atomic(remote, link: str, *, to, trusted_keys, require_signature, token, threads, max_age,
+                reporter: Reporter) -> PullResult:
+    """pull --atomic: ``link`` is a symbolic link to a directory; the version
+    ``to`` is built in a new directory beside that one (the old one is its
+    base and is left as it was), then the link is switched to it in one
+    rename."""
+    if not os.path.islink(link):
+        raise UsageError(f"{link}: --atomic switches a symbolic link, and this is not one",
+                         hint="make DIR a symbolic link to a versioned directory (current -> v17), or drop --atomic")
+    old = os.path.realpath(link)
+    if not os.path.isdir(old):
+        raise UsageError(f"{link}: points at {old}, which is not a directory",
+                         hint="point the link at a directory (it may be empty), or pull without --atomic")
+    threads = threads or default_threads()
+    store, keys, read, _ = open_verified(remote, old, "a pull would build a checkpoint from it",
+                                          token=token, trusted_keys=trusted_keys,
+                                          require_signature=require_signature, max_age=max_age,
+                                          reporter=reporter)
+    chain = read.chain
+    goal = chain.resolve(to)
+    # the link's own lock (two --atomic pulls), and the one every writer of the
+    # old directory holds: this pull writes into its .wdiff (work area, temps)
+    with locked_beside(beside_lock_path(link, follow=False), what=link), \
+            locked_beside(beside_lock_path(old), what=old):
+        with StateDir.open(old) as state:
+            state.sweep_temps()
+            if Txn(state).read_journal() is not None:
+                raise BusyError(f"{old}: an in-place apply was interrupted there",
+                                hint=f"finish it with wdiff pull REMOTE {old} first")
+            recorded = record.read(state)
+            if recorded is not None:
+                local = local_state(old, recorded, threads, reporter, guess=False)
+                current = local.version if not local.changed else None
+                rules = DEFAULT_RULES.tracking(recorded.paths)
+            else:
+                current, rules = fingerprint_of(old, threads, reporter), DEFAULT_RULES
+            if current == goal:
+                reporter.done()
+                return PullResult(store.url, old, current, goal, up_to_date=True, link=link)
+            run = chain.path(current, goal) if current is not None and current in chain.versions else None
+            from_anchor = run is None
+            if from_anchor:
+                run, _ = plan(chain, EMPTY_FINGERPRINT, goal)
+            work = state.sub("pull")
+            try:
+                paths, downloaded = fetch_run(store, keys, run, work, reporter)
+                bundle = paths[0]
+                if len(paths) > 1:
+                    bundle = work.where(f"squash-{short(current or b'')}-{short(goal)}.wdb")
+                    squash_from(paths, None if from_anchor else old, bundle, threads=threads, reporter=reporter,
+                                overwrite=True, check_out=False, base_fingerprint=None if from_anchor else current,
+                                rules=None if from_anchor else rules)
+                new = _new_sibling(old, chain, goal)
+                apply_copy(bundle, None if from_anchor else old, new, threads=threads, reporter=reporter,
+                           rules=rules)
+                with reading(bundle) as r, StateDir.open(new) as fresh:
+                    record_target(fresh, r.index)
+            finally:
+                work.close()
+            if not pending_downloads(state):
+                state.unlink("pull")
+        _switch_link(link, new)
+        accept(store, read, trust.places(new))
+    reporter.done()
+    return PullResult(store.url, new, current if current in chain.versions else None, goal,
+                      tuple(e.bundle for e in run), downloaded, from_anchor=from_anchor, link=link)
+
+
+def _new_sibling(old: str, chain, goal: bytes) -> str:
+    """A name beside the link's target for the new version: its label when
+    that is a plain name, else its fingerprint."""
+    parent = os.path.dirname(old)
+    label = next((e.label for e in chain.entries if e.version == goal and e.label), None)
+    names = [label] if label and _SAFE_NAME.fullmatch(label) else []
+    names += [hexd(goal)[:12]] + [f"{hexd(goal)[:12]}-{k}" for k in range(2, 100)]
+    for n in names:
+        if not os.path.lexists(os.path.join(parent, n)):
+            return os.path.join(parent, n)
+    raise UsageError(f"{parent}: no free name for the new version beside {os.path.basename(old)}")
+
+
+def _switch_link(link: str, new: str) -> None:
+    """Point ``link`` at ``new`` in one rename of a fresh link over it (a
+    relative link stays relative); a reader sees the old or the new target."""
+    parent, name = os.path.split(link)
+    text = os.readlink(link)
+    target = new if os.path.isabs(text) else os.path.relpath(new, parent)
+    tmp = os.path.join(parent, f".{name}.wdiff-link-{owner_tag()}")
+    try:
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+        fsync_dir(parent)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise io_error(link, e) from None
