@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 import wdiff
 import wdiff.live.apply as live_apply
+import wdiff.live.changes as live_changes
 from wdiff.codec.chunk import CODEC_NAMES
 from wdiff.errors import BaseMismatchError, IntegrityError
 from wdiff.live import apply_into, iter_patches
@@ -90,7 +91,7 @@ class _Spy:
     def __init__(self, monkeypatch) -> None:
         self.whole: list[str] = []
         self.written = 0
-        decode, scatter = live_apply.decode_into, live_apply._scatter
+        decode, scatter = live_changes.decode_into, live_apply._scatter
 
         def spy_decode(codec, *a, **k):
             self.whole.append(CODEC_NAMES[codec])
@@ -100,7 +101,7 @@ class _Spy:
             self.written += int(pos.size)
             return scatter(unit, pos, vals)
 
-        monkeypatch.setattr(live_apply, "decode_into", spy_decode)
+        monkeypatch.setattr(live_changes, "decode_into", spy_decode)
         monkeypatch.setattr(live_apply, "_scatter", spy_scatter)
 
 

@@ -39,34 +39,21 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from ..codec.chunk import (
-    BITMAP,
-    CSPARSE,
-    MBITMAP,
-    MSPARSE,
-    RAW,
-    RSPARSE,
-    SPARSE,
-    decode_into,
-    decompress_exact,
-    modular_changes,
-    rice_decode,
-    unplanes,
-)
-from ..codec.dtypes import uint_type
-from ..errors import BaseMismatchError, FormatError, IntegrityError, UsageError
+from ..codec.chunk import RAW
+from ..errors import BaseMismatchError, IntegrityError, UsageError
 from ..format import records as fmt
 from ..format import signature as signing
-from ..format.bundle import ZERO, BundleReader, decode_header_record
+from ..format.bundle import BundleReader, decode_header_record
 from ..ops.signatures import open_signed_bundle
 from ..parallel import default_threads, ordered_map
 from ..paths import printable
 from ..store.blockio import FdCache, read_base, span_digests
 from ..store.checkpoint import KIND_TENSORS, Checkpoint, scan, scope_of
-from ..store.hashing import block_digests, hexd, tree
+from ..store.hashing import hexd, tree
 from ..store.header import Header, TensorInfo, parse_header
 from ..store.units import FileLayout, Unit
 from ._tensors import Live, is_torch, prepared
+from .changes import buffered_changes, fast_changes, span_digest
 from .layout import headers_like
 
 #: undo entries kept in memory before they go to a temporary file
@@ -222,186 +209,6 @@ def _chunks(reader: BundleReader, base, *, need_base: bool) -> Iterator[tuple[ob
 
 #: codecs whose records list their changed positions: patched with one
 #: scatter per tensor per chunk, never decoded whole
-LISTED = frozenset({SPARSE, BITMAP, MSPARSE, MBITMAP, CSPARSE, RSPARSE})
-
-
-def _where(reader: BundleReader, rec, unit: Unit) -> str:
-    return f"{reader.path}: record {rec.index} ({printable(unit.spans[0].tensor.name)})"
-
-
-def _base_check(got: bytes, h, where: str) -> None:
-    if h.base != ZERO and got != h.base:
-        raise BaseMismatchError(f"{where}: the tensors' bytes are not the bundle's base",
-                                hint="the tensors do not hold the version this bundle starts from")
-
-
-def _decode(reader: BundleReader, rec, unit: Unit, base, buf: np.ndarray, old: np.ndarray) -> bool:
-    """Read the chunk's base bytes into ``buf`` (a copy in ``old``), check
-    them, decode the record into ``buf`` and check the result. Returns
-    whether ``old`` holds the base bytes (not for a chunk without a base)."""
-    h = rec.header
-    where = _where(reader, rec, unit)
-    based = unit.spans[0].base is not None
-    if based:
-        base.read(unit, buf)
-        _base_check(tree(b"".join(span_digests(unit, buf))), h, where)
-        old[:] = buf
-    else:
-        buf[:] = 0
-        old[:] = 0
-    decode_into(h.codec, h.param, h.count, list(rec.payload), buf.view(uint_type(unit.word)), where=where)
-    if tree(b"".join(span_digests(unit, buf))) != h.target:
-        raise IntegrityError(f"{where}: rebuilt bytes do not match the target digest")
-    return based
-
-
-def _listed(h, parts, words: np.ndarray, where: str):
-    """(positions, new words) of a record that lists its changed words
-    (SPARSE, BITMAP, MSPARSE, MBITMAP, CSPARSE), from the chunk's base
-    ``words``, with the checks decode_into makes; None for other codecs
-    (decoded whole instead). Only the listed words of ``words`` are read,
-    but for CSPARSE, whose positions depend on every base word."""
-    if h.codec not in LISTED:
-        return None
-    if h.codec in (SPARSE, BITMAP):
-        pos, xor = _sparse(h, parts, words.size, words.dtype.itemsize, where)
-        return pos, words[pos] ^ xor
-    pos, new = modular_changes(h.codec, h.param, h.count, list(parts), words, where=where)
-    pos = pos.astype(np.int64, copy=False)
-    if pos.size > 1 and not (pos[1:] > pos[:-1]).all():
-        order = np.argsort(pos, kind="stable")  # CSPARSE and RSPARSE list positions by bucket
-        pos, new = pos[order], new[order]
-    return pos, new
-
-
-def _sparse(h, parts, n: int, w: int, where: str):
-    """Positions and XOR words of a SPARSE or BITMAP record, with the checks
-    decode_into makes."""
-    used = 3 if h.codec == SPARSE else 2
-    if any(len(p) for p in parts[used:]):
-        raise FormatError(f"{where}: malformed record (unused payload section)")
-    parts = list(parts[:used]) + [b""] * (used - len(parts))
-    if not 0 < h.count <= n:
-        raise FormatError(f"{where}: changed-word count {h.count} out of range")
-    if h.codec == SPARSE:
-        pos = rice_decode(h.param, parts[0], parts[1], h.count, n, where=where)
-        values = parts[2]
-    else:
-        if h.param != 0:
-            raise FormatError(f"{where}: malformed bitmap record")
-        bits = np.unpackbits(np.frombuffer(decompress_exact(parts[0], (n + 7) // 8, where=where), dtype=np.uint8))
-        if bits[n:].any():
-            raise FormatError(f"{where}: nonzero padding in bitmap")
-        pos = np.flatnonzero(bits[:n])
-        if pos.size != h.count:
-            raise FormatError(f"{where}: bitmap does not hold {h.count} positions")
-        values = parts[1]
-    xor = unplanes(decompress_exact(values, h.count * w, where=where), h.count, w)
-    if not xor.all():
-        raise FormatError(f"{where}: a listed position does not change")
-    return pos, xor
-
-
-def _span_digest(unit: Unit) -> bytes:
-    """The tree digest of a unit's bytes, hashed in place in CPU tensors."""
-    return tree(b"".join(block_digests(s.base.file.u8[s.lo : s.hi]) for s in unit.spans))
-
-
-def _gather(unit: Unit, pos: np.ndarray) -> np.ndarray:
-    """The words at unit word positions ``pos`` (sorted), from the tensors."""
-    w = unit.word
-    ut = uint_type(w)
-    out = np.empty(pos.size, dtype=ut)
-    bounds = np.cumsum([0] + [(s.hi - s.lo) // w for s in unit.spans])
-    cuts = np.searchsorted(pos, bounds)
-    for k, s in enumerate(unit.spans):
-        a, b = cuts[k], cuts[k + 1]
-        if a < b:
-            words = s.base.file.u8.view(ut)
-            out[a:b] = words[pos[a:b] - bounds[k] + s.lo // w]
-    return out
-
-
-class _Lazy:
-    """A unit's base words spread over CPU tensors, as the 1-D array that
-    modular_changes reads (size, dtype, fancy indexing): only the listed
-    words are gathered, never the chunk."""
-
-    def __init__(self, unit: Unit) -> None:
-        self.unit = unit
-        self.dtype = np.dtype(uint_type(unit.word))
-        self.size = unit.nbytes // unit.word
-
-    def __getitem__(self, pos):
-        return _gather(self.unit, np.asarray(pos))
-
-
-def _base_words(unit: Unit, need_all: bool):
-    """The unit's base words in the CPU tensors: a view for one span, else
-    a copy of the chunk (``need_all``, CSPARSE reads every word) or a lazy
-    gatherer of listed words."""
-    ut = uint_type(unit.word)
-    if len(unit.spans) == 1:
-        s = unit.spans[0]
-        return s.base.file.u8[s.lo : s.hi].view(ut)
-    if need_all:
-        return np.concatenate([s.base.file.u8[s.lo : s.hi] for s in unit.spans]).view(ut)
-    return _Lazy(unit)
-
-
-def _fast(reader: BundleReader, rec, unit: Unit):
-    """(positions, old words, new words) of a record that lists its changed
-    words (SPARSE, BITMAP and codec v2's MSPARSE, MBITMAP, CSPARSE) over
-    CPU tensors, without copying or comparing whole chunks: the base digest
-    is hashed in the tensors' own memory, and only the listed words are
-    read (CSPARSE reads the chunk, whose words place its positions). None
-    where this does not apply (other codecs, device tensors)."""
-    h = rec.header
-    if h.base == ZERO or h.codec not in LISTED:
-        return None
-    if any(s.base.file.device is not None or s.base.file.u8 is None for s in unit.spans):
-        return None
-    where = _where(reader, rec, unit)
-    _base_check(_span_digest(unit), h, where)
-    words = _base_words(unit, need_all=h.codec in (CSPARSE, RSPARSE))
-    pos, new = _listed(h, rec.payload, words, where)
-    return pos, words[pos], new
-
-
-def _buffered(reader: BundleReader, rec, unit: Unit, base):
-    """(positions, old words, new words, whole) of any record, from the
-    chunk's base read into a buffer (a mirror on disk, device tensors, or no
-    base at all for an anchor): checked against the base digest, patched in
-    the buffer (a listed record: its positions only; any other: decoded
-    whole) and checked against the target digest before anything is
-    returned. ``whole``: the record rewrites every word (no base)."""
-    h = rec.header
-    if unit.spans[0].base is None or h.base == ZERO or h.codec not in LISTED:
-        buf = np.empty(unit.nbytes, dtype=np.uint8)
-        old = np.empty(unit.nbytes, dtype=np.uint8)
-        based = _decode(reader, rec, unit, base, buf, old)
-        pos, ov, nv = _changed(unit, buf, old, whole=not based)
-        return pos, ov, nv, not based
-    where = _where(reader, rec, unit)
-    buf = np.empty(unit.nbytes, dtype=np.uint8)
-    base.read(unit, buf)
-    _base_check(tree(b"".join(span_digests(unit, buf))), h, where)
-    words = buf.view(uint_type(unit.word))
-    pos, new = _listed(h, rec.payload, words, where)
-    old = words[pos]
-    words[pos] = new
-    if tree(b"".join(span_digests(unit, buf))) != h.target:
-        raise IntegrityError(f"{where}: rebuilt bytes do not match the target digest")
-    return pos, old, new, False
-
-
-def _changed(unit: Unit, buf: np.ndarray, old: np.ndarray, *, whole: bool):
-    ut = uint_type(unit.word)
-    nw, ow = buf.view(ut), old.view(ut)
-    pos = np.arange(nw.size, dtype=np.int64) if whole else np.flatnonzero(nw != ow)
-    return pos, ow[pos], nw[pos]
-
-
 class _Undo:
     """Undo entries: (chunk, positions, old words), in memory up to a budget,
     then in an unlinked temporary file."""
@@ -513,9 +320,9 @@ def _check(reader: BundleReader, base):
 
     def one(item):
         rec, unit = item
-        fast = _fast(reader, rec, unit)
+        fast = fast_changes(reader, rec, unit)
         if fast is None:
-            fast = _buffered(reader, rec, unit, base)[:3]
+            fast = buffered_changes(reader, rec, unit, base)[:3]
         return rec.header.target, unit, fast
 
     return one
@@ -579,7 +386,7 @@ def _verify(base, units: list[tuple[Unit, bytes]], threads: int) -> None:
     def digest(item):
         unit, target = item
         if all(s.base.file.device is None and s.base.file.u8 is not None for s in unit.spans):
-            return unit, target, _span_digest(unit)
+            return unit, target, span_digest(unit)
         buf = np.empty(unit.nbytes, dtype=np.uint8)
         base.read(unit, buf)
         return unit, target, tree(b"".join(span_digests(unit, buf)))
@@ -618,7 +425,7 @@ def iter_patches(bundle, *, base=None, trusted_keys=None, require_signature: boo
         if base is None and reader.index.base_fingerprint is not None:
             raise UsageError("this bundle patches a base: give base= (the mirror directory or the tensors)")
         for rec, unit in _chunks(reader, src, need_base=False):
-            pos, _ov, nv, _whole = _buffered(reader, rec, unit, src)
+            pos, _ov, nv, _whole = buffered_changes(reader, rec, unit, src)
             yield from _per_tensor(unit, pos, nv, torch_out)
     finally:
         if isinstance(src, _DirBase):
