@@ -7,8 +7,10 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import secrets
 import shutil
+import stat
 
 from .errors import BusyError, WdiffIOError
 
@@ -32,8 +34,37 @@ def fsync_dir(path: str) -> None:
 
 
 def temp_name(final: str, tag: str = "tmp") -> str:
+    """``.NAME.wdiff-TAG-PID-START-RANDOM`` beside ``final``: a temporary
+    that carries its owner (see :func:`owner_tag`), so that the next writer
+    of ``final`` can clear what a killed one left (:func:`clear_dead_temps`)."""
     head, tail = os.path.split(final)
-    return os.path.join(head, f".{tail}.wdiff-{tag}-{secrets.token_hex(4)}")
+    return os.path.join(head, f".{tail}.wdiff-{tag}-{owner_tag()}-{secrets.token_hex(4)}")
+
+
+def clear_dead_temps(final: str, tag: str = "tmp") -> None:
+    """Remove the temporaries :func:`temp_name` named for ``final`` whose
+    owner no longer runs: the partial bundle of a killed pack, the partial
+    checkpoint of a killed ``apply -o`` (gigabytes each, hidden beside their
+    output). Best effort: what cannot be listed or removed stays. Removing a
+    live writer's temporary (one whose PID this process cannot see, in
+    another PID namespace) costs that writer its run, never data: its
+    rename into place then fails."""
+    head, tail = os.path.split(os.path.abspath(final))
+    pat = re.compile(rf"\.{re.escape(tail)}\.wdiff-{re.escape(tag)}-(\d+)-(\d+)-[0-9a-f]{{8}}")
+    try:
+        names = os.listdir(head)
+    except OSError:
+        return
+    for n in names:
+        m = pat.fullmatch(n)
+        if m is None or owner_alive(int(m.group(1)), int(m.group(2))):
+            continue
+        p = os.path.join(head, n)
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.lstat(p).st_mode):
+                shutil.rmtree(p)
+            else:
+                os.unlink(p)
 
 
 def write_all(fd: int, data, offset: int) -> None:
@@ -161,7 +192,13 @@ def owner_tag() -> str:
     """``PID-START`` of this process (START: its start time in clock ticks
     since boot), carried in the names of temporary artefacts so that a later
     run can tell whether their owner still lives."""
-    return f"{os.getpid()}-{_start_time(os.getpid())}"
+    pid = os.getpid()
+    if _OWN_START.get("pid") != pid:  # a forked child is another owner
+        _OWN_START.update(pid=pid, start=_start_time(pid))
+    return f"{pid}-{_OWN_START['start']}"
+
+
+_OWN_START: dict = {}
 
 
 def _start_time(pid: int) -> int:

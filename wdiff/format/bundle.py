@@ -20,7 +20,7 @@ import zstandard
 from ..codec.chunk import CODEC_VERSION, ZSTD, compressor, decompress_exact, decompressor
 from ..defaults import DEFAULT_LEVEL
 from ..errors import FormatError, IntegrityError, NotFoundError, UsageError
-from ..fsutil import fsync_dir, io_error, open_regular, temp_name, write_all
+from ..fsutil import clear_dead_temps, fsync_dir, io_error, open_regular, temp_name, write_all
 from ..progress import SILENT, Reporter
 from ..store.hashing import DIGEST_SIZE
 from ..store.header import MAX_HEADER_BYTES
@@ -46,6 +46,7 @@ class BundleWriter:
         self.path = os.fspath(path)
         self.version = version
         self.level = level
+        clear_dead_temps(self.path)  # the partial bundles of killed writers of this path
         self._tmp = temp_name(self.path)
         try:
             self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

@@ -421,7 +421,9 @@ def _finish_interrupted(store, chain, keys, journal, directory: str, work: State
 
 
 def _debris(name: str) -> re.Pattern:
-    return re.compile(rf"^\.\.?{re.escape(name)}\.wdiff-(new|old)-(\d+)(?:-(\d+))?(?:\.wdiff-tmp-[0-9a-f]+)?$")
+    # the copy, apply's temp for it (PID-START-RANDOM) or apply's lock beside it
+    tail = r"(?:\.wdiff-tmp-[0-9a-f-]+|\.wdiff-lock)?"
+    return re.compile(rf"^\.\.?{re.escape(name)}\.wdiff-(new|old)-(\d+)(?:-(\d+))?{tail}$")
 
 
 def _sweep(parent: str, name: str, *, old_too: bool) -> None:

@@ -8,7 +8,8 @@ import os
 import xxhash
 
 from ..errors import ConflictError, IntegrityError, NotFoundError, WdiffIOError
-from ..fsutil import atomic_write_bytes, fsync_dir, io_error, open_regular, read_bounded, temp_name, write_all
+from ..fsutil import (atomic_write_bytes, clear_dead_temps, fsync_dir, io_error, open_regular, read_bounded, temp_name,
+                      write_all)
 from ..progress import SILENT, Reporter
 from .base import CHAIN, Upload, Writer, check_deletable, check_fetch_args, check_prefix, read_chain_file
 
@@ -194,6 +195,7 @@ class _blocking_lock:
 
 
 def _copy_range(src: str, offset: int, length: int, dest: str, reporter: Reporter) -> None:
+    clear_dead_temps(dest)
     tmp = temp_name(dest)
     try:
         with open(src, "rb") as f:

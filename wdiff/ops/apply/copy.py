@@ -9,7 +9,9 @@ import os
 
 from ...errors import BaseMismatchError, UsageError
 from ...format.bundle import reading
-from ...fsutil import check_output, fsync_dir, io_error, remove_tree, temp_name
+from ...fsutil import (
+    beside_lock_path, check_output, clear_dead_temps, fsync_dir, io_error, locked_beside, remove_tree, temp_name,
+)
 from ...progress import SILENT, Reporter
 from ...store.checkpoint import is_file_arg
 from ...store.ignore import DEFAULT_RULES, Rules
@@ -35,29 +37,13 @@ def apply_copy(bundle, base, out, *, threads: int, reporter: Reporter = SILENT, 
             headers = verify_bundle(reader, A, reporter=reporter)
         except BaseMismatchError as e:  # a base header the bundle expects: another base, or a false claim
             raise judge_base_mismatch(e, reader.index, A, threads=threads) from None
-        tmp = temp_name(os.path.abspath(out).rstrip("/"), "tmp")
-        try:
-            os.mkdir(tmp)
-        except OSError as e:
-            raise io_error(tmp, e) from None
-        try:
-            outputs = {i: os.path.join(tmp, f.path) for i, f in enumerate(reader.index.files)}
-            written, produced = build_checked(reader, A, headers, outputs, threads=threads, reporter=reporter)
-            fsync_tree(tmp)
-            if single:
-                os.rename(outputs[0], out)  # the one file, verified; then its empty folder goes
-                remove_tree(tmp)
-            else:
-                if os.path.isdir(out):
-                    os.rmdir(out)  # empty, checked above; fails loudly if that changed
-                os.rename(tmp, out)
-            fsync_dir(os.path.dirname(os.path.abspath(out)))
-        except OSError as e:
-            remove_tree(tmp)
-            raise io_error(out, e) from None
-        except BaseException:
-            remove_tree(tmp)
-            raise
+        final = os.path.abspath(out).rstrip("/")
+        # OUT's writers' lock: under it no live apply owns a temp of OUT, so
+        # the partial copies killed ones left can go before this one starts
+        with locked_beside(beside_lock_path(final), what=out):
+            clear_dead_temps(final)
+            _check_out(out, base, single=single)  # again, under the lock
+            produced, written = _build(reader, A, headers, out, final, single, threads=threads, reporter=reporter)
     if not single:
         remember_output(out, reader.index, headers, produced)  # never fails: OUT is in place
     reporter.done()
@@ -69,6 +55,35 @@ def apply_copy(bundle, base, out, *, threads: int, reporter: Reporter = SILENT, 
         files=len(reader.index.files),
         bytes_written=written,
     )
+
+
+def _build(reader, A, headers, out: str, final: str, single: bool, *, threads: int, reporter: Reporter):
+    """Build the target in a temp directory beside OUT, fsync it, rename it
+    (or, for a single file, the file) into place: (produced, bytes written)."""
+    tmp = temp_name(final, "tmp")
+    try:
+        os.mkdir(tmp)
+    except OSError as e:
+        raise io_error(tmp, e) from None
+    try:
+        outputs = {i: os.path.join(tmp, f.path) for i, f in enumerate(reader.index.files)}
+        written, produced = build_checked(reader, A, headers, outputs, threads=threads, reporter=reporter)
+        fsync_tree(tmp)
+        if single:
+            os.rename(outputs[0], out)  # the one file, verified; then its empty folder goes
+            remove_tree(tmp)
+        else:
+            if os.path.isdir(out):
+                os.rmdir(out)  # empty, checked above; fails loudly if that changed
+            os.rename(tmp, out)
+        fsync_dir(os.path.dirname(final))
+    except OSError as e:
+        remove_tree(tmp)
+        raise io_error(out, e) from None
+    except BaseException:
+        remove_tree(tmp)
+        raise
+    return produced, written
 
 
 def _check_out(out: str, base, *, single: bool = False) -> None:
