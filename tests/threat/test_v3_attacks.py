@@ -495,3 +495,56 @@ def test_rerun_clears_the_temp_dir_of_a_killed_apply(world, tmp_path):
     assert tree(out) == tree(world.B)
     assert leftovers(tmp_path, "out") == []
 
+
+
+# -- resuming or rolling back an in-place apply: memory -----------------------------------------
+
+
+def test_undo_log_load_holds_one_entry_not_the_log(tmp_path):
+    """Resume and --abort load the undo log of an interrupted in-place
+    apply, which grows with the step (the old values of every word
+    changed: gigabytes for a dense step of a large model). Loading it must
+    keep the entries' values in the file, reading one entry at a time:
+    here 48 MiB of entries load with under 8 MiB of Python memory, and
+    restore what they hold; an entry changed after loading is refused.
+    (Before the fix: the whole log in memory, twice, while loading.)"""
+    import tracemalloc
+
+    from wdiff.errors import FormatError
+    from wdiff.format.undo import UndoEntry, UndoLog
+    from wdiff.statedir import StateDir
+
+    rng = np.random.default_rng(7)
+    d = StateDir.at(str(tmp_path))
+    log = UndoLog(d)
+    olds = {}
+    for k in range(12):  # 12 chunks of 4 MiB of random words, every one changed: 4 MiB of values each
+        old = rng.integers(0, 2**32, 1 << 20, dtype=np.uint32)
+        new = old ^ np.uint32(1)
+        log.append([UndoEntry.make(0, k << 22, (k + 1) << 22, old, new, b"\1" * 16, b"\2" * 16)])
+        olds[k << 22] = old
+    log.close()
+    assert os.path.getsize(tmp_path / "undo.log") > 48 << 20
+    del old, new
+    tracemalloc.start()
+    try:
+        entries = UndoLog(d).load()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert sorted(entries) == [(0, lo) for lo in sorted(olds)]
+    assert peak < 8 << 20, f"loading a {os.path.getsize(tmp_path / 'undo.log') >> 20} MiB undo log took {peak >> 20} MiB"
+    for (_, lo), e in entries.items():
+        words = olds[lo] ^ np.uint32(1)
+        e.restore(words)
+        assert np.array_equal(words, olds[lo])
+    # an entry's bytes changed after it was loaded: refused, never restored from
+    entries = UndoLog(d).load()
+    with open(tmp_path / "undo.log", "r+b") as f:
+        f.seek(200)
+        b = f.read(1)
+        f.seek(200)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(FormatError):
+        entries[(0, 0)].restore(np.zeros(1 << 20, dtype=np.uint32))
+    d.close()
