@@ -48,9 +48,59 @@ class UndoEntry:
         mix of old and new it held."""
         n = words.size
         where = "undo log"
-        positions = rice_decode(self.r, self.parts[0], self.parts[1], self.count, n, where=where)
-        old = unplanes(decompress_exact(self.parts[2], self.count * self.word, where=where), self.count, self.word)
+        parts = self.parts.load() if isinstance(self.parts, _Stored) else self.parts
+        positions = rice_decode(self.r, parts[0], parts[1], self.count, n, where=where)
+        old = unplanes(decompress_exact(parts[2], self.count * self.word, where=where), self.count, self.word)
         words[positions] = old
+
+
+#: how much of an undo entry's body :meth:`UndoLog.load` reads at a time to check its digest
+_PIECE = 1 << 20
+
+
+class _File:
+    """The undo log's descriptor, opened once (never through a link) and
+    shared by the entries that :meth:`UndoLog.load` found in it, so that it
+    outlives the state directory's own descriptor; closed with the last of them."""
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd, self.path = fd, path
+
+    def pread(self, n: int, offset: int) -> bytes:
+        out = bytearray()
+        try:
+            while len(out) < n:
+                b = os.pread(self.fd, n - len(out), offset + len(out))
+                if not b:
+                    break
+                out += b
+        except OSError as e:
+            raise io_error(self.path, e) from None
+        return bytes(out)
+
+    def __del__(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _Stored:
+    """The three parts of a loaded entry, left in the file until the entry is
+    restored: loading an undo log reads every entry through once, to check
+    it, and keeps only its header, so resuming or rolling back holds one
+    entry's values at a time, not the log (which grows with the step)."""
+
+    __slots__ = ("file", "offset", "lens", "head", "digest")
+
+    def __init__(self, file: _File, offset: int, lens, head: bytes, digest: bytes) -> None:
+        self.file, self.offset, self.lens, self.head, self.digest = file, offset, tuple(lens), head, digest
+
+    def load(self) -> tuple[bytes, bytes, bytes]:
+        body = self.file.pread(sum(self.lens), self.offset)
+        if xxhash.xxh3_128_digest(self.head + body) != self.digest:
+            raise FormatError(f"{self.file.path}: undo entry changed since it was loaded")
+        a, b = self.lens[0], self.lens[0] + self.lens[1]
+        return body[:a], body[a:b], body[b:]
 
 
 class UndoLog:
@@ -73,29 +123,48 @@ class UndoLog:
             raise io_error(self.path, e) from None
 
     def load(self) -> dict[tuple[int, int], UndoEntry]:
+        """The entries of the log, by (file, lo), each checked against its
+        digest; their values stay in the file until restored (see _Stored)."""
         entries: dict[tuple[int, int], UndoEntry] = {}
-        data = self.dir.read(self.NAME, limit=1 << 40)
-        if data is None:
+        try:
+            f = _File(self.dir.open_file(self.NAME), self.path)
+        except FileNotFoundError:
             return entries
+        except OSError as e:
+            raise io_error(self.path, e) from None
+        try:
+            size = os.fstat(f.fd).st_size
+        except OSError as e:
+            raise io_error(self.path, e) from None
         pos = 0
-        while pos + _UNDO.size <= len(data):
-            fields = _UNDO.unpack_from(data, pos)
+        while pos + _UNDO.size <= size:
+            head = f.pread(_UNDO.size, pos)
+            if len(head) < _UNDO.size:
+                break
+            fields = _UNDO.unpack(head)
             if fields[0] != _UNDO_MAGIC:
                 break
             lens = fields[9:12]
             end = pos + _UNDO.size + sum(lens)
-            if end + 16 > len(data) or xxhash.xxh3_128_digest(data[pos:end]) != data[end : end + 16]:
+            if end + 16 > size:
                 break
-            parts, p = [], pos + _UNDO.size
-            for ln in lens:
-                parts.append(data[p : p + ln])
-                p += ln
+            h = xxhash.xxh3_128(head)
+            p = pos + _UNDO.size
+            while p < end:
+                piece = f.pread(min(_PIECE, end - p), p)
+                if not piece:
+                    break
+                h.update(piece)
+                p += len(piece)
+            if p != end or h.digest() != f.pread(16, end):
+                break
             _, file, lo, hi, word, count, base, target, r = fields[:9]
             if word not in (1, 2, 4, 8) or hi <= lo:
                 raise FormatError(f"{self.path}: damaged undo entry")
-            entries[(file, lo)] = UndoEntry(file, lo, hi, word, count, base, target, r, tuple(parts))
+            parts = _Stored(f, pos + _UNDO.size, lens, head, h.digest())
+            entries[(file, lo)] = UndoEntry(file, lo, hi, word, count, base, target, r, parts)
             pos = end + 16
-        if pos != len(data):
+        if pos != size:
             fd = self._open(os.O_RDWR)
             try:
                 os.ftruncate(fd, pos)

@@ -173,6 +173,14 @@ class _FingerprintMismatch(BaseMismatchError):
     """The base's fingerprint, measured, is not base.fingerprint: another base (5)."""
 
 
+class _TargetMismatch(IntegrityError):
+    """A rebuilt file or tensor is not the target, and some of its bytes came
+    from the base as they were (bytes no record covers, which no record's
+    base digest checks): the bundle is wrong (4) only if the base is its
+    base; otherwise the base is another version (5). Judged by
+    :func:`_judge_target`."""
+
+
 class _Builder:
     """The state of one ``build``: output descriptors, digests, bytes written."""
 
@@ -237,7 +245,8 @@ class _Builder:
                 blocks = _write_stream(self.reader.file_payload(rec), fd, self.reporter)
             self.dt.files[f.path] = blocks
             if tree(blocks) != f.digest:
-                raise IntegrityError(f"{printable(f.path)}: content does not match the target digest")
+                raise (IntegrityError if rec is not None else _TargetMismatch)(
+                    f"{printable(f.path)}: content does not match the target digest")
             if os.fstat(fd).st_size != f.size:
                 raise IntegrityError(f"{printable(f.path)}: {os.fstat(fd).st_size} bytes written, "
                                      f"the target has {f.size}")
@@ -275,7 +284,7 @@ class _Builder:
             blocks = rb.finish()
             self.dt.files[f.path] = blocks
             if tree(blocks) != f.digest or rb.pos != f.size:
-                raise IntegrityError(f"{printable(f.path)}: content does not match the target digest")
+                raise _TargetMismatch(f"{printable(f.path)}: content does not match the target digest")
             _check_companion_kind(self.outputs[i], f)
             os.fsync(out)
         except BaseException:
@@ -342,7 +351,10 @@ def build(
         finally:
             b.close()
     b.written += sum(index.files[i].size for i in b.out_fds)
-    check_target_digests(index, headers, b.dt, only=outputs)
+    try:
+        check_target_digests(index, headers, b.dt, only=outputs)
+    except IntegrityError as e:  # the bytes between records are the base's, unchecked by any record
+        raise _TargetMismatch(e.message, hint=e.hint) from None
     if A is not None and check_base:
         reporter.phase("check base", None)
         fp = manifest.complete(A, b.da, threads=threads).fingerprint
@@ -366,6 +378,30 @@ def build_checked(reader: BundleReader, A: Checkpoint | None, headers: dict[int,
         raise  # measured: another base
     except BaseMismatchError as e:
         raise judge_base_mismatch(e, reader.index, A, threads=threads, fingerprint=base_fingerprint) from None
+    except _TargetMismatch as e:
+        raise _judge_target(e, reader.index, A, threads=threads, fingerprint=base_fingerprint) from None
+
+
+def _judge_target(e: _TargetMismatch, index: fmt.Index, A: Checkpoint | None, *, threads: int,
+                  fingerprint: bytes | None) -> WdiffError:
+    """A target digest that failed: the bundle's fault (4) when the base is
+    its base or there is none, else the base is another version (5), as
+    the fingerprint check after the data pass would have said had the pass
+    got that far. Hashes the whole base, on this refusal path only."""
+    if A is None or index.base_fingerprint is None:
+        return e
+    if not fingerprint:
+        try:
+            fingerprint = manifest.compute(A, threads=threads).fingerprint
+        except WdiffError:
+            return BaseMismatchError(f"{A.root}: cannot be read as it was scanned: not the bundle's base ({e.message})")
+    if fingerprint == index.base_fingerprint:
+        return e
+    return BaseMismatchError(
+        f"{A.root}: fingerprint {hexd(fingerprint)[:16]} is not the bundle's base "
+        f"{hexd(index.base_fingerprint)[:16]} ({e.message})",
+        hint="apply the bundle to the checkpoint it was made from",
+    )
 
 
 def _collect(b: _Builder, results) -> None:
