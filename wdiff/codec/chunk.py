@@ -333,8 +333,8 @@ class _Trial:
             self._k = int(np.count_nonzero(d))
             return Encoded(CDENSE, self.bucket, self._k, (conditioned.mover_head(movers), _dense_values(self.cctx, d)))
         if codec == CSPARSE:
-            table, bits, listed, runs = conditioned.encode_positions(self.bucket, self.old, self.new, self.scan()[0])
-            return Encoded(CSPARSE, self.bucket, self.count, (table, bits, _mvalues_at(self.old, self.new, listed, runs)))
+            table, bits, values = _csparse(self.bucket, self.old, self.new, self.scan()[0])
+            return Encoded(CSPARSE, self.bucket, self.count, (table, bits, values))
         if codec == RSPARSE:
             R, o = self.rows
             pos = self.scan()[0].astype(np.int64)
@@ -343,9 +343,8 @@ class _Trial:
             words = conditioned.row_words(rows, self.new.size, R, o)
             sub_old, sub_new = self.old[words], self.new[words]
             sub_pos = np.searchsorted(words, pos)
-            table, bits, listed, runs = conditioned.encode_positions(self.bucket, sub_old, sub_new, sub_pos)
-            return Encoded(RSPARSE, self.bucket, self.count, (conditioned.row_head(R, o, rows) + table, bits,
-                                                              _mvalues_at(sub_old, sub_new, listed, runs)))
+            table, bits, values = _csparse(self.bucket, sub_old, sub_new, sub_pos)
+            return Encoded(RSPARSE, self.bucket, self.count, (conditioned.row_head(R, o, rows) + table, bits, values))
         if codec == DENSE:
             data, k = kernels.xor_planes(self.old, self.new, kernels.scratch("planes", self.new.nbytes))
             self._k = k
@@ -360,13 +359,19 @@ class _Trial:
         return self.encode(codecs[sizes.index(min(sizes))])
 
 
-def _mvalues_at(old: np.ndarray, new: np.ndarray, positions: np.ndarray, runs: list[int] | None = None) -> bytes:
-    """The value section of MSPARSE, MBITMAP and CSPARSE: the modular
-    differences ``new - old`` at ``positions``, range-coded in ``runs``
-    (None: one run), without gathering them first (the C kernels: one pass
-    for the planes of the magnitudes, one for the coder)."""
+def _mvalues_at(old: np.ndarray, new: np.ndarray, positions: np.ndarray) -> bytes:
+    """The value section of MSPARSE and MBITMAP: the modular differences
+    ``new - old`` at ``positions``, range-coded in one run, without
+    gathering them first (the C kernels: one pass for the planes of the
+    magnitudes, one for the coder). CSPARSE's: :func:`_csparse`."""
     signs, mplanes = kernels.mod_values(old, new, positions)
-    return kernels.rc_values_encode(signs, mplanes, new.dtype.itemsize, [positions.size] if runs is None else runs)
+    return kernels.rc_values_encode(signs, mplanes, new.dtype.itemsize, [positions.size])
+
+
+def _csparse(fn: int, old: np.ndarray, new: np.ndarray, positions: np.ndarray) -> tuple[bytes, bytes, bytes]:
+    """The three sections of a CSPARSE record: table, position bits, values."""
+    table, bits, _, runs, signs, mplanes = conditioned.encode_csparse(fn, old, new, positions)
+    return table, bits, kernels.rc_values_encode(signs, mplanes, new.dtype.itemsize, runs)
 
 
 def _dense_values(cctx: zstandard.ZstdCompressor, d: np.ndarray) -> bytes:

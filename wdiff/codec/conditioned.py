@@ -179,19 +179,30 @@ def encode_positions(
     between old and new, as Rice-coded gaps over the chunk; then, bucket by
     bucket, the changed words among the others (whose bucket is the same
     on both sides, so that either side can list them)."""
+    return encode_csparse(fn, old, new, positions)[:4]
+
+
+def encode_csparse(
+    fn: int, old: np.ndarray, new: np.ndarray, positions: np.ndarray
+) -> tuple[bytes, bytes, np.ndarray, list[int], bytes, np.ndarray]:
+    """What :func:`encode_positions` gives, then the sign bits and the
+    magnitude planes of the modular differences at the listed positions
+    (:func:`kernels.mod_values`): what the value coder takes. The C kernel
+    makes all of it in its passes over the words."""
+    _, _, shift, mask = BUCKETS[fn]
+    fused = kernels.csparse_encode(old, new, shift, mask, positions)
+    if fused is not None:
+        return fused
     table, bits, listed = _encode_positions(fn, old, new, positions)
     k_m, _ = _read_varint(table, 0)
     b = buckets_of(fn, old[listed[k_m:]])
     cuts = np.flatnonzero(np.diff(b)) + 1
     runs = np.diff(np.concatenate(([0], cuts, [b.size]))) if b.size else np.zeros(0, dtype=np.int64)
-    return table, bits, listed, [k_m, *runs.tolist()]
+    return (table, bits, listed, [k_m, *runs.tolist()], *kernels.mod_values(old, new, listed))
 
 
 def _encode_positions(fn: int, old: np.ndarray, new: np.ndarray, positions: np.ndarray) -> tuple[bytes, bytes, np.ndarray]:
     _, _, shift, mask = BUCKETS[fn]
-    fused = kernels.csparse_encode(old, new, shift, mask, positions)
-    if fused is not None:
-        return fused
     nb = mask + 1
     bk, rank, counts = kernels.bucket_ranks(old, new, shift, mask, positions)
     positions = positions.astype(np.int64, copy=False)
@@ -535,7 +546,7 @@ def conditional_entropy(fn: int | None, old: np.ndarray, new: np.ndarray) -> tup
 
 __all__ = [
     "BUCKETS", "DTYPE_BUCKETS", "Malformed", "add_at", "bucket_order", "buckets_of", "conditional_entropy",
-    "decode_positions", "dense_order", "dense_sign_magnitude", "encode_positions", "from_dense_sign_magnitude",
+    "decode_positions", "dense_order", "dense_sign_magnitude", "encode_csparse", "encode_positions", "from_dense_sign_magnitude",
     "from_sign_magnitude", "mover_head", "movers_of", "read_mover_head", "read_row_head", "read_varint", "row_count",
     "row_head", "row_words", "rows_of", "sign_magnitude",
     "unzigzag", "varint", "zigzag_diff",

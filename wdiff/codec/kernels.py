@@ -427,16 +427,22 @@ def bucket_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, wa
 
 
 def csparse_encode(old: np.ndarray, new: np.ndarray, shift: int, mask: int, positions: np.ndarray):
-    """(table, bits, listed positions as uint32) of a CSPARSE record for the
-    changed ``positions`` (strictly increasing), in one pass over ``old``
-    and one over the changed words; None when the C kernels are not in use.
-    The same bytes as the numpy path of :func:`conditioned.encode_positions`."""
+    """(table, bits, listed positions as uint32, runs, signs, magnitude
+    planes) of a CSPARSE record for the changed ``positions`` (strictly
+    increasing), in one pass over ``old`` and one over the changed words;
+    None when the C kernels are not in use. The same bytes as the numpy
+    path of :func:`conditioned.encode_positions` and, for the last two,
+    :func:`mod_values` at the listed positions (the planes are this
+    thread's scratch, as there)."""
     if not _use_native or old.size >= MAX_WORDS:
         return None
     pos = np.ascontiguousarray(positions, dtype=np.uint32)
-    listed = np.empty(pos.size, dtype=np.uint32)
-    table, bits = _native.csparse_encode(old, new, old.dtype.itemsize, shift, mask, pos, listed)
-    return table, bits, listed
+    k, w = pos.size, new.dtype.itemsize
+    listed = np.empty(k, dtype=np.uint32)
+    signs = bytearray((k + 7) // 8)
+    mplanes = scratch("mplanes", k * w)
+    table, bits, runs = _native.csparse_encode(old, new, w, shift, mask, pos, listed, signs, mplanes)
+    return table, bits, listed, runs, bytes(signs), mplanes
 
 
 def csparse_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, entries: np.ndarray,
