@@ -335,7 +335,7 @@ def csparse_pairs(draw):
 @given(csparse_pairs(), st.booleans())
 def test_csparse_kernels_agree(case, simd):
     """csparse_encode (table, bits, listed order, runs, and the value
-    coder's signs and planes) and csparse_select (positions and counts,
+    coder's signs and planes; given the positions or finding them) and csparse_select (positions and counts,
     from either side) against the numpy path, with the AVX2 blocks and
     without."""
     from wdiff.codec import conditioned
@@ -350,6 +350,12 @@ def test_csparse_kernels_agree(case, simd):
         assert [bytes(x) if isinstance(x, np.ndarray) else x for x in slow[:2]] == list(fast[:2])
         for a, b in zip(slow[2:], fast[2:]):
             assert np.array_equal(np.asarray(a), np.asarray(b)) if isinstance(a, np.ndarray) else list(a) == list(b)
+        scanned = both(lambda: [np.asarray(x).copy() if isinstance(x, np.ndarray) else x
+                                for x in conditioned.encode_csparse(fn, old, new)])
+        for got in scanned:  # the positions found in the same pass
+            assert list(got[:2]) == list(fast[:2]) and got[3] == fast[3] and got[4] == fast[4]
+            for a, b in ((got[2], fast[2]), (got[5], fast[5]), (got[6], pos)):
+                assert np.array_equal(np.asarray(a), np.asarray(b))
         table, bits, listed, runs = fast[:4]
         for ref in (old, new):
             d0, d1 = both(lambda: conditioned.decode_positions(fn, ref, table, bits, pos.size))

@@ -426,23 +426,32 @@ def bucket_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, wa
 # caller takes the numpy path.
 
 
-def csparse_encode(old: np.ndarray, new: np.ndarray, shift: int, mask: int, positions: np.ndarray):
+def csparse_encode(old: np.ndarray, new: np.ndarray, shift: int, mask: int, positions: np.ndarray | None):
     """(table, bits, listed positions as uint32, runs, signs, magnitude
-    planes) of a CSPARSE record for the changed ``positions`` (strictly
-    increasing), in one pass over ``old`` and one over the changed words;
-    None when the C kernels are not in use. The same bytes as the numpy
-    path of :func:`conditioned.encode_positions` and, for the last two,
+    planes, positions) of a CSPARSE record for the changed ``positions``
+    (strictly increasing; None: found in the same pass, then returned
+    last), in one pass over ``old`` and one over the changed words; None
+    when the C kernels are not in use. The same bytes as the numpy path of
+    :func:`conditioned.encode_positions` and, for the signs and planes,
     :func:`mod_values` at the listed positions (the planes are this
     thread's scratch, as there)."""
     if not _use_native or old.size >= MAX_WORDS:
         return None
-    pos = np.ascontiguousarray(positions, dtype=np.uint32)
-    k, w = pos.size, new.dtype.itemsize
-    listed = np.empty(k, dtype=np.uint32)
-    signs = bytearray((k + 7) // 8)
-    mplanes = scratch("mplanes", k * w)
-    table, bits, runs = _native.csparse_encode(old, new, w, shift, mask, pos, listed, signs, mplanes)
-    return table, bits, listed, runs, bytes(signs), mplanes
+    n, w = new.size, new.dtype.itemsize
+    if positions is None:
+        # room for every word; only the pages of the words found are touched
+        pos, listed = np.empty(n, dtype=np.uint32), np.empty(n, dtype=np.uint32)
+        signs, mplanes = np.zeros((n + 7) // 8, dtype=np.uint8), scratch("mplanes", n * w)
+    else:
+        pos = np.ascontiguousarray(positions, dtype=np.uint32)
+        if not pos.flags.writeable:
+            pos = pos.copy()
+        k = pos.size
+        listed = np.empty(k, dtype=np.uint32)
+        signs, mplanes = np.zeros((k + 7) // 8, dtype=np.uint8), scratch("mplanes", k * w)
+    table, bits, runs, k = _native.csparse_encode(old, new, w, shift, mask, pos, listed, signs, mplanes,
+                                                  positions is None)
+    return table, bits, listed[:k], runs, signs[: (k + 7) // 8].tobytes(), mplanes[: k * w], pos[:k]
 
 
 def csparse_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, entries: np.ndarray,
