@@ -1685,7 +1685,7 @@ static PyObject *csparse_encode(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*y*iiKw*w*w*w*p", &a, &b, &w, &shift, &mask, &pos, &out, &sg, &pl, &scan))
         return NULL;
     PyObject *res = NULL, *table = NULL, *bits = NULL, *runs = NULL, *kobj = NULL;
-    uint8_t *mem = NULL;
+    uint8_t *mem = NULL, *per = NULL;
     uint32_t *coded = NULL;
     if (check_bucket_fn(w, shift, mask) < 0)
         goto done;
@@ -1701,16 +1701,19 @@ static PyObject *csparse_encode(PyObject *self, PyObject *args)
        Scanning, k is at most n until the pass has found the changed words
        (the untouched rest of a large calloc costs no page) */
     size_t cnt_n = 4 * nb + 1;
-    size_t need = 4 * cnt_n + 8 * (nb + 1) + sizeof(centry_t) * nb + 2 * k + 4 * k + 4 * k + 64;
+    size_t need = 4 * cnt_n + 8 * (nb + 1) + sizeof(centry_t) * nb + 64;
     mem = PyMem_Calloc(1, need);
-    if (!mem) {
+    /* the per-word arrays are written before they are read: not zeroed
+       (a calloc this large may be a memset of all of it) */
+    per = PyMem_RawMalloc(10 * k + 16);
+    if (!mem || !per) {
         PyErr_NoMemory();
         goto done;
     }
     uint32_t *cnt = (uint32_t *)mem;
     uint64_t *start = (uint64_t *)(mem + ((4 * cnt_n + 7) & ~(size_t)7));
     centry_t *ent = (centry_t *)(start + nb + 1);
-    uint32_t *orank = (uint32_t *)(ent + nb);
+    uint32_t *orank = (uint32_t *)per;
     uint32_t *srank = orank + k;
     uint16_t *ob = (uint16_t *)(srank + k);
     uint32_t *listed = out.buf;
@@ -1896,6 +1899,7 @@ done:
     Py_XDECREF(table);
     Py_XDECREF(bits);
     PyMem_RawFree(coded);
+    PyMem_RawFree(per);
     PyMem_Free(mem);
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);
