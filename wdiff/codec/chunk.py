@@ -514,10 +514,13 @@ def _with_rows(full: _Trial, codecs: tuple[int, ...]) -> tuple[int, ...]:
     """``codecs`` and RSPARSE after them, when it may pay: CSPARSE is among
     them and few enough rows hold a change (counted on the whole unit; the
     sample's runs of words say nothing of rows)."""
-    if full.rows is None or CSPARSE not in codecs or full.count == 0:
+    if full.rows is None or CSPARSE not in codecs:
         return codecs
+    # CSPARSE is encoded in any case, and the positions come with it (both
+    # callers know that the unit has a change: its count is not asked for
+    # first, which would scan)
+    full.csparse()
     R, o = full.rows
-    full.csparse()  # CSPARSE is encoded in any case: the positions come with it
     row = conditioned.rows_of(full.positions(), R, o)
     changed = 1 + int(np.count_nonzero(np.diff(row)))
     if changed > ROWS_MAX_FRACTION * conditioned.row_count(full.new.size, R, o):
