@@ -1304,22 +1304,53 @@ static inline uint64_t load_8(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); 
 
 /* ranks_W without a position list: the changed words are found in the same
    pass, sixteen at a time (a block where old and new agree is counted
-   straight into the tables), and their positions written to pos. Returns
-   k. One pass over old and new instead of delta_scan's and then this one
-   (a 4 MiB bf16 chunk at 1%: see the commit). */
+   straight into the tables), and their positions, buckets and ranks
+   written to g's arrays, which grow as needed (to at most n entries: a
+   buffer for every word is cleared or faulted in for nothing). Returns k,
+   or sets g->oom. One pass over old and new instead of delta_scan's and
+   then this one. */
+typedef struct {
+    uint32_t *pos, *orank;
+    uint16_t *ob;
+    size_t cap;
+    int oom;
+} sgrow_t;
+
+static int sgrow(sgrow_t *g, size_t n)
+{
+    size_t cap = g->cap * 2 < n ? g->cap * 2 : n;
+    uint32_t *p = PyMem_RawRealloc(g->pos, 4 * cap + 4);
+    if (p)
+        g->pos = p;
+    uint32_t *r = PyMem_RawRealloc(g->orank, 4 * cap + 4);
+    if (r)
+        g->orank = r;
+    uint16_t *b = PyMem_RawRealloc(g->ob, 2 * cap + 2);
+    if (b)
+        g->ob = b;
+    if (!p || !r || !b) {
+        g->oom = 1;
+        return 0;
+    }
+    g->cap = cap;
+    return 1;
+}
+
 #define SRANK_WORD(W, u, tab)                                                                        \
     do {                                                                                             \
         size_t ii_ = i + (u);                                                                        \
         uint32_t bo_ = BUCKET_AT(W, old, ii_, shift, mask);                                          \
         if (load_##W(old + ii_ * (W)) != load_##W(new_ + ii_ * (W))) {                               \
+            if (k == g->cap && !sgrow(g, n))                                                         \
+                return k;                                                                            \
             uint32_t bn_ = BUCKET_AT(W, new_, ii_, shift, mask);                                     \
-            pos[k] = (uint32_t)ii_;                                                                  \
+            g->pos[k] = (uint32_t)ii_;                                                               \
             if (bo_ != bn_) {                                                                        \
-                ob[k] = (uint16_t)nb;                                                                \
-                orank[k] = movers++;                                                                 \
+                g->ob[k] = (uint16_t)nb;                                                             \
+                g->orank[k] = movers++;                                                              \
             } else {                                                                                 \
-                ob[k] = (uint16_t)bo_;                                                               \
-                orank[k] = c0[bo_] + c1[bo_] + c2[bo_] + c3[bo_];                                    \
+                g->ob[k] = (uint16_t)bo_;                                                            \
+                g->orank[k] = c0[bo_] + c1[bo_] + c2[bo_] + c3[bo_];                                 \
                 tab[bo_]++;                                                                          \
             }                                                                                        \
             k++;                                                                                     \
@@ -1329,7 +1360,7 @@ static inline uint64_t load_8(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); 
     } while (0)
 #define DEFINE_SRANKS(NAME, W, ATTR, SAME16)                                                         \
     ATTR static size_t NAME(const uint8_t *old, const uint8_t *new_, size_t n, int shift, uint64_t mask, \
-                            uint32_t *pos, uint16_t *ob, uint32_t *orank, uint32_t *t)                  \
+                            sgrow_t *g, uint32_t *t)                                                  \
     {                                                                                                \
         uint32_t nb = (uint32_t)mask + 1;                                                            \
         uint32_t *c0 = t, *c1 = t + nb, *c2 = t + 2 * nb, *c3 = t + 3 * nb;                            \
@@ -1678,74 +1709,99 @@ static int list_append_size(PyObject *list, size_t v)
    increase. */
 static PyObject *csparse_encode(PyObject *self, PyObject *args)
 {
-    Py_buffer a, b, pos, out, sg, pl;
+    Py_buffer a, b, pos = {0}, out = {0}, sg = {0}, pl = {0};
     int w, shift;
     unsigned long long mask;
-    int scan;
-    if (!PyArg_ParseTuple(args, "y*y*iiKw*w*w*w*p", &a, &b, &w, &shift, &mask, &pos, &out, &sg, &pl, &scan))
+    PyObject *po, *oo, *so, *plo;
+    if (!PyArg_ParseTuple(args, "y*y*iiKOOOO", &a, &b, &w, &shift, &mask, &po, &oo, &so, &plo))
         return NULL;
-    PyObject *res = NULL, *table = NULL, *bits = NULL, *runs = NULL, *kobj = NULL;
-    uint8_t *mem = NULL, *per = NULL;
-    uint32_t *coded = NULL;
+    PyObject *res = NULL, *table = NULL, *bits = NULL, *runs = NULL;
+    PyObject *pos_b = NULL, *listed_b = NULL, *sg_b = NULL, *pl_b = NULL;
+    uint8_t *mem = NULL;
+    uint32_t *coded = NULL, *srank = NULL;
+    sgrow_t g = {NULL, NULL, NULL, 0, 0};
+    const int scan = po == Py_None;
+    if (!scan && (PyObject_GetBuffer(po, &pos, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(oo, &out, PyBUF_WRITABLE) < 0 ||
+                  PyObject_GetBuffer(so, &sg, PyBUF_WRITABLE) < 0 || PyObject_GetBuffer(plo, &pl, PyBUF_WRITABLE) < 0))
+        goto done;
     if (check_bucket_fn(w, shift, mask) < 0)
         goto done;
-    size_t n = (size_t)a.len / w, k = scan ? n : (size_t)pos.len / 4, nb = (size_t)mask + 1;
-    if (a.len != b.len || a.len % w || n >= UINT32_MAX || (size_t)pos.len < 4 * k || pos.len % 4 ||
-        (size_t)out.len < 4 * k || (scan ? (size_t)sg.len < (k + 7) / 8 || (size_t)pl.len < k * w
-                                         : (size_t)sg.len != (k + 7) / 8 || (size_t)pl.len != k * w)) {
+    size_t n = (size_t)a.len / w, k = scan ? 0 : (size_t)pos.len / 4, nb = (size_t)mask + 1;
+    if (a.len != b.len || a.len % w || n >= UINT32_MAX ||
+        (!scan && (pos.len % 4 || (size_t)out.len < 4 * k || (size_t)sg.len != (k + 7) / 8 || (size_t)pl.len != k * w))) {
         PyErr_SetString(PyExc_ValueError, "csparse_encode: bad buffer sizes");
         goto done;
     }
-    /* scratch: counts (4 nb + 1), bucket starts (nb + 1), entries (nb),
-       buckets (k), ranks (k), sorted ranks (k), coded (n: complements).
-       Scanning, k is at most n until the pass has found the changed words
-       (the untouched rest of a large calloc costs no page) */
+    /* scratch: counts (4 nb + 1), bucket starts (nb + 1), entries (nb);
+       per changed word: bucket, rank (grown as the scan finds them), sorted
+       rank; coded (the largest complement) */
     size_t cnt_n = 4 * nb + 1;
     size_t need = 4 * cnt_n + 8 * (nb + 1) + sizeof(centry_t) * nb + 64;
     mem = PyMem_Calloc(1, need);
-    /* the per-word arrays are written before they are read: not zeroed
-       (a calloc this large may be a memset of all of it) */
-    per = PyMem_RawMalloc(10 * k + 16);
-    if (!mem || !per) {
+    g.cap = scan ? (n >> 6) + 256 : k;
+    if (g.cap > n && scan)
+        g.cap = n;
+    g.pos = scan ? PyMem_RawMalloc(4 * g.cap + 4) : NULL;
+    g.orank = PyMem_RawMalloc(4 * g.cap + 4);
+    g.ob = PyMem_RawMalloc(2 * g.cap + 2);
+    if (!mem || (scan && !g.pos) || !g.orank || !g.ob) {
         PyErr_NoMemory();
         goto done;
     }
     uint32_t *cnt = (uint32_t *)mem;
     uint64_t *start = (uint64_t *)(mem + ((4 * cnt_n + 7) & ~(size_t)7));
     centry_t *ent = (centry_t *)(start + nb + 1);
-    uint32_t *orank = (uint32_t *)per;
-    uint32_t *srank = orank + k;
-    uint16_t *ob = (uint16_t *)(srank + k);
-    uint32_t *listed = out.buf;
-    const uint32_t *p = pos.buf;
     int err;
     size_t km = 0, ne = 0;
     uint64_t ubits = 0, rbits = 0, mbits = 0;
     int r_m = 0;
     Py_BEGIN_ALLOW_THREADS
     if (scan) {
-        uint32_t *q = pos.buf;
         err = 0;
         switch (w) {
         case 2:
 #ifdef HAVE_AVX2_SCAN
             if (cpu_avx2 && simd_on) {
-                k = sranks_avx2_2(a.buf, b.buf, n, shift, mask, q, ob, orank, cnt);
+                k = sranks_avx2_2(a.buf, b.buf, n, shift, mask, &g, cnt);
                 break;
             }
 #endif
-            k = sranks_2(a.buf, b.buf, n, shift, mask, q, ob, orank, cnt);
+            k = sranks_2(a.buf, b.buf, n, shift, mask, &g, cnt);
             break;
-        case 4: k = sranks_4(a.buf, b.buf, n, shift, mask, q, ob, orank, cnt); break;
-        default: k = sranks_8(a.buf, b.buf, n, shift, mask, q, ob, orank, cnt); break;
+        case 4: k = sranks_4(a.buf, b.buf, n, shift, mask, &g, cnt); break;
+        default: k = sranks_8(a.buf, b.buf, n, shift, mask, &g, cnt); break;
         }
     } else {
         switch (w) {
-        case 2: err = ranks_2(a.buf, b.buf, n, shift, mask, p, k, ob, orank, cnt); break;
-        case 4: err = ranks_4(a.buf, b.buf, n, shift, mask, p, k, ob, orank, cnt); break;
-        default: err = ranks_8(a.buf, b.buf, n, shift, mask, p, k, ob, orank, cnt); break;
+        case 2: err = ranks_2(a.buf, b.buf, n, shift, mask, pos.buf, k, g.ob, g.orank, cnt); break;
+        case 4: err = ranks_4(a.buf, b.buf, n, shift, mask, pos.buf, k, g.ob, g.orank, cnt); break;
+        default: err = ranks_8(a.buf, b.buf, n, shift, mask, pos.buf, k, g.ob, g.orank, cnt); break;
         }
     }
+    Py_END_ALLOW_THREADS
+    if (g.oom) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* scanning, the outputs are made now that k is known */
+    if (scan) {
+        pos_b = PyBytes_FromStringAndSize((const char *)g.pos, (Py_ssize_t)(4 * k));
+        listed_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(4 * k));
+        sg_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((k + 7) / 8));
+        pl_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(k * w));
+        if (!pos_b || !listed_b || !sg_b || !pl_b)
+            goto done;
+    }
+    srank = PyMem_RawMalloc(4 * k + 4);
+    if (!srank) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const uint32_t *p = scan ? (const uint32_t *)PyBytes_AS_STRING(pos_b) : pos.buf;
+    uint32_t *listed = scan ? (uint32_t *)PyBytes_AS_STRING(listed_b) : out.buf;
+    const uint16_t *ob = g.ob;
+    const uint32_t *orank = g.orank;
+    Py_BEGIN_ALLOW_THREADS
     if (!err) {
         /* counting sort of the changed words by bucket (movers first), stable */
         km = cnt[nb];
@@ -1757,7 +1813,8 @@ static PyObject *csparse_encode(PyObject *self, PyObject *args)
             start[x + 1] += start[x];
         size_t mi = 0;
         const uint8_t *o8 = a.buf, *n8 = b.buf;
-        uint8_t *sgn = sg.buf, *mp = pl.buf;
+        uint8_t *sgn = scan ? (uint8_t *)PyBytes_AS_STRING(sg_b) : sg.buf;
+        uint8_t *mp = scan ? (uint8_t *)PyBytes_AS_STRING(pl_b) : pl.buf;
         const int bits = 8 * w;
         const uint64_t full = w == 8 ? ~(uint64_t)0 : (((uint64_t)1 << bits) - 1);
         memset(sgn, 0, (k + 7) / 8);
@@ -1890,23 +1947,31 @@ static PyObject *csparse_encode(PyObject *self, PyObject *args)
     for (size_t x = 0, lo = km; x < nb; lo = start[x], x++)
         if (start[x] > lo && list_append_size(runs, (size_t)(start[x] - lo)) < 0)
             goto done;
-    kobj = PyLong_FromSize_t(k);
-    if (kobj)
-        res = PyTuple_Pack(4, table, bits, runs, kobj);
+    res = scan ? PyTuple_Pack(7, table, bits, runs, pos_b, listed_b, sg_b, pl_b) : PyTuple_Pack(3, table, bits, runs);
 done:
-    Py_XDECREF(kobj);
+    Py_XDECREF(pos_b);
+    Py_XDECREF(listed_b);
+    Py_XDECREF(sg_b);
+    Py_XDECREF(pl_b);
     Py_XDECREF(runs);
     Py_XDECREF(table);
     Py_XDECREF(bits);
     PyMem_RawFree(coded);
-    PyMem_RawFree(per);
+    PyMem_RawFree(srank);
+    PyMem_RawFree(g.pos);
+    PyMem_RawFree(g.orank);
+    PyMem_RawFree(g.ob);
     PyMem_Free(mem);
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);
-    PyBuffer_Release(&pos);
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&sg);
-    PyBuffer_Release(&pl);
+    if (pos.obj)
+        PyBuffer_Release(&pos);
+    if (out.obj)
+        PyBuffer_Release(&out);
+    if (sg.obj)
+        PyBuffer_Release(&sg);
+    if (pl.obj)
+        PyBuffer_Release(&pl);
     return res;
 }
 

@@ -437,21 +437,19 @@ def csparse_encode(old: np.ndarray, new: np.ndarray, shift: int, mask: int, posi
     thread's scratch, as there)."""
     if not _use_native or old.size >= MAX_WORDS:
         return None
-    n, w = new.size, new.dtype.itemsize
+    w = new.dtype.itemsize
     if positions is None:
-        # room for every word; only the pages of the words found are touched
-        pos, listed = np.empty(n, dtype=np.uint32), np.empty(n, dtype=np.uint32)
-        signs, mplanes = np.zeros((n + 7) // 8, dtype=np.uint8), scratch("mplanes", n * w)
-    else:
-        pos = np.ascontiguousarray(positions, dtype=np.uint32)
-        if not pos.flags.writeable:
-            pos = pos.copy()
-        k = pos.size
-        listed = np.empty(k, dtype=np.uint32)
-        signs, mplanes = np.zeros((k + 7) // 8, dtype=np.uint8), scratch("mplanes", k * w)
-    table, bits, runs, k = _native.csparse_encode(old, new, w, shift, mask, pos, listed, signs, mplanes,
-                                                  positions is None)
-    return table, bits, listed[:k], runs, signs[: (k + 7) // 8].tobytes(), mplanes[: k * w], pos[:k]
+        # the kernel sizes what it returns by the words it found
+        table, bits, runs, pos, listed, signs, mplanes = _native.csparse_encode(old, new, w, shift, mask,
+                                                                              None, None, None, None)
+        pos, listed = np.frombuffer(pos, dtype=np.uint32), np.frombuffer(listed, dtype=np.uint32)
+        return table, bits, listed, runs, signs, np.frombuffer(mplanes, dtype=np.uint8), pos
+    pos = np.ascontiguousarray(positions, dtype=np.uint32)
+    k = pos.size
+    listed = np.empty(k, dtype=np.uint32)
+    signs, mplanes = bytearray((k + 7) // 8), scratch("mplanes", k * w)
+    table, bits, runs = _native.csparse_encode(old, new, w, shift, mask, pos, listed, signs, mplanes)
+    return table, bits, listed, runs, bytes(signs), mplanes, pos
 
 
 def csparse_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, entries: np.ndarray,
