@@ -295,3 +295,71 @@ def test_same_bundle_and_result_without_the_extension(tmp_path, density, monkeyp
                 assert x[key] == pytest.approx(y[key], rel=1e-5), (x["name"], key)
             else:
                 assert x[key] == y[key], (x["name"], key)
+
+
+# -- CSPARSE, fused (codec v2) -------------------------------------------------------
+
+
+@st.composite
+def csparse_pairs(draw):
+    """Weight-like words of a bucket function's width, changed at a drawn
+    density by +-1 ulp moves, with movers (exponent carries) and, drawn,
+    few buckets (so that some are complemented), sized across the select
+    pass's tiles (512 words) and blocks (16)."""
+    from wdiff.codec import conditioned
+
+    fn = draw(st.sampled_from(sorted(conditioned.BUCKETS)))
+    _, w, shift, mask = conditioned.BUCKETS[fn]
+    n = draw(st.sampled_from([1, 15, 16, 17, 511, 512, 513, 1024, 1500, 5000]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    t = np.dtype(uint_type(w)).type
+    x = rng.standard_normal(n) * 0.02
+    old = (x.astype(np.float32).view(np.uint32) >> 16).astype(t) if w == 2 else x.astype(
+        {4: np.float32, 8: np.float64}[w]).view(t)
+    if draw(st.booleans()):  # two or three buckets only
+        keep = t((1 << shift) - 1)
+        old = (old & keep) | (t(draw(st.integers(100, 102)) & mask) + (rng.random(n) < 0.3).astype(t)) << t(shift)
+    new = old.copy()
+    ch = rng.random(n) < draw(st.sampled_from([0.002, 0.02, 0.3, 0.8, 1.0]))
+    if n and draw(st.booleans()):
+        ch[[0, n - 1]] = True
+    d = rng.integers(1, 4, n).astype(t)
+    new[ch] = np.where(rng.random(n) < 0.5, old - d, old + d)[ch]
+    carry = rng.random(n) < draw(st.sampled_from([0.0, 0.01, 0.2]))  # a move out of the bucket
+    new[carry] = (old[carry] | t((1 << shift) - 1)) + t(1)
+    pos = np.flatnonzero(old != new)
+    return fn, old, new, pos
+
+
+@settings(max_examples=150, deadline=None)
+@given(csparse_pairs(), st.booleans())
+def test_csparse_kernels_agree(case, simd):
+    """csparse_encode (table, bits, listed order, runs, and the value
+    coder's signs and planes; given the positions or finding them) and csparse_select (positions and counts,
+    from either side) against the numpy path, with the AVX2 blocks and
+    without."""
+    from wdiff.codec import conditioned
+
+    fn, old, new, pos = case
+    if not pos.size:
+        return
+    was = kernels._native.use_simd(simd)
+    try:
+        slow, fast = both(lambda: [np.asarray(x).copy() if isinstance(x, np.ndarray) else x
+                                   for x in conditioned.encode_csparse(fn, old, new, pos)])
+        assert [bytes(x) if isinstance(x, np.ndarray) else x for x in slow[:2]] == list(fast[:2])
+        for a, b in zip(slow[2:], fast[2:]):
+            assert np.array_equal(np.asarray(a), np.asarray(b)) if isinstance(a, np.ndarray) else list(a) == list(b)
+        scanned = both(lambda: [np.asarray(x).copy() if isinstance(x, np.ndarray) else x
+                                for x in conditioned.encode_csparse(fn, old, new)])
+        for got in scanned:  # the positions found in the same pass
+            assert list(got[:2]) == list(fast[:2]) and got[3] == fast[3] and got[4] == fast[4]
+            for a, b in ((got[2], fast[2]), (got[5], fast[5]), (got[6], pos)):
+                assert np.array_equal(np.asarray(a), np.asarray(b))
+        table, bits, listed, runs = fast[:4]
+        for ref in (old, new):
+            d0, d1 = both(lambda: conditioned.decode_positions(fn, ref, table, bits, pos.size))
+            assert np.array_equal(np.asarray(d0[0]), np.asarray(d1[0])) and d0[1:] == d1[1:]
+            assert np.array_equal(np.asarray(d1[0]), listed) and d1[2] == runs
+    finally:
+        kernels._native.use_simd(was)

@@ -158,6 +158,30 @@ def _read_varint(data: bytes, at: int) -> tuple[int, int]:
         shift += 7
 
 
+def _rice_head(data: bytes, at: int) -> tuple[int, int, int, int]:
+    """The head of a Rice-coded position list, three varints: (k, r, the
+    unary stream's length in bytes, the offset after them)."""
+    k, at = _read_varint(data, at)
+    r, at = _read_varint(data, at)
+    u, at = _read_varint(data, at)
+    return k, r, u, at
+
+
+def _rice_list(r: int, k: int, n: int, data: bytes, at: int, u: int, what: str) -> tuple[np.ndarray, int]:
+    """The ``k`` positions below ``n`` (int64) of a Rice-coded list whose
+    unary stream, ``u`` bytes, starts at ``data[at]`` and is followed by its
+    remainder stream, and the offset after both (the caller has checked
+    the head, and that ``data`` holds both streams); Malformed "``what``
+    list: ..." when they do not decode."""
+    rlen = (k * r + 7) // 8
+    if not k:
+        return np.zeros(0, dtype=np.int64), at + u + rlen
+    got = kernels.rice_decode(r, data[at : at + u], data[at + u : at + u + rlen], k, n)
+    if isinstance(got, str):
+        raise Malformed(f"{what} list: {got}")
+    return got.astype(np.int64), at + u + rlen
+
+
 # -- Rice-coded gaps, several parameters in one pair of streams -----------------------
 
 
@@ -179,19 +203,33 @@ def encode_positions(
     between old and new, as Rice-coded gaps over the chunk; then, bucket by
     bucket, the changed words among the others (whose bucket is the same
     on both sides, so that either side can list them)."""
+    return encode_csparse(fn, old, new, positions)[:4]
+
+
+def encode_csparse(
+    fn: int, old: np.ndarray, new: np.ndarray, positions: np.ndarray | None = None
+) -> tuple[bytes, bytes, np.ndarray, list[int], bytes, np.ndarray, np.ndarray]:
+    """What :func:`encode_positions` gives, then the sign bits and the
+    magnitude planes of the modular differences at the listed positions
+    (:func:`kernels.mod_values`): what the value coder takes; and the
+    changed positions (``positions``; None: found here, the C kernel in
+    the same pass over the words as all the rest)."""
+    _, _, shift, mask = BUCKETS[fn]
+    fused = kernels.csparse_encode(old, new, shift, mask, positions)
+    if fused is not None:
+        return fused
+    if positions is None:
+        positions = np.flatnonzero(old != new)
     table, bits, listed = _encode_positions(fn, old, new, positions)
     k_m, _ = _read_varint(table, 0)
     b = buckets_of(fn, old[listed[k_m:]])
     cuts = np.flatnonzero(np.diff(b)) + 1
     runs = np.diff(np.concatenate(([0], cuts, [b.size]))) if b.size else np.zeros(0, dtype=np.int64)
-    return table, bits, listed, [k_m, *runs.tolist()]
+    return (table, bits, listed, [k_m, *runs.tolist()], *kernels.mod_values(old, new, listed), positions)
 
 
 def _encode_positions(fn: int, old: np.ndarray, new: np.ndarray, positions: np.ndarray) -> tuple[bytes, bytes, np.ndarray]:
     _, _, shift, mask = BUCKETS[fn]
-    fused = kernels.csparse_encode(old, new, shift, mask, positions)
-    if fused is not None:
-        return fused
     nb = mask + 1
     bk, rank, counts = kernels.bucket_ranks(old, new, shift, mask, positions)
     positions = positions.astype(np.int64, copy=False)
@@ -266,21 +304,13 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
     n = ref.size
     _, _, shift, mask = BUCKETS[fn]
     nbuckets = mask + 1
-    k_m, at = _read_varint(table, 0)
-    r_m, at = _read_varint(table, at)
-    ulen_m, at = _read_varint(table, at)
+    k_m, r_m, ulen_m, at = _rice_head(table, 0)
     if k_m > min(count, n) or r_m > MAX_RICE or (k_m == 0 and (r_m or ulen_m)):
         raise Malformed("bad mover list")
-    rlen_m = (k_m * r_m + 7) // 8
-    if ulen_m + rlen_m > len(bits):
+    if ulen_m + (k_m * r_m + 7) // 8 > len(bits):
         raise Malformed("mover streams longer than the position section")
-    movers = np.zeros(0, dtype=np.int64)
-    if k_m:
-        got = kernels.rice_decode(r_m, bits[:ulen_m], bits[ulen_m : ulen_m + rlen_m], k_m, n)
-        if isinstance(got, str):
-            raise Malformed(f"mover list: {got}")
-        movers = got.astype(np.int64)
-    bits = bits[ulen_m + rlen_m :]
+    movers, end = _rice_list(r_m, k_m, n, bits, 0, ulen_m, "mover")
+    bits = bits[end:]
     n_entries, at = _read_varint(table, at)
     if n_entries > nbuckets:
         raise Malformed("more bucket entries than buckets")
@@ -418,21 +448,16 @@ def read_row_head(data: bytes, n: int) -> tuple[int, int, np.ndarray, int]:
     the streams are exactly as long as their bits need."""
     R, at = _read_varint(data, 0)
     o, at = _read_varint(data, at)
-    k_r, at = _read_varint(data, at)
-    r, at = _read_varint(data, at)
-    u, at = _read_varint(data, at)
+    k_r, r, u, at = _rice_head(data, at)
     if not 1 <= R <= n or o >= R:
         raise Malformed("bad row length or offset")
     n_r = row_count(n, R, o)
     if not 1 <= k_r <= n_r or r > MAX_RICE:
         raise Malformed("bad row list")
-    rlen = (k_r * r + 7) // 8
-    if at + u + rlen > len(data):
+    if at + u + (k_r * r + 7) // 8 > len(data):
         raise Malformed("row streams longer than section 0")
-    got = kernels.rice_decode(r, data[at : at + u], data[at + u : at + u + rlen], k_r, n_r)
-    if isinstance(got, str):
-        raise Malformed(f"row list: {got}")
-    return R, o, got.astype(np.int64), at + u + rlen
+    rows, end = _rice_list(r, k_r, n_r, data, at, u, "row")
+    return R, o, rows, end
 
 
 def movers_of(fn: int, old: np.ndarray, new: np.ndarray) -> np.ndarray:
@@ -468,20 +493,12 @@ def mover_head(movers: np.ndarray) -> bytes:
 
 
 def read_mover_head(data: bytes, n: int) -> np.ndarray:
-    k_m, at = _read_varint(data, 0)
-    r_m, at = _read_varint(data, at)
-    u_m, at = _read_varint(data, at)
+    k_m, r_m, u_m, at = _rice_head(data, 0)
     if k_m > n or r_m > MAX_RICE or (k_m == 0 and (r_m or u_m)):
         raise Malformed("bad mover list")
-    rlen = (k_m * r_m + 7) // 8
-    if at + u_m + rlen != len(data):
+    if at + u_m + (k_m * r_m + 7) // 8 != len(data):
         raise Malformed("mover streams do not fill section 0")
-    if not k_m:
-        return np.zeros(0, dtype=np.int64)
-    got = kernels.rice_decode(r_m, data[at : at + u_m], data[at + u_m :], k_m, n)
-    if isinstance(got, str):
-        raise Malformed(f"mover list: {got}")
-    return got.astype(np.int64)
+    return _rice_list(r_m, k_m, n, data, at, u_m, "mover")[0]
 
 
 def dense_sign_magnitude(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -535,7 +552,7 @@ def conditional_entropy(fn: int | None, old: np.ndarray, new: np.ndarray) -> tup
 
 __all__ = [
     "BUCKETS", "DTYPE_BUCKETS", "Malformed", "add_at", "bucket_order", "buckets_of", "conditional_entropy",
-    "decode_positions", "dense_order", "dense_sign_magnitude", "encode_positions", "from_dense_sign_magnitude",
+    "decode_positions", "dense_order", "dense_sign_magnitude", "encode_csparse", "encode_positions", "from_dense_sign_magnitude",
     "from_sign_magnitude", "mover_head", "movers_of", "read_mover_head", "read_row_head", "read_varint", "row_count",
     "row_head", "row_words", "rows_of", "sign_magnitude",
     "unzigzag", "varint", "zigzag_diff",

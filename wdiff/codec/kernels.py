@@ -426,17 +426,30 @@ def bucket_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, wa
 # caller takes the numpy path.
 
 
-def csparse_encode(old: np.ndarray, new: np.ndarray, shift: int, mask: int, positions: np.ndarray):
-    """(table, bits, listed positions as uint32) of a CSPARSE record for the
-    changed ``positions`` (strictly increasing), in one pass over ``old``
-    and one over the changed words; None when the C kernels are not in use.
-    The same bytes as the numpy path of :func:`conditioned.encode_positions`."""
+def csparse_encode(old: np.ndarray, new: np.ndarray, shift: int, mask: int, positions: np.ndarray | None):
+    """(table, bits, listed positions as uint32, runs, signs, magnitude
+    planes, positions) of a CSPARSE record for the changed ``positions``
+    (strictly increasing; None: found in the same pass, then returned
+    last), in one pass over ``old`` and one over the changed words; None
+    when the C kernels are not in use. The same bytes as the numpy path of
+    :func:`conditioned.encode_positions` and, for the signs and planes,
+    :func:`mod_values` at the listed positions (the planes are this
+    thread's scratch, as there)."""
     if not _use_native or old.size >= MAX_WORDS:
         return None
+    w = new.dtype.itemsize
+    if positions is None:
+        # the kernel sizes what it returns by the words it found
+        table, bits, runs, pos, listed, signs, mplanes = _native.csparse_encode(old, new, w, shift, mask,
+                                                                              None, None, None, None)
+        pos, listed = np.frombuffer(pos, dtype=np.uint32), np.frombuffer(listed, dtype=np.uint32)
+        return table, bits, listed, runs, signs, np.frombuffer(mplanes, dtype=np.uint8), pos
     pos = np.ascontiguousarray(positions, dtype=np.uint32)
-    listed = np.empty(pos.size, dtype=np.uint32)
-    table, bits = _native.csparse_encode(old, new, old.dtype.itemsize, shift, mask, pos, listed)
-    return table, bits, listed
+    k = pos.size
+    listed = np.empty(k, dtype=np.uint32)
+    signs, mplanes = bytearray((k + 7) // 8), scratch("mplanes", k * w)
+    table, bits, runs = _native.csparse_encode(old, new, w, shift, mask, pos, listed, signs, mplanes)
+    return table, bits, listed, runs, bytes(signs), mplanes, pos
 
 
 def csparse_select(ref: np.ndarray, shift: int, mask: int, movers: np.ndarray, entries: np.ndarray,
