@@ -333,12 +333,10 @@ DEFINE_STATS(stats_bf16, 2, F_BF16, 16, STATS_GROUP_BF16, float, v16f, v16i, v16
    output, is bit for bit what stats_bf16 gives. GCC's avx2 clone of
    stats_bf16 splits its 512-bit vectors lane by lane through the stack
    (measured here, 4 MiB inputs: 0.9 GB/s; this: see the commit). */
-#define BF16_HALF(P, H, U)                                                                    \
-    {                                                                                         \
-        v8h h_;                                                                               \
-        memcpy(&h_, (P), sizeof h_);                                                          \
-        U = __builtin_convertvector(h_, v8u) << 16;                                           \
-    }
+#include <immintrin.h>
+/* eight bf16 words widened to float bits in one instruction (vpmovzxwd from
+   memory): __builtin_convertvector of a v8h compiles to four here */
+#define BF16_HALF(P, H, U) (U = (v8u)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(P))), 16))
 __attribute__((target("avx2"))) static void stats_bf16_halves(const uint8_t *a, const uint8_t *b, size_t n,
                                                                stats_t *st)
 {
