@@ -235,10 +235,14 @@ def _diff_unit(fds: FdCache, f, unit: Unit) -> _Compared:
     a_dig = span_digests(unit, abuf)
     if a_dig == b_dig:
         return _Compared(unit, a_dig, b_dig, [None] * len(unit.spans))
-    ut = uint_type(unit.word)
-    bounds = np.cumsum([0] + [s.nbytes // unit.word for s in unit.spans])
-    changed = [i for i in range(len(unit.spans)) if a_dig[i] != b_dig[i]]
-    rows = np.stack([bounds[changed], bounds[np.array(changed) + 1]], axis=1)
+    ut = _UINT[unit.word]
+    if len(unit.spans) == 1:  # a piece of one large tensor: most of the bytes
+        changed = [0]
+        rows = np.array([[0, unit.spans[0].nbytes // unit.word]], dtype=np.int64)
+    else:
+        bounds = np.cumsum([0] + [s.nbytes // unit.word for s in unit.spans])
+        changed = [i for i in range(len(unit.spans)) if a_dig[i] != b_dig[i]]
+        rows = np.stack([bounds[changed], bounds[np.array(changed) + 1]], axis=1)
     # one call for all changed spans: small tensors are batched in units
     found = kernels.diff_stats(abuf.view(ut), bbuf.view(ut), unit.spans[changed[0]].tensor.dtype, rows)
     stats: list = [None] * len(unit.spans)
@@ -247,9 +251,15 @@ def _diff_unit(fds: FdCache, f, unit: Unit) -> _Compared:
     return _Compared(unit, a_dig, b_dig, stats)
 
 
+#: the unsigned numpy type of each word size
+_UINT = {w: uint_type(w) for w in (1, 2, 4, 8)}
+
+
 def _blocks_changed(a: bytes, b: bytes) -> int:
     if len(a) == 16:
         return int(a != b)
+    if len(a) <= 16 * 8:  # a unit's piece of a tensor: a few blocks
+        return sum(a[i : i + 16] != b[i : i + 16] for i in range(0, len(a), 16))
     x = np.frombuffer(a, dtype=np.uint8).reshape(-1, 16)
     y = np.frombuffer(b, dtype=np.uint8).reshape(-1, 16)
     return int((x != y).any(axis=1).sum())
