@@ -192,6 +192,7 @@ def diff(a, b, *, threads: int | None = None, reporter: Reporter = SILENT, exclu
     acc: dict[str, _Acc] = {}
     work = pair.units(DEFAULT_CHUNK)
     reporter.phase("compare", sum(w.unit.nbytes for w in work))
+    same_pieces: dict[str, list[Unit]] = {}  # unchanged pieces of tensors cut in units
     with FdCache() as fds:
         for c in ordered_map(lambda w: _diff_unit(fds, w.entry, w.unit), work, threads=threads):
             pair.record(c.unit, c.base_digests, c.target_digests)
@@ -202,11 +203,30 @@ def diff(a, b, *, threads: int | None = None, reporter: Reporter = SILENT, exclu
                         if x is None:
                             x = acc[s.tensor.name] = _Acc()
                         x.add(st)
+                    elif s.lo or s.hi != s.tensor.nbytes:
+                        same_pieces.setdefault(s.tensor.name, []).append(c.unit)
             reporter.advance(c.unit.nbytes)
+        _add_unchanged_norms(fds, acc, same_pieces)
     reporter.phase("hash", None)
     ma = pair.complete_base(threads=threads, reporter=reporter)
     mb = pair.complete_target(threads=threads, reporter=reporter)
     return _result(pair.A, pair.B, ma, mb, acc, pair.warnings)
+
+
+def _add_unchanged_norms(fds: FdCache, acc: dict, same_pieces: dict) -> None:
+    """The relative L2 norm of a change is relative to all of A's tensor:
+    the pieces of a modified tensor whose digests matched were not compared,
+    so their sum of squares is added now (read again: only a tensor changed
+    in some of its units, not in all, has any)."""
+    for name, units in same_pieces.items():
+        x = acc.get(name)
+        if x is None or not x.floats:
+            continue
+        for unit in units:
+            abuf = scratch("a", unit.nbytes)
+            read_base(fds, unit, abuf)
+            a = abuf.view(_UINT[unit.word])
+            x.sum_a2 += kernels.diff_stats(a, a, unit.spans[0].tensor.dtype)[0][3]
 
 
 @dataclass(frozen=True, slots=True)
