@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import MutableMapping
 
 ENV_DEBUG = "WDIFF_DEBUG"
 
@@ -55,6 +56,66 @@ class _Signalled:
             signal.signal(sig, handler)
 
 
+class _LazyCommands(MutableMapping):
+    """The subcommands of the group, in the order they registered, each
+    turned from its function into a click command (typer inspects its
+    signature and options: ~4 ms a command, ~60 ms for all of them) only when
+    it is looked up: ``wdiff diff A B`` builds ``diff`` alone; ``wdiff
+    --help``, which lists every command, builds them all."""
+
+    def __init__(self, infos, convert) -> None:
+        self._infos = {info.name or _command_name(info.callback.__name__): info for info in infos}
+        self._built: dict = {}
+        self._convert = convert
+
+    def __getitem__(self, name: str):
+        cmd = self._built.get(name)
+        if cmd is None:
+            cmd = self._built[name] = self._convert(self._infos[name])
+        return cmd
+
+    def __setitem__(self, name: str, cmd) -> None:
+        self._infos.setdefault(name, None)
+        self._built[name] = cmd
+
+    def __delitem__(self, name: str) -> None:
+        del self._infos[name]
+        self._built.pop(name, None)
+
+    def __iter__(self):
+        return iter(list(self._infos))
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+
+def _command_name(function_name: str) -> str:
+    return function_name.lower().replace("_", "-")  # typer's own rule (typer.main.get_command_name)
+
+
+def _lazy_group(app):
+    """The click group of ``app``, as ``typer.main.get_command(app)`` makes
+    it, but with its subcommands built on first use (:class:`_LazyCommands`)."""
+    import typer
+
+    infos = app.registered_commands
+    if app.registered_groups or app.registered_callback is None:  # not wdiff's shape: build it all
+        return typer.main.get_command(app)
+    app.registered_commands = []
+    try:
+        group = typer.main.get_command(app)  # the group itself: its callback (--version) and help
+    finally:
+        app.registered_commands = infos
+
+    def convert(info):
+        return typer.main.get_command_from_info(
+            info, pretty_exceptions_short=app.pretty_exceptions_short, rich_markup_mode=app.rich_markup_mode
+        )
+
+    group.commands = _LazyCommands(infos, convert)
+    return group
+
+
 # Longer than most functions, on purpose: every way a command can end is mapped
 # here, in one place, to its documented exit code; the length is the list of cases.
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = list(sys.argv[1:] if argv is None else argv)
     STATE.out = output.Out(json_mode=True) if _wants_json(args) else None
-    command = typer.main.get_command(app)
+    command = _lazy_group(app)
     debug = os.environ.get(ENV_DEBUG, "") not in ("", "0")
 
     def fail(code: int, kind: str, message: str, hint: str | None = None, details: dict | None = None) -> int:

@@ -40,6 +40,7 @@
 #define HOT __attribute__((target_clones("avx2", "default")))
 /* the bf16 statistics: 512-bit lanes where the CPU has them (x86-64-v4) */
 #define HOT512 __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#define HOT512_CLONES 1
 #else
 #define HOT
 #define HOT512
@@ -332,11 +333,100 @@ DEFINE_STATS(stats_bf16, 2, F_BF16, 16, STATS_GROUP_BF16, float, v16f, v16i, v16
 
 #endif /* WDIFF_VECTORS */
 
+#if defined(HOT512_CLONES)
+/* stats_bf16 for a CPU with AVX2 but not AVX-512: the same sixteen lanes,
+   each doing the same float operations in the same order, held as two
+   halves of eight (lanes 0-7 and 8-15), so that every sum, and so every
+   output, is bit for bit what stats_bf16 gives. GCC's avx2 clone of
+   stats_bf16 splits its 512-bit vectors lane by lane through the stack
+   (measured here, 4 MiB inputs: 0.9 GB/s; this: see the commit). */
+#include <immintrin.h>
+/* eight bf16 words widened to float bits in one instruction (vpmovzxwd from
+   memory): __builtin_convertvector of a v8h compiles to four here */
+#define BF16_HALF(P, H, U) (U = (v8u)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(P))), 16))
+__attribute__((target("avx2"))) static void stats_bf16_halves(const uint8_t *a, const uint8_t *b, size_t n,
+                                                               stats_t *st)
+{
+    v8i top0 = {0}, top1 = {0}, same0 = {0}, same1 = {0};
+    const v8i abs = {0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff,
+                     0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff};
+    size_t i = 0, covered = 0;
+    const size_t G = STATS_GROUP_BF16;
+    for (; i + G <= n; i += G) {
+        v8f acc_a0 = {0}, acc_a1 = {0}, acc_d0 = {0}, acc_d1 = {0};
+        v8i gtop0 = {0}, gtop1 = {0}, gsame0 = {0}, gsame1 = {0};
+        for (size_t j = 0; j < G; j += 16) {
+            v8u u0, u1, v0, v1;
+            BF16_HALF(a + 2 * (i + j), h, u0);
+            BF16_HALF(a + 2 * (i + j + 8), h, u1);
+            BF16_HALF(b + 2 * (i + j), g, v0);
+            BF16_HALF(b + 2 * (i + j + 8), g, v1);
+            v8f fa0 = (v8f)u0, fa1 = (v8f)u1;
+            v8f d0 = (v8f)v0 - fa0, d1 = (v8f)v1 - fa1;
+            acc_a0 += fa0 * fa0;
+            acc_a1 += fa1 * fa1;
+            acc_d0 += d0 * d0;
+            acc_d1 += d1 * d1;
+            v8i m0 = (v8i)d0 & abs, m1 = (v8i)d1 & abs;
+            v8i up0 = m0 > gtop0, up1 = m1 > gtop1;
+            gtop0 = (m0 & up0) | (gtop0 & ~up0);
+            gtop1 = (m1 & up1) | (gtop1 & ~up1);
+            gsame0 -= (v8i)(u0 == v0);
+            gsame1 -= (v8i)(u1 == v1);
+        }
+        /* HSUM16 of the sixteen lanes is HSUM8 of the first eight plus HSUM8 of the last */
+        float sa = HSUM8(acc_a0) + HSUM8(acc_a1), sd = HSUM8(acc_d0) + HSUM8(acc_d1);
+        if (!isfinite(sa + sd)) {
+            stats_words(a + i * 2, b + i * 2, G, 2, F_BF16, NULL, st);
+            continue;
+        }
+        st->sum_a2 += sa;
+        st->sum_d2 += sd;
+        v8i up0 = gtop0 > top0, up1 = gtop1 > top1;
+        top0 = (gtop0 & up0) | (top0 & ~up0);
+        top1 = (gtop1 & up1) | (top1 & ~up1);
+        same0 += gsame0;
+        same1 += gsame1;
+        covered += G;
+    }
+    int32_t bits = 0;
+    uint64_t equal = 0;
+    for (int l = 0; l < 8; l++) {
+        bits = top0[l] > bits ? top0[l] : bits;
+        bits = top1[l] > bits ? top1[l] : bits;
+        equal += (uint64_t)same0[l] + (uint64_t)same1[l];
+    }
+    float mx;
+    memcpy(&mx, &bits, sizeof mx);
+    add_groups(st, mx, covered, equal);
+    stats_words(a + i * 2, b + i * 2, n - i, 2, F_BF16, NULL, st);
+}
+#undef BF16_HALF
+
+/* the clone of stats_bf16 the CPU would run is the avx2 one */
+static int bf16_halves(void)
+{
+    static int known = -1;
+    if (known < 0)
+        known = __builtin_cpu_supports("avx2") &&
+                !(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                  __builtin_cpu_supports("avx512cd"));
+    return known;
+}
+#endif
+
 static void stats_range(const uint8_t *pa, const uint8_t *pb, size_t n, int w, int kind, const double *tab,
                         stats_t *st)
 {
 #ifdef WDIFF_VECTORS
     if (kind == F_BF16) {
+#if defined(HOT512_CLONES)
+        if (bf16_halves()) {
+            stats_bf16_halves(pa, pb, n, st);
+            return;
+        }
+#endif
         stats_bf16(pa, pb, n, st);
         return;
     }

@@ -192,6 +192,7 @@ def diff(a, b, *, threads: int | None = None, reporter: Reporter = SILENT, exclu
     acc: dict[str, _Acc] = {}
     work = pair.units(DEFAULT_CHUNK)
     reporter.phase("compare", sum(w.unit.nbytes for w in work))
+    same_pieces: dict[str, list[Unit]] = {}  # unchanged pieces of tensors cut in units
     with FdCache() as fds:
         for c in ordered_map(lambda w: _diff_unit(fds, w.entry, w.unit), work, threads=threads):
             pair.record(c.unit, c.base_digests, c.target_digests)
@@ -202,11 +203,30 @@ def diff(a, b, *, threads: int | None = None, reporter: Reporter = SILENT, exclu
                         if x is None:
                             x = acc[s.tensor.name] = _Acc()
                         x.add(st)
+                    elif s.lo or s.hi != s.tensor.nbytes:
+                        same_pieces.setdefault(s.tensor.name, []).append(c.unit)
             reporter.advance(c.unit.nbytes)
+        _add_unchanged_norms(fds, acc, same_pieces)
     reporter.phase("hash", None)
     ma = pair.complete_base(threads=threads, reporter=reporter)
     mb = pair.complete_target(threads=threads, reporter=reporter)
     return _result(pair.A, pair.B, ma, mb, acc, pair.warnings)
+
+
+def _add_unchanged_norms(fds: FdCache, acc: dict, same_pieces: dict) -> None:
+    """The relative L2 norm of a change is relative to all of A's tensor:
+    the pieces of a modified tensor whose digests matched were not compared,
+    so their sum of squares is added now (read again: only a tensor changed
+    in some of its units, not in all, has any)."""
+    for name, units in same_pieces.items():
+        x = acc.get(name)
+        if x is None or not x.floats:
+            continue
+        for unit in units:
+            abuf = scratch("a", unit.nbytes)
+            read_base(fds, unit, abuf)
+            a = abuf.view(_UINT[unit.word])
+            x.sum_a2 += kernels.diff_stats(a, a, unit.spans[0].tensor.dtype)[0][3]
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,10 +255,14 @@ def _diff_unit(fds: FdCache, f, unit: Unit) -> _Compared:
     a_dig = span_digests(unit, abuf)
     if a_dig == b_dig:
         return _Compared(unit, a_dig, b_dig, [None] * len(unit.spans))
-    ut = uint_type(unit.word)
-    bounds = np.cumsum([0] + [s.nbytes // unit.word for s in unit.spans])
-    changed = [i for i in range(len(unit.spans)) if a_dig[i] != b_dig[i]]
-    rows = np.stack([bounds[changed], bounds[np.array(changed) + 1]], axis=1)
+    ut = _UINT[unit.word]
+    if len(unit.spans) == 1:  # a piece of one large tensor: most of the bytes
+        changed = [0]
+        rows = np.array([[0, unit.spans[0].nbytes // unit.word]], dtype=np.int64)
+    else:
+        bounds = np.cumsum([0] + [s.nbytes // unit.word for s in unit.spans])
+        changed = [i for i in range(len(unit.spans)) if a_dig[i] != b_dig[i]]
+        rows = np.stack([bounds[changed], bounds[np.array(changed) + 1]], axis=1)
     # one call for all changed spans: small tensors are batched in units
     found = kernels.diff_stats(abuf.view(ut), bbuf.view(ut), unit.spans[changed[0]].tensor.dtype, rows)
     stats: list = [None] * len(unit.spans)
@@ -247,9 +271,15 @@ def _diff_unit(fds: FdCache, f, unit: Unit) -> _Compared:
     return _Compared(unit, a_dig, b_dig, stats)
 
 
+#: the unsigned numpy type of each word size
+_UINT = {w: uint_type(w) for w in (1, 2, 4, 8)}
+
+
 def _blocks_changed(a: bytes, b: bytes) -> int:
     if len(a) == 16:
         return int(a != b)
+    if len(a) <= 16 * 8:  # a unit's piece of a tensor: a few blocks
+        return sum(a[i : i + 16] != b[i : i + 16] for i in range(0, len(a), 16))
     x = np.frombuffer(a, dtype=np.uint8).reshape(-1, 16)
     y = np.frombuffer(b, dtype=np.uint8).reshape(-1, 16)
     return int((x != y).any(axis=1).sum())
