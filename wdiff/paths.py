@@ -19,13 +19,16 @@ MAX_COMPONENT_BYTES = 255
 MAX_DEPTH = 32
 
 
-def printable(name: str, limit: int = 200) -> str:
+def printable(name: str, limit: int = 200, *, backslashes: bool = True) -> str:
     """``name`` with every control or unprintable character escaped, so that
-    nothing read from a file can drive a terminal. Long names are shortened."""
+    nothing read from a file can drive a terminal. Long names are shortened.
+    A backslash is doubled, so that an escape is never ambiguous; not with
+    ``backslashes=False``, for a message whose names were escaped already
+    (escaping it again is for the terminal's sake only)."""
     out = []
     for ch in name:
         cat = unicodedata.category(ch)
-        if ch == "\\":
+        if ch == "\\" and backslashes:
             out.append("\\\\")
         elif cat[0] == "C" or cat in ("Zl", "Zp"):
             code = ord(ch)

@@ -137,8 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     def fail(code: int, kind: str, message: str, hint: str | None = None, details: dict | None = None) -> int:
         if STATE.out is not None:
             STATE.out.close()
-        message = printable(message, 4000)
-        output.error(message, printable(hint, 1000) if hint else None)
+        # the names in a message are printable() already: no second escape
+        # of their backslashes, only of what could still drive a terminal
+        message = printable(message, 4000, backslashes=False)
+        output.error(message, printable(hint, 1000, backslashes=False) if hint else None)
         if STATE.out is not None and STATE.out.json:
             error = {"kind": kind, "message": message, "hint": hint, "exit_code": int(code)}
             if details is not None:
