@@ -150,7 +150,7 @@ def info(
     out.result(f"bundle   {o.name(str(bundle))}  ({o.size(res.bundle_bytes)}, format {res.version}, {o.name(res.writer, 80)})")
     out.result(f"id       {res.bundle_id.hex()}")
     out.result(f"base     {base}")
-    out.result(f"target   {res.target_fingerprint.hex()}  ({len(res.files)} files, {o.size(res.target_bytes)})")
+    out.result(f"target   {res.target_fingerprint.hex()}  ({o.count(len(res.files))} file{'' if len(res.files) == 1 else 's'}, {o.size(res.target_bytes)})")
     rows = [["records", "kind", "bytes", "changed elements"]]
     for kind, c in res.records.items():
         rows.append([o.count(c["records"]), kind, o.size(c["bytes"]), o.count(c["changed"]) if c["changed"] else ""])
