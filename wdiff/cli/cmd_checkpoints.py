@@ -232,7 +232,8 @@ def apply(
     fingerprint) and refuses anything else. With -o the target is built in a
     hidden temporary directory beside OUT, verified tensor by tensor against
     the target digests, synced, and renamed into place: OUT appears complete
-    or not at all. With --in-place, BASE is updated inside its own directory
+    or not at all (the next apply to OUT removes what a killed one left, and
+    two at once are refused). With --in-place, BASE is updated inside its own directory
     for checkpoints too large to copy: a journal and an undo log make the
     change finish, or roll back with --abort, after any interruption.
     """

@@ -111,7 +111,8 @@ EXIT_NOTES: dict[str, str] = {
     "does not exist.",
     "pack": "0 the bundle was written; 2 and above are errors.",
     "apply": "0 the target was rebuilt and verified; 2 a usage mistake, such as BASE before "
-    "BUNDLE; 5 the base is not the bundle's; 4 the bundle is corrupt; 8 an interrupted in-place apply must be finished first.",
+    "BUNDLE; 5 the base is not the bundle's; 4 the bundle is corrupt; 8 an interrupted in-place apply must be "
+    "finished first, or another apply is writing OUT.",
     "push": "0 pushed (or already there); 5 the bundle's base is not the head; 8 another push "
     "won the race (run it again); 6 and 7 remote errors.",
     "pull": "0 the directory is at the version (nothing to do counts); 8 another pull holds the "
