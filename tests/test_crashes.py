@@ -20,8 +20,9 @@ from factory import mutate, rand, tree, write_ckpt
 
 import wdiff
 from wdiff.errors import BusyError, WdiffIOError
+from wdiff.format.undo import UndoLog
+from wdiff.fsutil import io_error
 from wdiff.ops.apply import engine as applying
-from wdiff.ops.apply import inplace
 from wdiff.ops.apply import patch as patching
 
 SLOW = textwrap.dedent(
@@ -152,15 +153,15 @@ def test_full_disk_in_place_rolls_back(world, tmp_path, monkeypatch, n):
     shutil.copytree(A, W)
     monkeypatch.setattr(patching, "BATCH_BYTES", 1)
     calls = {"n": 0}
-    real = inplace.UndoLog.append
+    real = UndoLog.append
 
     def append(self, entries):
         calls["n"] += 1
         if calls["n"] >= n:
-            raise inplace.io_error(self.path, OSError(errno.ENOSPC, "No space left on device"))
+            raise io_error(self.path, OSError(errno.ENOSPC, "No space left on device"))
         real(self, entries)
 
-    monkeypatch.setattr(inplace.UndoLog, "append", append)
+    monkeypatch.setattr(UndoLog, "append", append)
     with pytest.raises(WdiffIOError) as e:
         wdiff.apply(bundle, W, in_place=True)
     assert "rolled back" in str(e.value)
