@@ -23,140 +23,47 @@ bytes, which do not. The encoder tries the codecs that can win at the chunk's
 density and keeps the smallest; a large chunk tries in full only those that
 came close to the best on a sample of its words. The choice depends only on
 the data, so the output never depends on thread count or timing. See
-man/wdiff-format.5.
+man/wdiff-format.5. This module encodes; the decoder is :mod:`.decode`, the
+codec numbers and primitives are :mod:`.codecs`, and both are re-exported
+here.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 import zstandard
 
-from ..errors import FormatError
 from . import conditioned, kernels
-from .dtypes import uint_type
-
-RAW, SPARSE, BITMAP, DENSE, ZSTD = 0, 1, 2, 3, 4
-#: codec v2 (bundle format version 3): modular differences instead of XOR,
-#: and positions conditioned on the base (see conditioned.py)
-MSPARSE, MBITMAP, MDENSE, CSPARSE, CDENSE = 5, 6, 7, 8, 9
-#: CSPARSE over the rows that hold a change (rows of the tensor's last dimension)
-RSPARSE = 10
-CODEC_NAMES = {
-    RAW: "raw", SPARSE: "sparse", BITMAP: "bitmap", DENSE: "dense", ZSTD: "zstd",
-    MSPARSE: "msparse", MBITMAP: "mbitmap", MDENSE: "mdense", CSPARSE: "csparse", CDENSE: "cdense",
-    RSPARSE: "rsparse",
-}
-#: the codecs whose payload holds modular differences (new = old + D), not XOR
-MODULAR = frozenset({MSPARSE, MBITMAP, MDENSE, CSPARSE, CDENSE, RSPARSE})
-#: the codecs whose decoding reads one side of the delta (the bucket order)
-CONDITIONED = frozenset({CSPARSE, CDENSE, RSPARSE})
-#: the codecs that need bundle format version 3
-V3_CODECS = MODULAR
-#: the lowest bundle format version that may hold each codec
-CODEC_VERSION = {c: (3 if c in V3_CODECS else 1) for c in CODEC_NAMES}
-MAX_RICE = kernels.MAX_RICE
-
-_local = threading.local()
-
-
-def compressor(level: int) -> zstandard.ZstdCompressor:
-    """This thread's zstd compressor at ``level``, for general data."""
-    return _cached(("general", level), lambda: dict(level=level))
-
-
-#: Byte planes of weights are near-random symbols with a skewed histogram:
-#: what pays is entropy coding, and short LZ matches cost more than the
-#: literals they replace. At the fast levels, a tiny hash table and a minimum
-#: match of 7 bytes leave them as literals (bench, 4 MiB chunks: XOR values
-#: of a +-1 ulp step 2.62 -> 2.24 bits per value, entropy 1.98; new weights
-#: 10.95 -> 10.72 bits per element; in less time). From level 10 on, zstd's
-#: own parsers weigh literals against matches, and are left alone.
-PLANE_TUNING = dict(hash_log=6, min_match=7)
-
-
-def plane_compressor(level: int) -> zstandard.ZstdCompressor:
-    """This thread's zstd compressor at ``level``, for byte planes of weights."""
-    extra = PLANE_TUNING if level < 10 else {}
-    return _cached(
-        ("planes", level),
-        lambda: dict(
-            compression_params=zstandard.ZstdCompressionParameters.from_level(
-                level, write_content_size=True, write_checksum=False, **extra
-            )
-        ),
-    )
-
-
-def _cached(key, make) -> zstandard.ZstdCompressor:
-    cache = getattr(_local, "cctx", None)
-    if cache is None:
-        cache = _local.cctx = {}
-    c = cache.get(key)
-    if c is None:
-        kw = make()
-        if "compression_params" not in kw:
-            kw.update(write_content_size=True, write_checksum=False)
-        c = cache[key] = zstandard.ZstdCompressor(**kw)
-    return c
-
-
-def decompressor() -> zstandard.ZstdDecompressor:
-    """This thread's zstd decompressor."""
-    d = getattr(_local, "dctx", None)
-    if d is None:
-        d = _local.dctx = zstandard.ZstdDecompressor()
-    return d
-
-
-def decompress_exact(data, size: int, *, where: str, dctx: zstandard.ZstdDecompressor | None = None) -> bytes:
-    """Decompress one zstd frame that must hold exactly ``size`` bytes. Never
-    allocates more than ``size`` bytes, whatever the frame declares.
-    ``dctx``: a decompressor of one's own (with a dictionary) instead of the
-    shared one."""
-    try:
-        params = zstandard.get_frame_parameters(data)
-    except zstandard.ZstdError:
-        raise FormatError(f"{where}: not a zstd frame") from None
-    if params.content_size != size:
-        raise FormatError(f"{where}: compressed data declares {params.content_size} bytes, expected {size}")
-    try:
-        reader = (dctx or decompressor()).stream_reader(data, read_across_frames=True)
-        out = reader.read(size) if size else b""
-        extra = reader.read(1)
-    except zstandard.ZstdError as e:
-        raise FormatError(f"{where}: corrupt compressed data ({e})") from None
-    if len(out) != size or extra:
-        raise FormatError(f"{where}: compressed data does not hold exactly {size} bytes")
-    return out
-
-
-def planes(words: np.ndarray) -> np.ndarray:
-    """Byte planes of ``words``, most significant plane first (uint8 array)."""
-    return kernels.planes(words)
-
-
-def unplanes(data, n: int, w: int) -> np.ndarray:
-    """``n`` words of ``w`` bytes from their byte planes."""
-    return kernels.unplanes(data, n, uint_type(w))
-
-
-# -- Rice-coded gaps ----------------------------------------------------------
-
-rice_encode = kernels.rice_encode
-
-
-def rice_decode(r: int, unary, remainder, k: int, n: int, *, where: str) -> np.ndarray:
-    """Inverse of :func:`rice_encode`; validates every bound against ``n``."""
-    if not 0 <= r <= MAX_RICE:
-        raise FormatError(f"{where}: Rice parameter {r} out of range")
-    positions = kernels.rice_decode(r, unary, remainder, k, n)
-    if isinstance(positions, str):
-        raise FormatError(f"{where}: {positions}")
-    return positions
-
+from .codecs import (
+    BITMAP,
+    CDENSE,
+    CODEC_NAMES,
+    CODEC_VERSION,
+    CONDITIONED,
+    CSPARSE,
+    DENSE,
+    MAX_RICE,
+    MBITMAP,
+    MDENSE,
+    MODULAR,
+    MSPARSE,
+    RAW,
+    RSPARSE,
+    SPARSE,
+    V3_CODECS,
+    ZSTD,
+    compressor,
+    decompress_exact,
+    decompressor,
+    plane_compressor,
+    planes,
+    rice_decode,
+    rice_encode,
+    unplanes,
+)
+from .decode import combine, decode_into, delta_words, modular_changes
 
 # -- chunk encodings -----------------------------------------------------------
 
@@ -404,45 +311,6 @@ def _dense_values(cctx: zstandard.ZstdCompressor, d: np.ndarray) -> bytes:
     return conditioned.varint(len(signs)) + signs + _compress_planes(cctx, mag)
 
 
-def _value_stream(data, count: int, w: int, runs: list[int], *, where: str) -> tuple[bytes, np.ndarray]:
-    """The sign bits and the magnitude planes of a range-coded value section."""
-    got = kernels.rc_values_decode(bytes(data), count, w, runs)
-    if isinstance(got, int):
-        raise FormatError(f"{where}: value section is not a stream of {count} values")
-    return got
-
-
-def _read_mvalues(data, count: int, w: int, runs: list[int], *, where: str) -> np.ndarray:
-    """The modular differences of a range-coded value section (see
-    :func:`_mvalues_at`)."""
-    signs, mplanes = _value_stream(data, count, w, runs, where=where)
-    neg = np.unpackbits(np.frombuffer(signs, dtype=np.uint8))[:count].astype(bool)
-    d = conditioned.from_sign_magnitude(neg, unplanes(mplanes, count, w))
-    if d is None:  # the coder cannot write one; kept as the last line of defence
-        raise FormatError(f"{where}: a value's magnitude is out of range")
-    return d
-
-
-def _read_dense_values(data, n: int, w: int, *, where: str) -> np.ndarray:
-    """The modular differences of CDENSE's value section (see :func:`_dense_values`)."""
-    data = bytes(data)
-    try:
-        slen, at = conditioned.read_varint(data)
-    except conditioned.Malformed as e:
-        raise FormatError(f"{where}: value section: {e}") from None
-    if slen > len(data) - at:
-        raise FormatError(f"{where}: value section: sign frame longer than the section")
-    signs = decompress_exact(data[at : at + slen], (n + 7) // 8, where=where)
-    if n % 8 and signs[-1] & (0xFF >> (n % 8)):
-        raise FormatError(f"{where}: nonzero padding in the sign bits")
-    mag = unplanes(decompress_exact(data[at + slen :], n * w, where=where), n, w)
-    neg = np.unpackbits(np.frombuffer(signs, dtype=np.uint8))[:n].astype(bool)
-    d = conditioned.from_dense_sign_magnitude(neg, mag)
-    if d is None:
-        raise FormatError(f"{where}: a value's magnitude is out of range")
-    return d
-
-
 def encode_as(codec: int, old: np.ndarray, new: np.ndarray, level: int, bucket: int | None = None,
               rows: tuple[int, int] | None = None) -> Encoded:
     """Encode ``new`` against ``old`` with one given codec (``old`` is not
@@ -528,223 +396,13 @@ def _with_rows(full: _Trial, codecs: tuple[int, ...]) -> tuple[int, ...]:
     return (*codecs, RSPARSE)
 
 
-def decode_into(
-    codec: int, param: int, count: int, parts: list[bytes], buf: np.ndarray, *, where: str
-) -> None:
-    """Apply an encoded chunk to ``buf`` (words of the base; for ``raw`` its
-    contents are ignored). ``parts`` are the payload sections; sections a
-    codec does not use must be empty. Every length and position is checked."""
-    if codec in MODULAR:
-        positions, d = _modular(codec, param, count, parts, buf, True, where=where, into=True)
-        if d is None:  # added already
-            return
-        if positions is None:
-            buf += d
-        else:
-            conditioned.add_at(buf, positions, d)
-        return
-    _decode_v1(codec, param, count, parts, buf, where=where)
-
-
-def delta_words(
-    codec: int, param: int, count: int, parts: list[bytes], ref: np.ndarray, *, ref_is_base: bool, where: str
-) -> np.ndarray:
-    """What a delta record holds, as a fresh array of words: the XOR of old
-    and new (v1 codecs) or the modular difference ``new - old`` (MODULAR
-    codecs), zero where nothing changes. ``ref`` is one side of the delta,
-    the base (``ref_is_base``) or the target, and is read only by CSPARSE,
-    whose positions depend on it (either side gives the same answer, the
-    format guarantees it). For composing deltas (squash) and inverting
-    them (reverse); see :func:`combine`."""
-    out = np.zeros(ref.size, dtype=ref.dtype)
-    if codec not in MODULAR:
-        _decode_v1(codec, param, count, parts, out, where=where)
-        return out
-    positions, d = _modular(codec, param, count, parts, ref, ref_is_base, where=where)
-    if positions is None:
-        out[:] = d
-    else:
-        out[positions] = d
-    return out
-
-
-def combine(codec: int, dst: np.ndarray, delta: np.ndarray, *, inverse: bool = False) -> None:
-    """Apply what :func:`delta_words` gave for a record of ``codec`` to
-    ``dst`` (words of its base; or of its target with ``inverse``, which
-    turns them back into the base): XOR both ways, or ``+ D`` / ``- D``."""
-    if codec not in MODULAR:
-        dst ^= delta
-    elif inverse:
-        dst -= delta
-    else:
-        dst += delta
-
-
-def _modular(codec, param, count, parts, ref, ref_is_base, *, where, into=False):
-    """(positions or None for every word, modular differences) of a MODULAR
-    record, checked; ``ref`` is a side of the delta (read by CSPARSE only,
-    and by the mover check). With ``into`` (``ref`` the base), the sparse
-    codecs add their differences to ``ref`` once all is checked, and give
-    (positions, None)."""
-    used = 1 if codec == MDENSE else 2 if codec in (MBITMAP, CDENSE) else 3
-    if any(len(p) for p in parts[used:]):
-        raise FormatError(f"{where}: malformed record (unused payload section)")
-    parts = list(parts[:used]) + [b""] * (used - len(parts))
-    n, w = ref.size, ref.dtype.itemsize
-    if not 0 < count <= n:
-        raise FormatError(f"{where}: changed-word count {count} out of range")
-    if codec == RSPARSE:
-        return _rsparse(param, count, parts, ref, ref_is_base, where=where, into=into)
-    if codec == CDENSE:
-        if param not in conditioned.BUCKETS or conditioned.BUCKETS[param][1] != w:
-            raise FormatError(f"{where}: cdense record with bucket function {param} for {w}-byte words")
-        try:
-            movers = conditioned.read_mover_head(bytes(parts[0]), n)
-        except conditioned.Malformed as e:
-            raise FormatError(f"{where}: {e}") from None
-        order = conditioned.dense_order(param, ref, movers)
-        if order is None:
-            raise FormatError(f"{where}: cdense mover list out of order")
-        d = np.zeros(n, dtype=ref.dtype)
-        d[order] = _read_dense_values(parts[1], n, w, where=where)
-        if np.count_nonzero(d) != count:
-            raise FormatError(f"{where}: cdense record does not change {count} words")
-        other = ref + d if ref_is_base else ref - d
-        moved = conditioned.movers_of(param, ref, other)
-        if moved.size != movers.size or (moved != movers).any():
-            raise FormatError(f"{where}: cdense record lists a word in the wrong bucket")
-        return None, d
-    if codec == MDENSE:
-        if param != 0:
-            raise FormatError(f"{where}: malformed mdense record")
-        z = unplanes(decompress_exact(parts[0], n * w, where=where), n, w)
-        if np.count_nonzero(z) != count:
-            raise FormatError(f"{where}: mdense record does not change {count} words")
-        return None, conditioned.unzigzag(z)
-    runs = [count]
-    if codec == MSPARSE:
-        positions = rice_decode(param, parts[0], parts[1], count, n, where=where)
-        values = parts[2]
-    elif codec == MBITMAP:
-        if param != 0:
-            raise FormatError(f"{where}: malformed mbitmap record")
-        positions = _bitmap_positions(parts[0], n, count, where=where)
-        values = parts[1]
-    else:  # CSPARSE
-        if param not in conditioned.BUCKETS or conditioned.BUCKETS[param][1] != w:
-            raise FormatError(f"{where}: csparse record with bucket function {param} for {w}-byte words")
-        try:
-            positions, movers, runs = conditioned.decode_positions(param, ref, bytes(parts[0]), bytes(parts[1]), count)
-        except conditioned.Malformed as e:
-            raise FormatError(f"{where}: {e}") from None
-        values = parts[2]
-    if into:
-        signs, mplanes = _value_stream(values, count, w, runs, where=where)
-        _, _, shift, mask = conditioned.BUCKETS[param] if codec == CSPARSE else (None, None, 0, 0)
-        err = kernels.mod_apply(ref, positions, signs, mplanes, shift, mask, movers if codec == CSPARSE else 0)
-        if err == kernels.MV_BAD_MAGNITUDE:
-            raise FormatError(f"{where}: a value's magnitude is out of range")
-        if err == kernels.MV_WRONG_BUCKET:
-            raise FormatError(f"{where}: csparse record lists a word in the wrong bucket")
-        if err:
-            raise FormatError(f"{where}: position out of range")
-        return positions, None
-    d = _read_mvalues(values, count, w, runs, where=where)
-    if codec == CSPARSE:
-        # the movers, and only they, change bucket: what makes the positions
-        # decodable from either side (a reverse lists them from the target)
-        r = ref[positions]
-        other = r + d if ref_is_base else r - d
-        moved = conditioned.buckets_of(param, r) != conditioned.buckets_of(param, other)
-        if moved[:movers].size != movers or not moved[:movers].all() or moved[movers:].any():
-            raise FormatError(f"{where}: csparse record lists a word in the wrong bucket")
-    return positions, d
-
-
-def _rsparse(param, count, parts, ref, ref_is_base, *, where, into):
-    """RSPARSE: the row list, then a CSPARSE record over the words of the
-    listed rows; every listed row holds a change. ``parts``: three, and
-    ``count`` within the chunk (checked by :func:`_modular`)."""
-    n = ref.size
-    try:
-        R, o, rows, at = conditioned.read_row_head(bytes(parts[0]), n)
-    except conditioned.Malformed as e:
-        raise FormatError(f"{where}: {e}") from None
-    words = conditioned.row_words(rows, n, R, o)
-    if count > words.size:
-        raise FormatError(f"{where}: changed-word count {count} out of range")
-    sub = ref[words]
-    sub_pos, d = _modular(CSPARSE, param, count, [bytes(parts[0])[at:], parts[1], parts[2]], sub, ref_is_base,
-                          where=where, into=into)
-    positions = words[sub_pos]
-    if np.unique(conditioned.rows_of(positions, R, o)).size != rows.size:
-        raise FormatError(f"{where}: rsparse record lists a row without a change")
-    if into:
-        ref[words] = sub
-    return positions, d
-
-
-def _bitmap_positions(data, n: int, count: int, *, where: str) -> np.ndarray:
-    bits = np.unpackbits(np.frombuffer(decompress_exact(data, (n + 7) // 8, where=where), dtype=np.uint8))
-    if bits[n:].any():
-        raise FormatError(f"{where}: nonzero padding in bitmap")
-    positions = np.flatnonzero(bits[:n])
-    if positions.size != count:
-        raise FormatError(f"{where}: bitmap does not hold {count} positions")
-    return positions
-
-
-def _decode_v1(
-    codec: int, param: int, count: int, parts: list[bytes], buf: np.ndarray, *, where: str
-) -> None:
-    used = {RAW: 1, DENSE: 1, BITMAP: 2, SPARSE: 3}.get(codec)
-    if used is None:
-        raise FormatError(f"{where}: unknown codec {codec}")
-    if any(len(p) for p in parts[used:]):
-        raise FormatError(f"{where}: malformed record (unused payload section)")
-    parts = list(parts[:used]) + [b""] * (used - len(parts))
-    n = buf.size
-    w = buf.dtype.itemsize
-    if codec == RAW:
-        if count != 0 or param != 0:
-            raise FormatError(f"{where}: malformed raw record")
-        buf[:] = unplanes(decompress_exact(parts[0], n * w, where=where), n, w)
-        return
-    if not 0 < count <= n:
-        raise FormatError(f"{where}: changed-word count {count} out of range")
-    if codec == SPARSE:
-        positions = rice_decode(param, parts[0], parts[1], count, n, where=where)
-        values = parts[2]
-    elif codec == BITMAP:
-        if param != 0:
-            raise FormatError(f"{where}: malformed bitmap record")
-        positions = _bitmap_positions(parts[0], n, count, where=where)
-        values = parts[1]
-    elif codec == DENSE:
-        if param != 0:
-            raise FormatError(f"{where}: malformed dense record")
-        xor = unplanes(decompress_exact(parts[0], n * w, where=where), n, w)
-        if np.count_nonzero(xor) != count:
-            raise FormatError(f"{where}: dense record does not change {count} words")
-        buf ^= xor
-        return
-    xor = unplanes(decompress_exact(values, count * w, where=where), count, w)
-    if not xor.all():
-        raise FormatError(f"{where}: a listed position does not change")
-    kernels.scatter_xor(buf, positions, xor)
-
-
-def modular_changes(
-    codec: int, param: int, count: int, parts: list[bytes], base: np.ndarray, *, where: str
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """(positions, new words) of the changed words of a MODULAR record that
-    lists them (MSPARSE, MBITMAP, CSPARSE), from the chunk's base words,
-    with every check :func:`decode_into` makes; None for any other codec
-    (decode those whole). For receivers that patch live tensors with one
-    scatter per chunk instead of rewriting it."""
-    if codec not in MODULAR:
-        return None
-    positions, d = _modular(codec, param, count, parts, base, True, where=where)
-    if positions is None:
-        return None
-    return positions, base[positions] + d
+#: this module's own names, and the codec numbers, primitives and decoders
+#: it re-exports: the one place the rest of wdiff imports a codec from
+__all__ = [
+    "BITMAP", "CDENSE", "CODEC_NAMES", "CODEC_VERSION", "CONDITIONED", "CSPARSE", "DENSE", "MAX_RICE", "MBITMAP",
+    "MDENSE", "MODULAR", "MSPARSE", "RAW", "ROWS_MAX_FRACTION", "RSPARSE", "SAMPLE_MARGIN", "SAMPLE_MIN_WORDS",
+    "SPARSE", "V3_CODECS", "ZSTD", "Encoded", "bucket_function", "candidates", "combine", "compressor",
+    "decode_into", "decompress_exact", "decompressor", "delta_words", "encode_as", "encode_delta", "encode_raw",
+    "modular_changes", "plane_compressor", "planes", "rice_decode", "rice_encode", "rows_of_tensor", "sample",
+    "unplanes",
+]
