@@ -211,7 +211,11 @@ def _start_time(pid: int) -> int:
 
 
 def owner_alive(pid: int, start: int | None) -> bool:
-    """Whether the process that made an artefact tagged ``pid[-start]`` still runs."""
+    """Whether the process that made an artefact tagged ``pid[-start]`` still runs.
+    A tag that names no process (0, which ``kill`` reads as this process
+    group, or a number past any PID) has no live owner."""
+    if not 0 < pid < 1 << 31:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -146,3 +146,17 @@ def test_apply_into_an_output_another_apply_is_writing_is_busy(world, tmp_path):
         os.close(fd)
     ok(wdiff("apply", "-q", ab, A, "-o", out, env=env))
     assert tree(out) == tree(B)
+
+
+@pytest.mark.parametrize("pid", ["0", "2147483648", "99999999999999999999"])
+def test_a_planted_temp_naming_no_process_is_cleared_not_a_crash(world, tmp_path, pid):
+    """A hostile name beside OUT whose PID is no process (0 would signal
+    this process group; a huge one overflows kill) is debris, removed, and
+    the apply succeeds."""
+    A, B, ab, env = world
+    planted = tmp_path / f".out.wdiff-tmp-{pid}-1-0badc0de"
+    planted.mkdir()
+    ok(wdiff("apply", "-q", ab, A, "-o", tmp_path / "out", env=env))
+    assert not planted.exists()
+    assert tree(tmp_path / "out") == tree(B)
+
