@@ -223,6 +223,48 @@ def test_fused_csparse_kernels_match_the_numpy_path():
                     assert dec[0][2] == runs
 
 
+def test_vector_bucket_count_of_the_decoder_matches_the_portable_one():
+    """The decoder's pass counts two-byte words sixteen buckets at a time
+    (a window chosen on a sample) and the rest one by one: positions where
+    the window is most of the words, where it is none of them (buckets
+    spread over all 256, or all above it), at the top of a 32-bucket
+    function (the window runs past the last bucket), in chunks whose tiles
+    hold more words than a byte lane counts (255 steps of 32) and that end
+    inside a step; against numpy and the portable C pass, from either side."""
+    if not kernels.available():
+        pytest.skip("the C extension is not built") if not os.environ.get("CI") else pytest.fail("no C extension in CI")
+    rng = np.random.default_rng(23)
+    cases = []
+    for n in (31, 33, 8_191, 70_001, 300_017):
+        cases.append((1, floats(rng, n, 2)))  # bf16 weights: the window holds 99.99%
+        cases.append((1, rng.integers(0, 1 << 16, n, dtype=np.uint16)))  # every bucket alike
+        low = floats(rng, n, 2)
+        far = rng.random(n) < 0.3  # a third far outside the window
+        low[far] = (low[far] & np.uint16(0x807F)) | np.uint16(0x7F00)
+        cases.append((1, low))
+        top = rng.integers(0, 1 << 16, n, dtype=np.uint16)
+        top = (top & np.uint16(0x83FF)) | (rng.integers(26, 32, n).astype(np.uint16) << np.uint16(10))
+        cases.append((2, top))  # f16 buckets 26..31 of 0..31
+    for fn, old in cases:
+        for density in (0.004, 0.05, 0.7):
+            new = step(rng, old, density, "ulp")
+            pos = np.flatnonzero(old != new)
+            if not pos.size:
+                continue
+            table, bits, listed, _ = _both(conditioned.encode_positions, fn, old, new, pos)[1]
+            for ref in (old, new):
+                got = []
+                for simd in (True, False):
+                    was = kernels._native.use_simd(simd)
+                    try:
+                        got.append(_both(conditioned.decode_positions, fn, ref, table, bits, pos.size))
+                    finally:
+                        kernels._native.use_simd(was)
+                for dec in got:
+                    assert _same(*dec)
+                    assert np.array_equal(np.asarray(dec[0][0]), np.asarray(listed))
+
+
 def test_fused_csparse_decoder_refuses_what_numpy_refuses():
     """Mutated tables and position streams: the C decoder gives the numpy
     path's answer, the same positions or the same refusal, and never

@@ -1495,6 +1495,88 @@ __attribute__((target("avx2"))) static inline int same16_avx2(const uint8_t *o, 
     return _mm256_testc_si256(_mm256_cmpeq_epi8(x, y), _mm256_set1_epi8(-1));
 }
 DEFINE_SRANKS(sranks_avx2_2, 2, __attribute__((target("avx2"))), same16_avx2)
+
+/* Counting two-byte words into their buckets without a store per word:
+   the buckets lo..lo+15 (the window: the sixteen that a sample of the
+   chunk hits most; an optimizer's weights fall into a few neighbouring
+   exponents, 99.99% of a bf16 N(0, 0.02) chunk into sixteen) are counted
+   in byte lanes, 32 words per step, one compare and one subtract per
+   bucket, and added to the tables every 255 steps (before a lane can wrap);
+   a step with a word outside the window counts those words one by one.
+   The tables get exactly what one word at a time gives them; only the
+   time differs. Used by the decoder's pass (csparse_select), per tile: a
+   4 MiB bf16 chunk of an optimizer step decodes its positions in 0.90 ms
+   instead of 1.12 at 0.5%, 1.31 instead of 1.56 at 1%, 3.2 instead of 3.5
+   at 3% (medians of 7 processes' best of 200; 0.48 against 0.68 ms where
+   nearly nothing changed, the count alone). The encoder's pass counts
+   runs of unchanged blocks between its changed words, mostly too short
+   to pay for the window's setup: tried, and it was no faster at 1% and
+   slower at 3%. */
+#define COUNT_SPAN 16
+
+static uint32_t count_window_2(const uint8_t *ref, size_t n, int shift, uint64_t mask)
+{
+    uint32_t h[256] = {0};
+    if (mask > 0xFF || n == 0)
+        return 0;
+    size_t step = n / 512 ? n / 512 : 1;
+    for (size_t i = 0; i < n; i += step)
+        h[BUCKET_AT(2, ref, i, shift, mask)]++;
+    uint32_t best = 0, lo = 0, sum = 0;
+    for (uint32_t b = 0; b < 256; b++) {
+        sum += h[b] - (b >= COUNT_SPAN ? h[b - COUNT_SPAN] : 0);
+        if (sum > best) {
+            best = sum;
+            lo = b + 1 >= COUNT_SPAN ? b + 1 - COUNT_SPAN : 0;
+        }
+    }
+    return lo;
+}
+
+__attribute__((target("avx2"))) static void count_words_avx2(const uint8_t *ref, size_t i, size_t end, int shift,
+                                                             uint64_t mask, uint32_t lo, uint32_t *c)
+{
+    const uint32_t nb = (uint32_t)mask + 1;
+    if (mask <= 0xFF) {
+        const __m256i msk = _mm256_set1_epi16((short)mask), base = _mm256_set1_epi16((short)lo);
+        const __m256i top = _mm256_set1_epi16(0xFF), last = _mm256_set1_epi8(COUNT_SPAN - 1);
+        const __m128i sh = _mm_cvtsi32_si128(shift);
+        while (end - i >= 32) {
+            size_t steps = (end - i) / 32;
+            steps = steps < 255 ? steps : 255;
+            __m256i acc[COUNT_SPAN];
+            for (int k = 0; k < COUNT_SPAN; k++)
+                acc[k] = _mm256_setzero_si256();
+            for (size_t t = 0; t < steps; t++, i += 32) {
+                __m256i x0 = _mm256_loadu_si256((const __m256i *)(ref + 2 * i));
+                __m256i x1 = _mm256_loadu_si256((const __m256i *)(ref + 2 * i + 32));
+                /* bucket - lo, as an unsigned 16-bit lane, then at most 255 */
+                x0 = _mm256_min_epu16(_mm256_sub_epi16(_mm256_and_si256(_mm256_srl_epi16(x0, sh), msk), base), top);
+                x1 = _mm256_min_epu16(_mm256_sub_epi16(_mm256_and_si256(_mm256_srl_epi16(x1, sh), msk), base), top);
+                const __m256i v = _mm256_packus_epi16(x0, x1); /* lanes in another order: counts do not care */
+                for (int k = 0; k < COUNT_SPAN; k++)
+                    acc[k] = _mm256_sub_epi8(acc[k], _mm256_cmpeq_epi8(v, _mm256_set1_epi8((char)k)));
+                const __m256i in = _mm256_cmpeq_epi8(_mm256_min_epu8(v, last), v);
+                if ((uint32_t)_mm256_movemask_epi8(in) != 0xFFFFFFFFu) {
+                    for (size_t u = 0; u < 32; u++) {
+                        uint32_t b = BUCKET_AT(2, ref, i + u, shift, mask);
+                        if (b - lo >= COUNT_SPAN)
+                            c[b]++;
+                    }
+                }
+            }
+            for (int k = 0; k < COUNT_SPAN; k++) {
+                if (lo + (uint32_t)k >= nb)
+                    break;
+                __m256i s4 = _mm256_sad_epu8(acc[k], _mm256_setzero_si256());
+                __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+                c[lo + k] += (uint32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1));
+            }
+        }
+    }
+    for (; i < end; i++)
+        c[BUCKET_AT(2, ref, i, shift, mask)]++;
+}
 #endif
 
 /* the counts of the non-mover words of each bucket of ref, given the movers
@@ -2116,7 +2198,7 @@ DEFINE_CS_BLOCK(4)
 DEFINE_CS_BLOCK(8)
 
 /* the pass; BLOCK(i, len, b) gives the mask of a block */
-#define DEFINE_CSELECT(NAME, W, ATTR, BLOCK)                                                         \
+#define DEFINE_CSELECT(NAME, W, ATTR, BLOCK, COUNT)                                                  \
     ATTR static int NAME(const uint8_t *ref, size_t n, int shift, uint64_t mask, const uint32_t *mv,   \
                          size_t km, size_t ne, const uint32_t *eb, const uint8_t *ecomp,              \
                          const uint32_t **ip, const uint32_t **ie, uint32_t **dst, uint32_t **dend,   \
@@ -2127,6 +2209,8 @@ DEFINE_CS_BLOCK(8)
         uint32_t *c0 = cnt, *c1 = cnt + nb, *c2 = cnt + 2 * nb, *c3 = cnt + 3 * nb;                   \
         int over = 0;                                                                                \
         uint32_t *sp = sbase;                                                                         \
+        const uint32_t lo = COUNT_WINDOW(W, ref, n, shift, mask);                                     \
+        (void)lo;                                                                                     \
         size_t j = 0, tile = CS_TILE;                                                                 \
         while (tile < 32 * ne && tile < ((size_t)1 << 16)) /* many entries: fewer checks */          \
             tile *= 2;                                                                                \
@@ -2134,15 +2218,7 @@ DEFINE_CS_BLOCK(8)
             nx[x] = ip[x] < ie[x] ? *ip[x]++ : CS_END;                                               \
         for (size_t t0 = 0; t0 < n; t0 += tile) {                                                     \
             const size_t end = n - t0 < tile ? n : t0 + tile, len = end - t0, j0 = j;                 \
-            size_t i = t0;                                                                            \
-            for (; i + 4 <= end; i += 4) {                                                            \
-                c0[BUCKET_AT(W, ref, i, shift, mask)]++;                                              \
-                c1[BUCKET_AT(W, ref, i + 1, shift, mask)]++;                                          \
-                c2[BUCKET_AT(W, ref, i + 2, shift, mask)]++;                                          \
-                c3[BUCKET_AT(W, ref, i + 3, shift, mask)]++;                                          \
-            }                                                                                         \
-            for (; i < end; i++)                                                                      \
-                c0[BUCKET_AT(W, ref, i, shift, mask)]++;                                              \
+            COUNT(t0, end);                                                                           \
             for (; j < km && mv[j] < end; j++) /* the tile's movers: mv[j0:j] */                     \
                 c0[BUCKET_AT(W, ref, mv[j], shift, mask)]--; /* wraps back in the sum */              \
             for (size_t x = 0; x < ne; x++) {                                                         \
@@ -2215,9 +2291,28 @@ DEFINE_CS_BLOCK(8)
 #define CS_BLOCK_2(i, len, b) cs_block_2(ref, (i), (len), shift, mask, (b))
 #define CS_BLOCK_4(i, len, b) cs_block_4(ref, (i), (len), shift, mask, (b))
 #define CS_BLOCK_8(i, len, b) cs_block_8(ref, (i), (len), shift, mask, (b))
-DEFINE_CSELECT(cselect_2, 2, HOT, CS_BLOCK_2)
-DEFINE_CSELECT(cselect_4, 4, HOT, CS_BLOCK_4)
-DEFINE_CSELECT(cselect_8, 8, HOT, CS_BLOCK_8)
+/* the tile's words counted into the four tables, one word each in turn */
+#define CS_COUNT_SCALAR(W)                                                                           \
+    do {                                                                                             \
+        size_t i = t0;                                                                               \
+        for (; i + 4 <= end; i += 4) {                                                               \
+            c0[BUCKET_AT(W, ref, i, shift, mask)]++;                                                 \
+            c1[BUCKET_AT(W, ref, i + 1, shift, mask)]++;                                             \
+            c2[BUCKET_AT(W, ref, i + 2, shift, mask)]++;                                             \
+            c3[BUCKET_AT(W, ref, i + 3, shift, mask)]++;                                             \
+        }                                                                                            \
+        for (; i < end; i++)                                                                         \
+            c0[BUCKET_AT(W, ref, i, shift, mask)]++;                                                 \
+    } while (0)
+#define CS_COUNT_2(t0, end) CS_COUNT_SCALAR(2)
+#define CS_COUNT_4(t0, end) CS_COUNT_SCALAR(4)
+#define CS_COUNT_8(t0, end) CS_COUNT_SCALAR(8)
+#define NO_WINDOW(W, ref, n, shift, mask) 0
+#define COUNT_WINDOW NO_WINDOW
+DEFINE_CSELECT(cselect_2, 2, HOT, CS_BLOCK_2, CS_COUNT_2)
+DEFINE_CSELECT(cselect_4, 4, HOT, CS_BLOCK_4, CS_COUNT_4)
+DEFINE_CSELECT(cselect_8, 8, HOT, CS_BLOCK_8, CS_COUNT_8)
+#undef COUNT_WINDOW
 
 #ifdef HAVE_AVX2_SCAN
 /* two-byte words: a block is one comparison of sixteen lanes */
@@ -2233,7 +2328,10 @@ __attribute__((target("avx2,bmi,popcnt"))) static inline uint32_t cs_block_avx2(
     return (uint32_t)_mm256_movemask_epi8(eq) & 0x55555555u;
 }
 #define CS_BLOCK_AVX2(i, len, b) cs_block_avx2(ref, (i), (len), shift, mask, (b))
-DEFINE_CSELECT(cselect_avx2_2, 2, __attribute__((target("avx2,bmi,popcnt"))), CS_BLOCK_AVX2)
+#define CS_COUNT_AVX2(t0, end) count_words_avx2(ref, (t0), (end), shift, mask, lo, c0)
+#define COUNT_WINDOW(W, ref, n, shift, mask) count_window_2(ref, n, shift, mask)
+DEFINE_CSELECT(cselect_avx2_2, 2, __attribute__((target("avx2,bmi,popcnt"))), CS_BLOCK_AVX2, CS_COUNT_AVX2)
+#undef COUNT_WINDOW
 #endif
 
 /* csparse_select(ref, word, shift, mask, movers uint32, entries int64 (E x 3:
