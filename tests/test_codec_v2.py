@@ -223,14 +223,15 @@ def test_fused_csparse_kernels_match_the_numpy_path():
                     assert dec[0][2] == runs
 
 
-def test_vector_bucket_count_of_the_decoder_matches_the_portable_one():
-    """The decoder's pass counts two-byte words sixteen buckets at a time
-    (a window chosen on a sample) and the rest one by one: positions where
-    the window is most of the words, where it is none of them (buckets
-    spread over all 256, or all above it), at the top of a 32-bucket
-    function (the window runs past the last bucket), in chunks whose tiles
-    hold more words than a byte lane counts (255 steps of 32) and that end
-    inside a step; against numpy and the portable C pass, from either side."""
+def test_vector_bucket_counts_match_the_portable_ones():
+    """The encoder's scan and the decoder's pass count two-byte words
+    sixteen buckets at a time (a window chosen on a sample) and the rest
+    one by one: records where the window is most of the words, where it is
+    none of them (buckets spread over all 256, or all above it), at the top
+    of a 32-bucket function (the window runs past the last bucket), with
+    movers, in chunks whose tiles hold more words than a byte lane counts
+    (255 steps of 32) and that end inside a step; the same bytes and
+    positions as numpy and the portable C code, decoded from either side."""
     if not kernels.available():
         pytest.skip("the C extension is not built") if not os.environ.get("CI") else pytest.fail("no C extension in CI")
     rng = np.random.default_rng(23)
@@ -252,6 +253,14 @@ def test_vector_bucket_count_of_the_decoder_matches_the_portable_one():
             if not pos.size:
                 continue
             table, bits, listed, _ = _both(conditioned.encode_positions, fn, old, new, pos)[1]
+            for simd in (True, False):  # the scan, which finds the positions itself
+                was = kernels._native.use_simd(simd)
+                try:
+                    got = conditioned.encode_csparse(fn, old, new, None)
+                finally:
+                    kernels._native.use_simd(was)
+                assert got[0] == table and got[1] == bits and np.array_equal(got[2], listed)
+                assert np.array_equal(got[6], pos)
             for ref in (old, new):
                 got = []
                 for simd in (True, False):
