@@ -18,13 +18,16 @@ Base-conditioned positions
     words, each bucket with its own Rice parameter (or, where more than
     half of a bucket changed, the unchanged words instead).
 
-Entropy coding stays zstd's, measured: with the values split into sign bits
-and magnitudes and listed bucket by bucket, zstd's per-block Huffman tables
-and its runs of zero magnitudes beat a static rANS of each whole plane
-(csparse at 0.5%: 583 bytes of magnitudes against 965; at 3%: 4,289 against
-7,379) and come within 1% of rANS with a table per 4,096 symbols; on the
-fp32 pair (CDENSE) rANS with a table per 65,536 symbols saved 3% at five
-times the CPU time. Not worth a second coder in the format.
+Entropy coding: the values of CSPARSE, RSPARSE, MSPARSE and MBITMAP go
+through the adaptive binary range coder of rangecoder.py (the C kernels'
+rc_values_encode and rc_values_decode), with fresh models per bucket:
+zstd's Huffman stage cannot code a symbol in under one bit, and an
+optimizer step's magnitudes given the bucket carry about a third of one
+(see rangecoder.py). A static rANS of whole planes was measured before
+that coder and lost to zstd's per-block tables (csparse at 0.5%: 965
+bytes of magnitudes against 583). CDENSE's byte planes, near-dense,
+stay zstd's: rANS with a table per 65,536 symbols saved 3% there at five
+times the CPU time.
 """
 
 from __future__ import annotations
