@@ -1527,6 +1527,18 @@ static uint32_t count_window_2(const uint8_t *ref, size_t n, int shift, uint64_t
     return lo;
 }
 
+/* the words [i, i + len) of a step that fall outside the window, counted
+   one by one */
+static inline void count_outside_2(const uint8_t *ref, size_t i, size_t len, int shift, uint64_t mask, uint32_t lo,
+                                   uint32_t *c)
+{
+    for (size_t u = 0; u < len; u++) {
+        uint32_t b = BUCKET_AT(2, ref, i + u, shift, mask);
+        if (b - lo >= COUNT_SPAN)
+            c[b]++;
+    }
+}
+
 /* count_words_avx2's steps on 64 words at a time, in mask registers
    (AVX-512BW): words [i, end) up to the last whole step; returns where it
    stopped */
@@ -1558,13 +1570,8 @@ __attribute__((target("avx512f,avx512bw,avx2"))) static size_t count_words_avx51
                 _mm512_storeu_si512((void *)(tb + (i - i0)), _mm512_permutexvar_epi64(order, v));
             for (int k = 0; k < COUNT_SPAN; k++)
                 acc[k] = _mm512_mask_add_epi8(acc[k], _mm512_cmpeq_epi8_mask(v, _mm512_set1_epi8((char)k)), acc[k], one);
-            if (_mm512_cmpgt_epu8_mask(v, last)) {
-                for (size_t u = 0; u < 64; u++) {
-                    uint32_t b = BUCKET_AT(2, ref, i + u, shift, mask);
-                    if (b - lo >= COUNT_SPAN)
-                        c[b]++;
-                }
-            }
+            if (_mm512_cmpgt_epu8_mask(v, last))
+                count_outside_2(ref, i, 64, shift, mask, lo, c);
         }
         for (int k = 0; k < COUNT_SPAN; k++) {
             if (lo + (uint32_t)k >= nb)
@@ -1604,13 +1611,8 @@ __attribute__((target("avx2"))) static void count_words_avx2(const uint8_t *ref,
                 for (int k = 0; k < COUNT_SPAN; k++)
                     acc[k] = _mm256_sub_epi8(acc[k], _mm256_cmpeq_epi8(v, _mm256_set1_epi8((char)k)));
                 const __m256i in = _mm256_cmpeq_epi8(_mm256_min_epu8(v, last), v);
-                if ((uint32_t)_mm256_movemask_epi8(in) != 0xFFFFFFFFu) {
-                    for (size_t u = 0; u < 32; u++) {
-                        uint32_t b = BUCKET_AT(2, ref, i + u, shift, mask);
-                        if (b - lo >= COUNT_SPAN)
-                            c[b]++;
-                    }
-                }
+                if ((uint32_t)_mm256_movemask_epi8(in) != 0xFFFFFFFFu)
+                    count_outside_2(ref, i, 32, shift, mask, lo, c);
             }
             for (int k = 0; k < COUNT_SPAN; k++) {
                 if (lo + (uint32_t)k >= nb)
@@ -1683,11 +1685,10 @@ __attribute__((target("avx2,bmi,popcnt"))) static size_t sranks_avx2_2(const uin
         for (; i + 16 <= end; i += 16) {
             const __m256i x = _mm256_loadu_si256((const __m256i *)(old + 2 * i));
             const __m256i y = _mm256_loadu_si256((const __m256i *)(new_ + 2 * i));
-            uint32_t d = ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi16(x, y)) & 0x55555555u;
-            for (; d; d &= d - 1) {
+            for (unsigned d = changed_16(x, y); d; d &= d - 1) {
                 if (k == g->cap && !sgrow(g, n))
                     return k;
-                g->pos[k++] = (uint32_t)(i + ((uint32_t)__builtin_ctz(d) >> 1));
+                g->pos[k++] = (uint32_t)(i + (uint32_t)__builtin_ctz(d));
             }
         }
         for (; i < end; i++) {
@@ -3242,9 +3243,7 @@ PyMODINIT_FUNC PyInit__native(void)
 #ifdef HAVE_AVX2_SCAN
     __builtin_cpu_init();
     cpu_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("popcnt");
-#ifdef HAVE_AVX2_SCAN
     cpu_avx512bw = cpu_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-#endif
     init_pack_tables();
     for (int v = 0; v < 256; v++) {
         unsigned r = 0;
