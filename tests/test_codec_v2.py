@@ -228,7 +228,7 @@ def test_vector_bucket_counts_match_the_portable_ones():
     sixteen buckets at a time (a window chosen on a sample) and the rest
     one by one: records where the window is most of the words, where it is
     none of them (buckets spread over all 256, or all above it), at the top
-    of a 32-bucket function (the window runs past the last bucket), with
+    of a 32-bucket function (the window ends at the last bucket), with
     movers, in chunks whose tiles hold more words than a byte lane counts
     (255 steps of 32) and that end inside a step; the same bytes and
     positions as numpy and the portable C code, decoded from either side."""
@@ -245,7 +245,7 @@ def test_vector_bucket_counts_match_the_portable_ones():
         cases.append((1, low))
         top = rng.integers(0, 1 << 16, n, dtype=np.uint16)
         top = (top & np.uint16(0x83FF)) | (rng.integers(26, 32, n).astype(np.uint16) << np.uint16(10))
-        cases.append((2, top))  # f16 buckets 26..31 of 0..31
+        cases.append((2, top))  # f16 buckets 26..31 of 0..31: the window is 16..31
     for fn, old in cases:
         for density in (0.004, 0.05, 0.7):
             new = step(rng, old, density, "ulp")
