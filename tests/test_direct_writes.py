@@ -1,11 +1,15 @@
 """apply writes the block-aligned middle of each unit with O_DIRECT and the
 unaligned ends through the page cache: whatever the offsets, sizes and
 header lengths, the file holds exactly the bytes, and an apply with direct
-writes turned off (WDIFF_DIRECT=0) writes the same files."""
+writes turned off (WDIFF_DIRECT=0) writes the same files. The writes run
+behind the workers (WriteBehind): every byte lands, memory stays a fixed
+number of buffers, and a failed write stops the run and is never lost."""
 
+import errno
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -13,7 +17,10 @@ from factory import tree
 
 import wdiff
 from wdiff.store import sample
-from wdiff.store.blockio import DIRECT_ALIGN, open_direct, scratch, scratch_at, write_out
+from wdiff.errors import WdiffIOError
+from wdiff.fsutil import write_all
+from wdiff.store import blockio
+from wdiff.store.blockio import DIRECT_ALIGN, WriteBehind, open_direct, scratch, scratch_at, write_out
 
 A_ = DIRECT_ALIGN
 
@@ -114,3 +121,110 @@ def test_apply_writes_the_same_files_with_and_without_direct_writes(tmp_path, sh
                        env=env, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert tree(tmp_path / "C0") == tree(b)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_write_behind_puts_every_unit_in_place_with_a_few_buffers(tmp_path, direct):
+    """Units of odd sizes at odd offsets, produced by several threads at once
+    into buffers that are reused: the file holds exactly the bytes, and no
+    more than workers + writers buffers were ever out at once."""
+    path = tmp_path / "f"
+    rng = np.random.default_rng(1)
+    sizes = rng.integers(1, 3 * A_, 200)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]) + 13
+    want = rng.integers(0, 256, int(offsets[-1] + sizes[-1]), dtype=np.uint8)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    dfd = open_direct(str(path), fd) if direct else -1
+    lock = threading.Lock()
+    out = {"now": 0, "most": 0}
+
+    def counted(f, data, off):
+        write_all(f, data, off)
+
+    def written(f, dfd_, buf, off, write):
+        write_out(f, dfd_, buf, off, write=write)
+        with lock:
+            out["now"] -= 1
+
+    try:
+        with WriteBehind(workers=3, writers=2) as wb:
+            real = blockio.write_out
+            blockio.write_out = written
+            try:
+                def worker(k):
+                    for i in range(k, len(sizes), 3):
+                        slot = wb.take(int(sizes[i]), int(offsets[i]), direct)
+                        with lock:
+                            out["now"] += 1
+                            out["most"] = max(out["most"], out["now"])
+                        slot.view[:] = want[offsets[i] : offsets[i] + sizes[i]]
+                        wb.write(fd, dfd, slot, int(offsets[i]), where="f", write=counted)
+                ts = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join()
+                wb.wait(fd)
+            finally:
+                blockio.write_out = real
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        if dfd >= 0:
+            os.close(dfd)
+    assert path.read_bytes()[13:] == want[13:].tobytes()
+    assert 1 <= out["most"] <= 5 and out["now"] == 0
+
+
+def test_write_behind_holds_at_most_its_depth(tmp_path):
+    """A worker that wants a buffer while every one is being written waits."""
+    gate = threading.Event()
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def slow_write(f, data, off):
+        gate.wait(10)
+        os.pwrite(f, data, off)
+
+    try:
+        with WriteBehind(workers=1, writers=2) as wb:
+            for i in range(3):  # depth 3: all taken and handed to the writers
+                slot = wb.take(8, 8 * i, False)
+                slot.view[:] = i
+                wb.write(fd, -1, slot, 8 * i, where="f", write=slow_write)
+            got = []
+            t = threading.Thread(target=lambda: got.append(wb.take(8, 24, False)))
+            t.start()
+            t.join(0.3)
+            assert t.is_alive() and not got, "a fourth buffer was made"
+            gate.set()
+            t.join(10)
+            assert got
+            wb.give(got[0])
+            wb.wait(fd)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == bytes([0] * 8 + [1] * 8 + [2] * 8)
+
+
+def test_write_behind_failure_is_raised_where_it_is_waited_for(tmp_path):
+    """A write that fails (a full disk) is raised from the next take, from
+    wait and from leaving the block: the run stops, with the file's name."""
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def full(f, data, off):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    try:
+        with pytest.raises(WdiffIOError) as e:
+            with WriteBehind(workers=1, writers=1) as wb:
+                slot = wb.take(8, 0, False)
+                wb.write(fd, -1, slot, 0, where="out/model.safetensors", write=full)
+                with pytest.raises(WdiffIOError):
+                    wb.wait(fd)
+                with pytest.raises(WdiffIOError):
+                    wb.take(8, 8, False)
+        assert "out/model.safetensors" in str(e.value) and "space" in str(e.value.hint)
+    finally:
+        os.close(fd)

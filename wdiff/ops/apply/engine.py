@@ -9,8 +9,11 @@ import os
 import stat
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import closing
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+
+import numpy as np
 
 from ...codec.chunk import RAW, decode_into
 from ...codec.dtypes import uint_type
@@ -23,7 +26,16 @@ from ...parallel import ordered_map
 from ...paths import printable
 from ...progress import Reporter
 from ...store import cache, manifest
-from ...store.blockio import FdCache, open_direct, read_base, scratch, scratch_at, span_digests, write_out
+from ...store.blockio import (
+    FdCache,
+    WriteBehind,
+    open_direct,
+    read_base,
+    scratch,
+    scratch_at,
+    span_digests,
+    write_out,
+)
 from ...store.checkpoint import KIND_TENSORS, Checkpoint, known_checkpoint, read_header
 from ...store.digests import Digests, hash_file
 from ...store.hashing import hexd, tree
@@ -133,18 +145,40 @@ class _Walk:
 
 def apply_unit(
     fds: FdCache, out_fd: int, data_start: int, unit: Unit, rec: Record | None, *, where: str,
-    file: int = -1, direct_fd: int = -1,
+    file: int = -1, direct_fd: int = -1, writer: WriteBehind | None = None,
 ) -> UnitDone:
     """Produce one unit of the target: base bytes, patched by ``rec`` if any;
     check base and target chunk digests; write at its offset in ``out_fd``
     (or nowhere when ``out_fd`` is negative; ``direct_fd``: the file's
-    O_DIRECT descriptor, or -1). The base bytes are hashed as they are read
-    (a base unit is never taken as matching on the manifest cache's word),
-    and every byte written is hashed."""
+    O_DIRECT descriptor, or -1), through ``writer`` when there is one (the
+    write is then still running when this returns). The base bytes are
+    hashed as they are read (a base unit is never taken as matching on the
+    manifest cache's word), and every byte written is hashed."""
     at = data_start + unit.lo
     # for a direct write, the memory is laid out as the file is; the words
     # stay aligned to 8 bytes (any other layout is written through the cache)
-    buf = scratch_at("b", unit.nbytes, at) if direct_fd >= 0 and at % 8 == 0 else scratch("b", unit.nbytes)
+    direct = direct_fd >= 0 and at % 8 == 0
+    if out_fd < 0 or writer is None:
+        buf = scratch_at("b", unit.nbytes, at) if direct else scratch("b", unit.nbytes)
+        done = _produce(fds, unit, rec, buf, where=where, file=file)
+        if out_fd >= 0:
+            try:
+                write_out(out_fd, direct_fd, buf, at, write=write_all)
+            except OSError as e:
+                raise io_error(where, e) from None
+        return done
+    slot = writer.take(unit.nbytes, at, direct)
+    try:
+        done = _produce(fds, unit, rec, slot.view, where=where, file=file)
+    except BaseException:
+        writer.give(slot)
+        raise
+    writer.write(out_fd, direct_fd, slot, at, where=where, write=write_all)
+    return done
+
+
+def _produce(fds: FdCache, unit: Unit, rec: Record | None, buf: np.ndarray, *, where: str, file: int) -> UnitDone:
+    """The unit's bytes in ``buf``, checked, and their digests."""
     a_dig = None
     if unit.spans[0].base is not None:
         read_base(fds, unit, buf)
@@ -161,11 +195,6 @@ def apply_unit(
         t_dig = span_digests(unit, buf)
         if tree(b"".join(t_dig)) != h.target:
             raise IntegrityError(f"{where}: rebuilt bytes of {printable(unit.spans[0].tensor.name)} do not match the target digest")
-    if out_fd >= 0:
-        try:
-            write_out(out_fd, direct_fd, buf, at, write=write_all)
-        except OSError as e:
-            raise io_error(where, e) from None
     return UnitDone(file, unit, a_dig, t_dig)
 
 
@@ -344,10 +373,14 @@ def build(
                 return item
             where = f"{reader.path}: {printable(index.files[item.file].path)}"
             return apply_unit(fds, b.out_fds[item.file], item.layout.header.data_start, item.unit, item.record,
-                              where=where, file=item.file, direct_fd=b.direct_fds.get(item.file, -1))
+                              where=where, file=item.file, direct_fd=b.direct_fds.get(item.file, -1), writer=writer)
 
         try:
-            _collect(b, ordered_map(work, b.items(), threads=threads))
+            # leaving: the workers stop first, then the writes behind them,
+            # and only then are the descriptors they use closed
+            with WriteBehind(workers=threads) as writer, \
+                    closing(ordered_map(work, b.items(), threads=threads)) as results:
+                _collect(b, results, writer)
         finally:
             b.close()
     b.written += sum(index.files[i].size for i in b.out_fds)
@@ -404,16 +437,25 @@ def _judge_target(e: _TargetMismatch, index: fmt.Index, A: Checkpoint | None, *,
     )
 
 
-def _collect(b: _Builder, results) -> None:
+def _collect(b: _Builder, results, writer: WriteBehind) -> None:
     """Record each unit's digests as results arrive, in file order: once file
-    i's successor shows up, file i is complete and its fsync can overlap the
-    remaining work."""
+    i's successor shows up, file i is complete and its fsync (once its
+    writes are done) can overlap the remaining work."""
+
+    def sync(i: int) -> None:
+        fd = b.out_fds[i]
+        writer.wait(fd)
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            raise io_error(b.outputs[i], e) from None
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wdiff-sync") as syncer:
         synced: list = []
         current = None
         for res in results:
             if current is not None and res.file != current:
-                synced.append(syncer.submit(os.fsync, b.out_fds[current]))
+                synced.append(syncer.submit(sync, current))
             current = res.file
             if isinstance(res, OpenFile):
                 continue
@@ -422,7 +464,7 @@ def _collect(b: _Builder, results) -> None:
             b.dt.put_unit(res.unit, res.target_digests)
             b.reporter.advance(res.unit.nbytes)
         if current is not None:
-            synced.append(syncer.submit(os.fsync, b.out_fds[current]))
+            synced.append(syncer.submit(sync, current))
         for f in synced:
             f.result()
 
