@@ -192,6 +192,13 @@ def _same(a, b) -> bool:
                for x, y in zip(a, b))
 
 
+def _csparse_copied(fn, old, new, positions):
+    """encode_csparse's sections, listed positions, runs, signs and planes
+    (copied: the planes are scratch) and positions, as bytes and arrays."""
+    table, bits, listed, runs, signs, planes, found = conditioned.encode_csparse(fn, old, new, positions)
+    return table, bits, np.array(listed), np.array(runs), bytes(signs), np.array(planes), np.array(found)
+
+
 def test_fused_csparse_kernels_match_the_numpy_path():
     """csparse_encode and csparse_select (C) against the numpy path of
     encode_positions and decode_positions: the same bytes and the same
@@ -213,6 +220,8 @@ def test_fused_csparse_kernels_match_the_numpy_path():
                     continue
                 enc = _both(conditioned.encode_positions, fn, old, new, pos)
                 assert _same(*enc)
+                for given in (pos, None):  # the values too, ranked or found in the same pass
+                    assert _same(*_both(_csparse_copied, fn, old, new, given))
                 table, bits, listed, runs = enc[1]
                 assert np.array_equal(np.sort(np.asarray(listed)), pos)
                 assert sum(runs) == pos.size and all(r > 0 for r in runs[1:])
@@ -261,6 +270,14 @@ def test_vector_bucket_counts_match_the_portable_ones():
                     kernels._native.use_simd(was)
                 assert got[0] == table and got[1] == bits and np.array_equal(got[2], listed)
                 assert np.array_equal(got[6], pos)
+                # the values, taken in the scan: numpy's modular differences at the listed positions
+                signs, planes = bytes(got[4]), bytes(got[5])
+                was = kernels.set_native(False)
+                try:
+                    want = kernels.mod_values(old, new, listed)
+                finally:
+                    kernels.set_native(was)
+                assert signs == bytes(want[0]) and planes == bytes(want[1])
             for ref in (old, new):
                 got = []
                 for simd in (True, False):
