@@ -124,7 +124,7 @@ def test_apply_writes_the_same_files_with_and_without_direct_writes(tmp_path, sh
 
 
 @pytest.mark.parametrize("direct", [True, False])
-def test_write_behind_puts_every_unit_in_place_with_a_few_buffers(tmp_path, direct):
+def test_write_behind_puts_every_unit_in_place_with_a_few_buffers(tmp_path, monkeypatch, direct):
     """Units of odd sizes at odd offsets, produced by several threads at once
     into buffers that are reused: the file holds exactly the bytes, and no
     more than workers + writers buffers were ever out at once."""
@@ -138,35 +138,29 @@ def test_write_behind_puts_every_unit_in_place_with_a_few_buffers(tmp_path, dire
     lock = threading.Lock()
     out = {"now": 0, "most": 0}
 
-    def counted(f, data, off):
-        write_all(f, data, off)
-
     def written(f, dfd_, buf, off, write):
         write_out(f, dfd_, buf, off, write=write)
         with lock:
             out["now"] -= 1
 
     try:
+        monkeypatch.setattr(blockio, "write_out", written)
         with WriteBehind(workers=3, writers=2) as wb:
-            real = blockio.write_out
-            blockio.write_out = written
-            try:
-                def worker(k):
-                    for i in range(k, len(sizes), 3):
-                        slot = wb.take(int(sizes[i]), int(offsets[i]), direct)
-                        with lock:
-                            out["now"] += 1
-                            out["most"] = max(out["most"], out["now"])
-                        slot.view[:] = want[offsets[i] : offsets[i] + sizes[i]]
-                        wb.write(fd, dfd, slot, int(offsets[i]), where="f", write=counted)
-                ts = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
-                for t in ts:
-                    t.start()
-                for t in ts:
-                    t.join()
-                wb.wait(fd)
-            finally:
-                blockio.write_out = real
+            def worker(k):
+                for i in range(k, len(sizes), 3):
+                    slot = wb.take(int(sizes[i]), int(offsets[i]), direct)
+                    with lock:
+                        out["now"] += 1
+                        out["most"] = max(out["most"], out["now"])
+                    slot.view[:] = want[offsets[i] : offsets[i] + sizes[i]]
+                    wb.write(fd, dfd, slot, int(offsets[i]), where="f", write=write_all)
+            ts = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            wb.wait(fd)
+        monkeypatch.undo()
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -1347,6 +1347,8 @@ static inline uint64_t load_2(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); 
 static inline uint64_t load_4(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline uint64_t load_8(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 #define WORD_MASK(W) ((W) == 8 ? ~(uint64_t)0 : (((uint64_t)1 << (8 * (W))) - 1))
+/* new - old of word i, modulo 2^(8 W) (the kernels' arrays are named old and new_) */
+#define DIFF_AT(W, i) ((load_##W(new_ + (size_t)(i) * (W)) - load_##W(old + (size_t)(i) * (W))) & WORD_MASK(W))
 
 /* the ranks: for each changed position (strictly increasing, below n) its
    bucket (nb for a mover) and its rank among the non-mover words of its
@@ -1380,7 +1382,7 @@ static inline uint64_t load_8(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); 
                 break;                                                                                \
             uint32_t bo = BUCKET_AT(W, old, i, shift, mask), bn = BUCKET_AT(W, new_, i, shift, mask); \
             if (dv)                                                                                   \
-                dv[j] = (load_##W(new_ + i * (W)) - load_##W(old + i * (W))) & WORD_MASK(W);          \
+                dv[j] = DIFF_AT(W, i);                                                                \
             if (bo != bn) {                                                                           \
                 ob[j] = (uint16_t)nb;                                                                 \
                 orank[j] = movers++;                                                                  \
@@ -1445,7 +1447,7 @@ static int sgrow(sgrow_t *g, size_t n)
                 return k;                                                                            \
             uint32_t bn_ = BUCKET_AT(W, new_, ii_, shift, mask);                                     \
             g->pos[k] = (uint32_t)ii_;                                                               \
-            g->dv[k] = (load_##W(new_ + ii_ * (W)) - load_##W(old + ii_ * (W))) & WORD_MASK(W);      \
+            g->dv[k] = DIFF_AT(W, ii_);                                                              \
             if (bo_ != bn_) {                                                                        \
                 g->ob[k] = (uint16_t)nb;                                                             \
                 g->orank[k] = movers++;                                                              \
@@ -1702,7 +1704,7 @@ __attribute__((target("avx2,bmi,popcnt"))) static size_t sranks_avx2_2(const uin
                 if (k == g->cap && !sgrow(g, n))
                     return k;
                 const size_t at = i + (uint32_t)__builtin_ctz(d);
-                g->dv[k] = (load_2(new_ + 2 * at) - load_2(old + 2 * at)) & 0xFFFF;
+                g->dv[k] = DIFF_AT(2, at);
                 g->pos[k++] = (uint32_t)at;
             }
         }
@@ -1710,7 +1712,7 @@ __attribute__((target("avx2,bmi,popcnt"))) static size_t sranks_avx2_2(const uin
             if (load_2(old + 2 * i) != load_2(new_ + 2 * i)) {
                 if (k == g->cap && !sgrow(g, n))
                     return k;
-                g->dv[k] = (load_2(new_ + 2 * i) - load_2(old + 2 * i)) & 0xFFFF;
+                g->dv[k] = DIFF_AT(2, i);
                 g->pos[k++] = (uint32_t)i;
             }
         }

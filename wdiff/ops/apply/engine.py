@@ -32,9 +32,7 @@ from ...store.blockio import (
     open_direct,
     read_base,
     scratch,
-    scratch_at,
     span_digests,
-    write_out,
 )
 from ...store.checkpoint import KIND_TENSORS, Checkpoint, known_checkpoint, read_header
 from ...store.digests import Digests, hash_file
@@ -149,25 +147,17 @@ def apply_unit(
 ) -> UnitDone:
     """Produce one unit of the target: base bytes, patched by ``rec`` if any;
     check base and target chunk digests; write at its offset in ``out_fd``
-    (or nowhere when ``out_fd`` is negative; ``direct_fd``: the file's
-    O_DIRECT descriptor, or -1), through ``writer`` when there is one (the
-    write is then still running when this returns). The base bytes are
-    hashed as they are read (a base unit is never taken as matching on the
-    manifest cache's word), and every byte written is hashed."""
+    through ``writer`` (the write is then still running when this returns;
+    ``direct_fd``: the file's O_DIRECT descriptor, or -1), or nowhere when
+    ``out_fd`` is negative (no writer needed). The base bytes are hashed as
+    they are read (a base unit is never taken as matching on the manifest
+    cache's word), and every byte written is hashed."""
+    if out_fd < 0:
+        return _produce(fds, unit, rec, scratch("b", unit.nbytes), where=where, file=file)
     at = data_start + unit.lo
     # for a direct write, the memory is laid out as the file is; the words
     # stay aligned to 8 bytes (any other layout is written through the cache)
-    direct = direct_fd >= 0 and at % 8 == 0
-    if out_fd < 0 or writer is None:
-        buf = scratch_at("b", unit.nbytes, at) if direct else scratch("b", unit.nbytes)
-        done = _produce(fds, unit, rec, buf, where=where, file=file)
-        if out_fd >= 0:
-            try:
-                write_out(out_fd, direct_fd, buf, at, write=write_all)
-            except OSError as e:
-                raise io_error(where, e) from None
-        return done
-    slot = writer.take(unit.nbytes, at, direct)
+    slot = writer.take(unit.nbytes, at, direct_fd >= 0 and at % 8 == 0)
     try:
         done = _produce(fds, unit, rec, slot.view, where=where, file=file)
     except BaseException:
