@@ -291,6 +291,49 @@ def test_vector_bucket_counts_match_the_portable_ones():
                     assert np.array_equal(np.asarray(dec[0][0]), np.asarray(listed))
 
 
+def test_bucket_entries_listing_more_words_than_the_chunk_are_refused_before_any_scratch():
+    """256 complemented entries that each claim every word of a 64 MiB
+    chunk: a 1.5 KB table. The buckets are disjoint, so the table is
+    refused as such; the decoder's scratch, sized by the coded words, once
+    asked for 32 GiB first (MemoryError instead of a FormatError)."""
+    v = conditioned.varint
+    n = 1 << 25
+    table = v(0) + v(0) + v(0) + v(256) + (v(0) + v(n) + v(1)) * 256 + v(0)
+    with pytest.raises(FormatError, match="more words than the chunk"):
+        chunk.decode_into(CSPARSE, 1, n, [table, b"", b""], np.zeros(n, dtype=np.uint16), where="h")
+
+
+def test_movers_packed_into_every_tile_cost_no_more_than_the_words():
+    """A hostile record: 7/8 of every tile of the decoder's pass are movers,
+    and every bucket codes its last word in each tile, so that every entry
+    looks at its whole tile. Each block of sixteen words once looked
+    through all of its tile's movers: 6.8 s for this 19 KB record on a
+    256 KiB chunk (minutes at 4 MiB). A mask per block makes it the time
+    of the words (milliseconds); 2 s leaves a wide margin for a slow
+    machine and none for the old cost."""
+    import time
+
+    v, T, n = conditioned.varint, 8192, 8192 * 16  # 8192: the pass's tile for 256 entries
+    ref = np.random.default_rng(0).integers(0, 1 << 16, n, dtype=np.uint16)  # words in every bucket
+    mv = np.flatnonzero(np.arange(n) % T < T - 1024).astype(np.uint32)
+    keep = np.ones(n, dtype=bool)
+    keep[mv] = False
+    bits, counts = [], []
+    for b in range(256):  # each bucket: the rank of its last non-mover word in each tile
+        p = np.flatnonzero(keep & (((ref >> 7) & 0xFF) == b))
+        last = np.flatnonzero(np.diff(p // T, append=-1))
+        counts.append(last.size)
+        for g in np.diff(last, prepend=-1) - 1:
+            bits += [0] * int(g) + [1]
+    unary = np.packbits(np.array(bits, dtype=np.uint8)).tobytes()
+    _, u_m, _ = kernels.rice_encode(mv)
+    table = v(mv.size) + v(0) + v(len(u_m)) + v(256) + b"".join(v(0) + v(c) + v(0) for c in counts) + v(len(unary))
+    t = time.perf_counter()
+    with pytest.raises(FormatError):  # the values are not there: refused once the positions are listed
+        chunk.decode_into(CSPARSE, 1, mv.size + sum(counts), [table, u_m + unary, b"\0" * 5], ref.copy(), where="h")
+    assert time.perf_counter() - t < 2.0
+
+
 def test_fused_csparse_decoder_refuses_what_numpy_refuses():
     """Mutated tables and position streams: the C decoder gives the numpy
     path's answer, the same positions or the same refusal, and never

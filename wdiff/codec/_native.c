@@ -2375,6 +2375,7 @@ done:
    words are staged with their bucket (in position order within each
    bucket) and put in place after the pass. */
 #define CS_TILE 512 /* words; more where there are many entries */
+#define CS_MAX_TILE ((size_t)1 << 16)
 #define CS_END UINT64_MAX /* an entry with every coded index passed */
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -2417,7 +2418,7 @@ DEFINE_CS_BLOCK(8)
                          size_t km, size_t ne, const uint32_t *eb, const uint8_t *ecomp,              \
                          const uint32_t **ip, const uint32_t **ie, uint32_t **dst, uint32_t **dend,   \
                          uint64_t *seen, uint64_t *nx, uint32_t *cnt, uint32_t *sbase, uint32_t *send, \
-                         uint16_t *tags, size_t *staged)                                              \
+                         uint16_t *tags, size_t *staged, uint32_t *mvm)                               \
     {                                                                                                \
         const uint32_t nb = (uint32_t)mask + 1;                                                      \
         uint32_t *c0 = cnt, *c1 = cnt + nb, *c2 = cnt + 2 * nb, *c3 = cnt + 3 * nb;                   \
@@ -2426,15 +2427,17 @@ DEFINE_CS_BLOCK(8)
         const uint32_t lo = COUNT_WINDOW(W, ref, n, shift, mask);                                     \
         (void)lo;                                                                                     \
         size_t j = 0, tile = CS_TILE;                                                                 \
-        while (tile < 32 * ne && tile < ((size_t)1 << 16)) /* many entries: fewer checks */          \
+        while (tile < 32 * ne && tile < CS_MAX_TILE) /* many entries: fewer checks */                \
             tile *= 2;                                                                                \
         for (size_t x = 0; x < ne; x++)                                                               \
             nx[x] = ip[x] < ie[x] ? *ip[x]++ : CS_END;                                               \
         for (size_t t0 = 0; t0 < n; t0 += tile) {                                                     \
             const size_t end = n - t0 < tile ? n : t0 + tile, len = end - t0, j0 = j;                 \
             COUNT(t0, end);                                                                           \
-            for (; j < km && mv[j] < end; j++) /* the tile's movers: mv[j0:j] */                     \
+            for (; j < km && mv[j] < end; j++) { /* the tile's movers: mv[j0:j] */                   \
                 c0[BUCKET_AT(W, ref, mv[j], shift, mask)]--; /* wraps back in the sum */              \
+                mvm[(mv[j] - t0) >> 4] |= 1u << (2 * ((mv[j] - t0) & 15));                           \
+            }                                                                                         \
             for (size_t x = 0; x < ne; x++) {                                                         \
                 const uint32_t b = eb[x];                                                             \
                 const uint64_t tot = (uint32_t)(c0[b] + c1[b] + c2[b] + c3[b]);                       \
@@ -2488,19 +2491,23 @@ DEFINE_CS_BLOCK(8)
                 }                                                                                     \
                 seen[x] = tot;                                                                        \
             }                                                                                         \
+            for (size_t q = j0; q < j; q++) /* the mask clean for the next tile */                    \
+                mvm[(mv[q] - t0) >> 4] = 0;                                                           \
         }                                                                                             \
         for (uint32_t b = 0; b < nb; b++)                                                             \
             c0[b] += c1[b] + c2[b] + c3[b];                                                           \
         *staged = (size_t)(sp - sbase);                                                               \
         return over;                                                                                  \
     }
-/* the block at v of the tile, its movers taken out (a tile seldom has one) */
+/* the block at v of the tile, its movers taken out: mvm holds them, a
+   mask per block of the tile as BLOCK makes them (looking through the
+   tile's movers at every block instead made a hostile record of movers
+   packed into every tile cost seconds per 256 KiB chunk) */
 #define CS_LOAD_BLOCK(BLOCK)                                                                         \
     do {                                                                                             \
         m = BLOCK(t0 + v, len - v < 16 ? len - v : 16, b);                                           \
-        for (size_t q = j0; q < j; q++)                                                              \
-            if (mv[q] - (t0 + v) < 16)                                                               \
-                m &= ~(1u << (2 * (mv[q] - (t0 + v))));                                              \
+        if (j > j0)                                                                                  \
+            m &= ~mvm[v >> 4];                                                                       \
     } while (0)
 #define CS_BLOCK_2(i, len, b) cs_block_2(ref, (i), (len), shift, mask, (b))
 #define CS_BLOCK_4(i, len, b) cs_block_4(ref, (i), (len), shift, mask, (b))
@@ -2598,7 +2605,9 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
         plain += (mode & 1) ? 0 : (uint64_t)c;
         any_comp |= (int)(mode & 1);
     }
-    if ((!fused && listed != kout) || plain > kout) {
+    /* the buckets are disjoint: more coded words than the chunk's are not a
+       record (and scratch is sized by them) */
+    if ((!fused && listed != kout) || plain > kout || coded > n - (km < n ? km : n)) {
         PyErr_SetString(PyExc_ValueError, "csparse_select: out does not hold the listed words");
         goto done;
     }
@@ -2606,9 +2615,10 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
        bucket, pointers to its coded indices and into out (four), the words
        of its bucket before the tile, its next coded index, its last index
        and largest quotient, whether it is complemented; the coded indices
-       (coded), the staged words' buckets (kout - plain) */
+       (coded), the staged words' buckets (kout - plain), a mover mask per
+       16-word block of the largest tile */
     mem = PyMem_Calloc(1, nb * (2 * sizeof(uint32_t *) + 16) + ne * (4 * sizeof(uint32_t *) + 4 * 8 + 4 + 1) +
-                              4 * (size_t)coded + 2 * (kout - (size_t)plain) + 64);
+                              4 * (size_t)coded + 2 * (kout - (size_t)plain) + 4 * (CS_MAX_TILE / 16) + 64);
     if (!mem) {
         PyErr_NoMemory();
         goto done;
@@ -2619,7 +2629,8 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
     uint64_t *seen = (uint64_t *)(edend + ne), *nx = seen + ne, *elast = nx + ne, *eqmax = elast + ne;
     uint32_t *tables = (uint32_t *)(eqmax + ne), *eb = tables + 4 * nb, *steps = eb + ne;
     uint16_t *tags = (uint16_t *)(steps + coded);
-    uint8_t *ecomp = (uint8_t *)(tags + (kout - (size_t)plain));
+    uint32_t *mvm = (uint32_t *)(((uintptr_t)(tags + (kout - (size_t)plain)) + 3) & ~(uintptr_t)3);
+    uint8_t *ecomp = (uint8_t *)(mvm + CS_MAX_TILE / 16);
     int err = CS_OK;
     Py_BEGIN_ALLOW_THREADS
     const uint32_t *mp = mv.buf;
@@ -2689,7 +2700,7 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
         int over;
         size_t staged = 0;
         uint32_t *sbase = (uint32_t *)out.buf + plain, *send = (uint32_t *)out.buf + kout;
-#define CS_ARGS a.buf, n, shift, mask, mv.buf, km, ne, eb, ecomp, ip, ie, edst, edend, seen, nx, tables, sbase, send, tags, &staged
+#define CS_ARGS a.buf, n, shift, mask, mv.buf, km, ne, eb, ecomp, ip, ie, edst, edend, seen, nx, tables, sbase, send, tags, &staged, mvm
         switch (w) {
         case 2:
 #ifdef HAVE_AVX2_SCAN

@@ -329,6 +329,10 @@ def decode_positions(fn: int, ref: np.ndarray, table: bytes, bits: bytes, count:
         if c > n:  # no bucket holds more words than the chunk (checked here, before any kernel sees c)
             raise Malformed("bucket entry lists more words than its bucket holds")
         entries.append((b, c, r, complement))
+    if sum(e[1] for e in entries) > n - k_m:
+        # the buckets are disjoint, their words at most the chunk's less the
+        # movers: checked before any kernel sizes its scratch by them
+        raise Malformed("bucket entries list more words than the chunk holds")
     ulen, at = _read_varint(table, at)
     if at != len(table):
         raise Malformed("trailing bytes in the bucket table")
