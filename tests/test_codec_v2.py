@@ -334,6 +334,63 @@ def test_movers_packed_into_every_tile_cost_no_more_than_the_words():
     assert time.perf_counter() - t < 2.0
 
 
+def test_tiles_where_many_entries_have_work_list_the_same_positions():
+    """Words spread over every bucket (random 4- and 8-byte patterns: 256
+    and 2,048 exponents), so that many entries have words in each tile of
+    the decoder's pass and it lists the tile's words by bucket instead of
+    looking at it block by block: the same positions as numpy, from
+    either side, with movers, plain and complemented entries."""
+    if not kernels.available():
+        pytest.skip("the C extension is not built") if not os.environ.get("CI") else pytest.fail("no C extension in CI")
+    rng = np.random.default_rng(41)
+    for w, fn in ((4, 3), (8, 4), (2, 1)):
+        ut = {2: np.uint16, 4: np.uint32, 8: np.uint64}[w]
+        for n in (70_001, 200_003):
+            old = rng.integers(0, np.iinfo(ut).max, n, dtype=ut, endpoint=True)
+            for density in (0.02, 0.3, 0.8):
+                new = step(rng, step(rng, old, density, "ulp"), 0.001, "carry")
+                pos = np.flatnonzero(old != new)
+                table, bits, listed, _ = _both(conditioned.encode_positions, fn, old, new, pos)[1]
+                for ref in (old, new):
+                    native, numpy_ = _both(conditioned.decode_positions, fn, ref, table, bits, pos.size)
+                    assert _same(native, numpy_)
+                    assert np.array_equal(np.asarray(native[0]), np.asarray(listed))
+
+
+def test_every_f64_bucket_coding_a_word_in_every_tile_costs_no_more_than_the_words():
+    """A hostile f64 record: every one of 2,048 buckets codes its last word
+    in each 65,536-word tile, so each entry would look at every tile from
+    its start (1.7 s for this 16 MiB chunk, from a 0.3 MB record); the
+    tile's words listed by bucket once make it milliseconds."""
+    import time
+
+    _, _, shift, mask = conditioned.BUCKETS[4]
+    T, n = 1 << 16, 32 << 16
+    ref = np.random.default_rng(5).integers(0, np.iinfo(np.uint64).max, n, dtype=np.uint64, endpoint=True)
+    b = ((ref >> np.uint64(shift)) & np.uint64(mask)).astype(np.int64)
+    v = conditioned.varint
+    order = np.argsort(b, kind="stable")
+    starts = np.searchsorted(b[order], np.arange(mask + 2))
+    table, unary, count, entries, prev = b"", [], 0, 0, -1
+    for bk in range(mask + 1):
+        p = order[starts[bk]:starts[bk + 1]]  # the bucket's words, by position
+        if not p.size:
+            continue
+        last = np.flatnonzero(np.diff(p // T, append=-1) != 0)  # its last word in each tile
+        gaps = np.diff(last, prepend=-1) - 1
+        q = np.zeros(int(gaps.sum()) + gaps.size, dtype=np.uint8)
+        q[np.cumsum(gaps + 1) - 1] = 1
+        unary.append(q)
+        table += v(bk - prev - 1) + v(last.size) + v(0)
+        prev, entries, count = bk, entries + 1, count + last.size
+    ubytes = np.packbits(np.concatenate(unary)).tobytes()
+    table = v(0) + v(0) + v(0) + v(entries) + table + v(len(ubytes))
+    t = time.perf_counter()
+    with pytest.raises(FormatError):  # the values are not there
+        chunk.decode_into(CSPARSE, 4, count, [table, ubytes, b"\0" * 5], ref.copy(), where="h")
+    assert time.perf_counter() - t < 0.8
+
+
 def test_fused_csparse_decoder_refuses_what_numpy_refuses():
     """Mutated tables and position streams: the C decoder gives the numpy
     path's answer, the same positions or the same refusal, and never

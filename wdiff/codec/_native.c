@@ -2371,7 +2371,9 @@ done:
    word instead waits on the counter of its bucket (a 4 MiB bf16 chunk at
    1%: 2.2-3.2 ms for the pass, 0.9-1.4 ns a word; tiles: see the commit).
    The movers are counted and then taken out again, and masked out of the
-   blocks. Coded words of complemented entries are skipped; their other
+   blocks. A tile where more than CS_LIST_MIN entries have work lists its
+   words by bucket instead (CS_LIST_TILE), so that no record costs more
+   than a few passes over its words. Coded words of complemented entries are skipped; their other
    words are staged with their bucket (in position order within each
    bucket) and put in place after the pass. */
 #define CS_TILE 512 /* words; more where there are many entries */
@@ -2412,13 +2414,86 @@ DEFINE_CS_BLOCK(2)
 DEFINE_CS_BLOCK(4)
 DEFINE_CS_BLOCK(8)
 
+/* A tile where many entries have work: each of them would look at the
+   tile block by block from its start (a hostile record with a coded word
+   at the end of every tile in each of 2,048 f64 buckets cost 0.43 s per
+   4 MiB chunk), so the tile's non-mover words of those entries' buckets
+   are listed instead, in one pass over the tile (at most the tile's words:
+   the buckets are disjoint), and each entry takes its words from its list:
+   the same words in the same order as the blocks give. */
+#define CS_LIST_MIN 16
+typedef struct {
+    int32_t *entry; /* per bucket: its entry, or -1 */
+    uint64_t *tot, *at, *cur; /* per entry: its count after the tile, its list's start and end */
+    uint32_t *words; /* the lists, CS_MAX_TILE words */
+} cs_lists_t;
+#define CS_LIST_TILE(W)                                                                              \
+    do {                                                                                             \
+        uint64_t o = 0;                                                                              \
+        for (size_t x = 0; x < ne; x++) {                                                            \
+            const uint32_t b = eb[x];                                                                \
+            const uint64_t tot = (uint32_t)(c0[b] + c1[b] + c2[b] + c3[b]);                          \
+            ls->tot[x] = tot;                                                                        \
+            ls->at[x] = ls->cur[x] = o;                                                              \
+            if (tot != seen[x] && (ecomp[x] || nx[x] < tot))                                         \
+                o += tot - seen[x];                                                                  \
+            else                                                                                     \
+                ls->cur[x] = UINT64_MAX; /* nothing to do in this tile */                            \
+        }                                                                                            \
+        if (o > len) { /* more than the tile's words: counts not of this ref */                      \
+            over = 1;                                                                                \
+            for (size_t x = 0; x < ne; x++)                                                          \
+                seen[x] = ls->tot[x];                                                                \
+            break;                                                                                   \
+        }                                                                                            \
+        size_t q = j0;                                                                               \
+        for (size_t i = t0; i < end; i++) {                                                          \
+            if (q < j && mv[q] == i) {                                                               \
+                q++;                                                                                 \
+                continue;                                                                            \
+            }                                                                                        \
+            const int32_t x = ls->entry[BUCKET_AT(W, ref, i, shift, mask)];                          \
+            if (x >= 0 && ls->cur[x] != UINT64_MAX && ls->cur[x] < ls->at[x] + (ls->tot[x] - seen[x])) \
+                ls->words[ls->cur[x]++] = (uint32_t)i;                                               \
+        }                                                                                            \
+        for (size_t x = 0; x < ne; x++) {                                                            \
+            const uint64_t tot = ls->tot[x], r0 = seen[x];                                           \
+            seen[x] = tot;                                                                           \
+            if (ls->cur[x] == UINT64_MAX)                                                            \
+                continue;                                                                            \
+            if (ls->cur[x] != ls->at[x] + (tot - r0)) { /* not the words counted */                  \
+                over = 1;                                                                            \
+                continue;                                                                            \
+            }                                                                                        \
+            const uint32_t *L = ls->words + ls->at[x];                                               \
+            if (!ecomp[x]) {                                                                         \
+                for (; nx[x] < tot; nx[x] = ip[x] < ie[x] ? *ip[x]++ : CS_END) {                      \
+                    if (dst[x] < dend[x])                                                            \
+                        *dst[x]++ = L[nx[x] - r0];                                                   \
+                    else                                                                             \
+                        over = 1;                                                                    \
+                }                                                                                    \
+            } else {                                                                                 \
+                for (uint64_t r = r0; r < tot; r++) {                                                \
+                    if (r == nx[x]) {                                                                \
+                        nx[x] = ip[x] < ie[x] ? *ip[x]++ : CS_END;                                  \
+                    } else if (sp < send) {                                                          \
+                        tags[sp - sbase] = (uint16_t)eb[x];                                          \
+                        *sp++ = L[r - r0];                                                           \
+                    } else {                                                                         \
+                        over = 1;                                                                    \
+                    }                                                                                \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+    } while (0)
 /* the pass; BLOCK(i, len, b) gives the mask of a block */
 #define DEFINE_CSELECT(NAME, W, ATTR, BLOCK, COUNT)                                                  \
     ATTR static int NAME(const uint8_t *ref, size_t n, int shift, uint64_t mask, const uint32_t *mv,   \
                          size_t km, size_t ne, const uint32_t *eb, const uint8_t *ecomp,              \
                          const uint32_t **ip, const uint32_t **ie, uint32_t **dst, uint32_t **dend,   \
                          uint64_t *seen, uint64_t *nx, uint32_t *cnt, uint32_t *sbase, uint32_t *send, \
-                         uint16_t *tags, size_t *staged, uint32_t *mvm)                               \
+                         uint16_t *tags, size_t *staged, uint32_t *mvm, cs_lists_t *ls)               \
     {                                                                                                \
         const uint32_t nb = (uint32_t)mask + 1;                                                      \
         uint32_t *c0 = cnt, *c1 = cnt + nb, *c2 = cnt + 2 * nb, *c3 = cnt + 3 * nb;                   \
@@ -2437,6 +2512,16 @@ DEFINE_CS_BLOCK(8)
             for (; j < km && mv[j] < end; j++) { /* the tile's movers: mv[j0:j] */                   \
                 c0[BUCKET_AT(W, ref, mv[j], shift, mask)]--; /* wraps back in the sum */              \
                 mvm[(mv[j] - t0) >> 4] |= 1u << (2 * ((mv[j] - t0) & 15));                           \
+            }                                                                                         \
+            size_t active = 0;                                                                        \
+            for (size_t x = 0; x < ne && active <= CS_LIST_MIN; x++) {                                \
+                const uint32_t b = eb[x];                                                             \
+                const uint64_t tot = (uint32_t)(c0[b] + c1[b] + c2[b] + c3[b]);                       \
+                active += tot != seen[x] && (ecomp[x] || nx[x] < tot);                                \
+            }                                                                                         \
+            if (active > CS_LIST_MIN) {                                                               \
+                CS_LIST_TILE(W);                                                                      \
+                goto next_tile;                                                                       \
             }                                                                                         \
             for (size_t x = 0; x < ne; x++) {                                                         \
                 const uint32_t b = eb[x];                                                             \
@@ -2491,6 +2576,7 @@ DEFINE_CS_BLOCK(8)
                 }                                                                                     \
                 seen[x] = tot;                                                                        \
             }                                                                                         \
+        next_tile:                                                                                    \
             for (size_t q = j0; q < j; q++) /* the mask clean for the next tile */                    \
                 mvm[(mv[q] - t0) >> 4] = 0;                                                           \
         }                                                                                             \
@@ -2618,7 +2704,8 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
        (coded), the staged words' buckets (kout - plain), a mover mask per
        16-word block of the largest tile */
     mem = PyMem_Calloc(1, nb * (2 * sizeof(uint32_t *) + 16) + ne * (4 * sizeof(uint32_t *) + 4 * 8 + 4 + 1) +
-                              4 * (size_t)coded + 2 * (kout - (size_t)plain) + 4 * (CS_MAX_TILE / 16) + 64);
+                              4 * (size_t)coded + 2 * (kout - (size_t)plain) + 4 * (CS_MAX_TILE / 16) +
+                              4 * nb + 24 * ne + 4 * CS_MAX_TILE + 64);
     if (!mem) {
         PyErr_NoMemory();
         goto done;
@@ -2629,8 +2716,12 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
     uint64_t *seen = (uint64_t *)(edend + ne), *nx = seen + ne, *elast = nx + ne, *eqmax = elast + ne;
     uint32_t *tables = (uint32_t *)(eqmax + ne), *eb = tables + 4 * nb, *steps = eb + ne;
     uint16_t *tags = (uint16_t *)(steps + coded);
-    uint32_t *mvm = (uint32_t *)(((uintptr_t)(tags + (kout - (size_t)plain)) + 3) & ~(uintptr_t)3);
-    uint8_t *ecomp = (uint8_t *)(mvm + CS_MAX_TILE / 16);
+    uint64_t *lsp = (uint64_t *)(((uintptr_t)(tags + (kout - (size_t)plain)) + 7) & ~(uintptr_t)7);
+    cs_lists_t lists = {NULL, lsp, lsp + ne, lsp + 2 * ne, NULL};
+    uint32_t *mvm = (uint32_t *)(lsp + 3 * ne);
+    lists.words = mvm + CS_MAX_TILE / 16;
+    lists.entry = (int32_t *)(lists.words + CS_MAX_TILE);
+    uint8_t *ecomp = (uint8_t *)(lists.entry + nb);
     int err = CS_OK;
     Py_BEGIN_ALLOW_THREADS
     const uint32_t *mp = mv.buf;
@@ -2697,10 +2788,14 @@ static PyObject *csparse_select(PyObject *self, PyObject *args)
             sx += c;
             ie[x] = sx;
         }
+        for (size_t b = 0; b < nb; b++)
+            lists.entry[b] = -1;
+        for (size_t x = 0; x < ne; x++)
+            lists.entry[eb[x]] = (int32_t)x;
         int over;
         size_t staged = 0;
         uint32_t *sbase = (uint32_t *)out.buf + plain, *send = (uint32_t *)out.buf + kout;
-#define CS_ARGS a.buf, n, shift, mask, mv.buf, km, ne, eb, ecomp, ip, ie, edst, edend, seen, nx, tables, sbase, send, tags, &staged, mvm
+#define CS_ARGS a.buf, n, shift, mask, mv.buf, km, ne, eb, ecomp, ip, ie, edst, edend, seen, nx, tables, sbase, send, tags, &staged, mvm, &lists
         switch (w) {
         case 2:
 #ifdef HAVE_AVX2_SCAN
