@@ -437,7 +437,7 @@ def _check_delta(index: fmt.Index, f: fmt.TargetFile, h: fmt.RecordHeader, last,
         if h.word != 1 or h.param or h.count or h.lens[0] != filedelta.DICT_RANGE.size or h.lens[2]:
             raise FormatError(f"{where}: malformed file delta record")
     else:
-        base_size = next((r.size for r in index.base_files if r.path == f.path), 0)
+        base_size = index.base_size_of.get(f.path, 0)
         if h.hi > base_size or (h.hi - h.lo) % h.word:
             raise FormatError(f"{where}: file delta range lies past the base's file or splits a word")
     return (h.file, 3, h.hi)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 
 import xxhash
 
@@ -203,6 +204,16 @@ class Index:
     records_digest: bytes
     version: int = VERSION
     block_size: int = BLOCK_SIZE
+
+    @cached_property
+    def base_size_of(self) -> dict[str, int]:
+        """The size of each of the base's files, by path (the first row of
+        a path): a DELTA record's check looks its file up, once per record,
+        and a listing may hold 100,000 rows."""
+        out: dict[str, int] = {}
+        for r in self.base_files:
+            out.setdefault(r.path, r.size)
+        return out
 
     def to_json(self) -> dict:
         def target(f: TargetFile) -> dict:
