@@ -90,3 +90,37 @@ def test_chain_with_a_million_entries(tmp_path):
     code, rss, err = run_measured("log", remote)
     assert code == 4, err
     assert rss < LIMIT, rss
+
+
+def test_a_record_over_the_largest_chunk_decodes_in_a_few_times_its_size(tmp_path):
+    """A hostile bundle may cover up to 64 MiB of a tensor with one record:
+    one MBITMAP record changing every word of a 64 MiB U8 tensor (an 83 KB
+    bundle) applies correctly. Its positions were unpacked to a byte per
+    word and then listed as int64 (9 bytes a word: 973 MB peak); listed as
+    uint32 from the bitmap directly, the peak is the base, the output, the
+    positions and the values of that one chunk (450 MB), whatever the
+    number of records."""
+    import numpy as np
+
+    import specbundle as sb
+    from factory import T, write_ckpt
+    from wdiff.codec.chunk import MBITMAP, encode_as
+
+    nb = 64 << 20
+    old = np.random.default_rng(3).integers(0, 256, nb, dtype=np.uint8)
+    new = old + np.uint8(1)
+    A = write_ckpt(tmp_path / "A", {"x": T("U8", (nb,), old.tobytes())})
+    B = write_ckpt(tmp_path / "B", {"x": T("U8", (nb,), new.tobytes())})
+    subprocess.run([sys.executable, "-m", "wdiff", "pack", "-q", A, B, "-o", tmp_path / "ab.wdb"], check=True)
+    b = sb.parse((tmp_path / "ab.wdb").read_bytes())
+    enc = encode_as(MBITMAP, old, new, 3)
+    cov = list(sb.scan(A).files[0].header.tensors)
+    rec = sb.Rec(sb.CHUNK, MBITMAP, 1, enc.param, 0, 0, nb, enc.count, sb._chunk_digest(cov, 0, nb, old.tobytes()),
+                 sb._chunk_digest(cov, 0, nb, new.tobytes()), [*enc.parts, b""])
+    b.records = [x for x in b.records if x.type != sb.CHUNK] + [rec]
+    (tmp_path / "x.wdb").write_bytes(sb.serialize(b, level=3))
+    del old, new
+    code, peak, err = run_measured("apply", "-q", tmp_path / "x.wdb", A, "-o", tmp_path / "out", "--threads", "1")
+    assert code == 0, err
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (tmp_path / "B" / "model.safetensors").read_bytes()
+    assert peak < 640 * 1024 * 1024, peak
