@@ -2373,9 +2373,9 @@ done:
    The movers are counted and then taken out again, and masked out of the
    blocks. A tile where more than CS_LIST_MIN entries have work lists its
    words by bucket instead (CS_LIST_TILE), so that no record costs more
-   than a few passes over its words. Coded words of complemented entries are skipped; their other
-   words are staged with their bucket (in position order within each
-   bucket) and put in place after the pass. */
+   than a few passes over its words. Coded words of complemented entries
+   are skipped; their other words are staged with their bucket (in
+   position order within each bucket) and put in place after the pass. */
 #define CS_TILE 512 /* words; more where there are many entries */
 #define CS_MAX_TILE ((size_t)1 << 16)
 #define CS_END UINT64_MAX /* an entry with every coded index passed */
@@ -2422,6 +2422,11 @@ DEFINE_CS_BLOCK(8)
    the buckets are disjoint), and each entry takes its words from its list:
    the same words in the same order as the blocks give. */
 #define CS_LIST_MIN 16
+/* within the pass: bucket b's non-mover words up to the tile's end, and
+   whether entry x has work in the tile (a word of its bucket there and,
+   unless complemented, a coded index below tot) */
+#define CS_TOT(b) ((uint64_t)(uint32_t)(c0[b] + c1[b] + c2[b] + c3[b]))
+#define CS_HAS_WORK(x, tot) ((tot) != seen[x] && (ecomp[x] || nx[x] < (tot)))
 typedef struct {
     int32_t *entry; /* per bucket: its entry, or -1 */
     uint64_t *tot, *at, *cur; /* per entry: its count after the tile, its list's start and end */
@@ -2431,11 +2436,10 @@ typedef struct {
     do {                                                                                             \
         uint64_t o = 0;                                                                              \
         for (size_t x = 0; x < ne; x++) {                                                            \
-            const uint32_t b = eb[x];                                                                \
-            const uint64_t tot = (uint32_t)(c0[b] + c1[b] + c2[b] + c3[b]);                          \
+            const uint64_t tot = CS_TOT(eb[x]);                                                      \
             ls->tot[x] = tot;                                                                        \
             ls->at[x] = ls->cur[x] = o;                                                              \
-            if (tot != seen[x] && (ecomp[x] || nx[x] < tot))                                         \
+            if (CS_HAS_WORK(x, tot))                                                                 \
                 o += tot - seen[x];                                                                  \
             else                                                                                     \
                 ls->cur[x] = UINT64_MAX; /* nothing to do in this tile */                            \
@@ -2515,9 +2519,7 @@ typedef struct {
             }                                                                                         \
             size_t active = 0;                                                                        \
             for (size_t x = 0; x < ne && active <= CS_LIST_MIN; x++) {                                \
-                const uint32_t b = eb[x];                                                             \
-                const uint64_t tot = (uint32_t)(c0[b] + c1[b] + c2[b] + c3[b]);                       \
-                active += tot != seen[x] && (ecomp[x] || nx[x] < tot);                                \
+                active += CS_HAS_WORK(x, CS_TOT(eb[x]));                                              \
             }                                                                                         \
             if (active > CS_LIST_MIN) {                                                               \
                 CS_LIST_TILE(W);                                                                      \
@@ -2525,8 +2527,8 @@ typedef struct {
             }                                                                                         \
             for (size_t x = 0; x < ne; x++) {                                                         \
                 const uint32_t b = eb[x];                                                             \
-                const uint64_t tot = (uint32_t)(c0[b] + c1[b] + c2[b] + c3[b]);                       \
-                if (tot == seen[x] || (!ecomp[x] && nx[x] >= tot)) {                                  \
+                const uint64_t tot = CS_TOT(b);                                                       \
+                if (!CS_HAS_WORK(x, tot)) {                                                           \
                     seen[x] = tot;                                                                    \
                     continue;                                                                         \
                 }                                                                                     \
