@@ -36,7 +36,7 @@ import urllib.request
 
 import xxhash
 
-from . import _files, _generated, _in_child, _stamp, _unstamp
+from . import _files, _generated, _in_child, _stamp, _unstamp, compile_package
 
 
 def _digests(d: str) -> dict[str, bytes]:
@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..cli.output import parse_size
 
     size = parse_size(args.size)
+    compile_package()  # as pip install does: no puller compiles wdiff's modules
     work = args.dir or tempfile.mkdtemp(prefix="wdiff-fanout-")
     os.makedirs(work, exist_ok=True)
     kinds = args.remote or ["dir", "s3"]
