@@ -8,7 +8,8 @@ ratio, the bundle's distance from the information floor, and the bytes per
 changed element of each encoding chosen. Beside them, in the same run: the
 time to read A and B (``cat``), to copy A (``cp -r``, and ``cp -r`` then
 ``sync``: apply fsyncs what it writes), wdiff's fixed start-up cost
-(``wdiff --version``), and, where installed, ``zstd -3`` of B (one
+(``wdiff --version``), what diff and pack cannot skip (reading and hashing
+A and B with wdiff's own reader: ``wdiff.bench.floor``), and, where installed, ``zstd -3`` of B (one
 thread), ``zstd -1`` of B on every core (compressing B once, the work that
 a pack of a dense or unrelated change cannot avoid) and ``zstd
 --patch-from`` per shard. wdiff's modules are compiled to bytecode first, as
@@ -462,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
             rm_out()
             t, rss, _ = run([*wd, "--version"])
             add("wdiff startup (--version)", t, rss, 0, note="fixed cost in every row below")
+            t, rss, _ = run([sys.executable, "-m", "wdiff.bench.floor", *threads, a, b])
+            add("read + hash A+B (wdiff's reader)", t, rss, 2 * a_bytes,
+                note="what diff and pack cannot skip: wdiff.bench.floor")
             t, rss, r = run([*wd, "diff", "--json", *threads, a, b])
             add("wdiff diff", t, rss, 2 * a_bytes)
             if given is not None:
@@ -528,7 +532,8 @@ def _codec_note(codecs: dict) -> str:
 
 #: the reference row each timed wdiff row is judged against (issue bars:
 #: diff and pack against reading A and B, apply against a durable copy)
-REFERENCE = {"wdiff diff": ("read A+B (cat)", "cat"), "wdiff pack": ("read A+B (cat)", "cat"),
+REFERENCE = {"read + hash": ("read A+B (cat)", "cat"),
+             "wdiff diff": ("read A+B (cat)", "cat"), "wdiff pack": ("read A+B (cat)", "cat"),
              "wdiff apply": ("copy A durably (cp -r; sync)", "cp+sync")}
 
 
