@@ -71,3 +71,22 @@ def test_kernels_check_the_c_contract():
     assert "MAX_RICE" in kernels.contract_mismatch(fake)
     if kernels.available():
         assert kernels.contract_mismatch(kernels._native) is None
+
+
+def test_version_names_the_vector_kernels_this_cpu_runs():
+    """``wdiff --version`` says which of the built kernels the CPU at hand
+    runs, as the CPU's own flags say (Linux: /proc/cpuinfo)."""
+    if not kernels.available() or "avx2-dispatch" not in kernels._native.FEATURES:
+        pytest.skip("no AVX2 kernels built")
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags"))
+    except (OSError, StopIteration):
+        pytest.skip("no /proc/cpuinfo flags")
+    want = ("AVX2 and AVX-512BW" if {"avx2", "bmi1", "popcnt", "avx512f", "avx512bw"} <= flags
+            else "AVX2" if {"avx2", "bmi1", "popcnt"} <= flags else "portable loops (no AVX2)")
+    was = kernels.set_native(True)
+    try:
+        assert kernels.features().endswith(f"; this CPU: {want}"), kernels.features()
+    finally:
+        kernels.set_native(was)

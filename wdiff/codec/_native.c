@@ -3410,6 +3410,17 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "wdiff.codec._native", "Single-pass kernels for wdiff (optional).", -1, methods, NULL, NULL, NULL, NULL,
 };
 
+/* which of the vector kernels this CPU runs (set at import): "avx512bw",
+   "avx2", or "" for the portable loops alone */
+static const char *cpu_tier(void)
+{
+#ifdef HAVE_AVX2_SCAN
+    return cpu_avx512bw ? "avx512bw" : cpu_avx2 ? "avx2" : "";
+#else
+    return "";
+#endif
+}
+
 PyMODINIT_FUNC PyInit__native(void)
 {
 #ifdef HAVE_AVX2_SCAN
@@ -3456,7 +3467,8 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "MV_WRONG_BUCKET", MV_WRONG_BUCKET) < 0 ||
         PyModule_AddIntConstant(m, "MV_OUT_OF_RANGE", MV_OUT_OF_RANGE) < 0 ||
         PyModule_AddIntConstant(m, "RC_BAD_STREAM", RC_BAD_STREAM) < 0 || PyModule_AddIntConstant(m, "RC_LIMIT", RC_LIMIT) < 0 ||
-        PyModule_AddStringConstant(m, "FEATURES", features) < 0) {
+        PyModule_AddStringConstant(m, "FEATURES", features) < 0 ||
+        PyModule_AddStringConstant(m, "CPU", cpu_tier()) < 0) {
         Py_DECREF(m);
         return NULL;
     }

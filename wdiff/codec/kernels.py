@@ -101,7 +101,15 @@ def features() -> str:
     if not _use_native:
         return "numpy kernels: WDIFF_NATIVE=0"
     built = _native.FEATURES.split()
-    return "C kernels: " + (", ".join(built) if built else "portable C, no vector lanes")
+    text = "C kernels: " + (", ".join(built) if built else "portable C, no vector lanes")
+    tier = getattr(_native, "CPU", None)  # what this CPU runs of them, chosen at import
+    if "avx2-dispatch" in built and tier in _CPU_TIERS:
+        text += "; this CPU: " + _CPU_TIERS[tier]
+    return text
+
+
+#: the vector kernels a CPU runs, by the tier the extension found at import
+_CPU_TIERS = {"avx512bw": "AVX2 and AVX-512BW", "avx2": "AVX2", "": "portable loops (no AVX2)"}
 
 
 def set_native(on: bool) -> bool:
