@@ -8,12 +8,13 @@ ratio, the bundle's distance from the information floor, and the bytes per
 changed element of each encoding chosen. Beside them, in the same run: the
 time to read A and B (``cat``), to copy A (``cp -r``, and ``cp -r`` then
 ``sync``: apply fsyncs what it writes), wdiff's fixed start-up cost
-(``wdiff --version``), what diff and pack cannot skip (reading and hashing
-A and B with wdiff's own reader: ``wdiff.bench.floor``), and, where installed, ``zstd -3`` of B (one
-thread), ``zstd -1`` of B on every core (compressing B once, the work that
-a pack of a dense or unrelated change cannot avoid) and ``zstd
---patch-from`` per shard. wdiff's modules are compiled to bytecode first, as
-``pip install`` does, so that no timed command compiles them.
+(``wdiff --version``), what diff and pack cannot skip (reading and
+hashing A and B with wdiff's own reader: ``wdiff.bench.floor``), and,
+where installed, ``zstd -3`` of B (one thread), ``zstd -1`` of B on every
+core (compressing B once, the work that a pack of a dense or unrelated
+change cannot avoid) and ``zstd --patch-from`` per shard. wdiff's modules
+are compiled to bytecode first, as ``pip install`` does, so that no timed
+command compiles them.
 
 ``python -m wdiff.bench fanout`` measures one push and 16 pullers at once
 instead (directory and S3 remotes): see wdiff/bench/fanout.py.
