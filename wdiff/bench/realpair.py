@@ -10,7 +10,9 @@ target: real gradients through every weight), with an fp32 master. After
 every step the weights are written twice: as bf16 (what an RL trainer ships
 to its inference workers: the cast of the master) and as fp32.
 
-For each pair of consecutive steps it prints the changed elements, the
+For each pair of consecutive steps (fp32: the first and the last pair
+only; Adam's first step moves every weight by exactly the learning rate,
+unlike the steps after it) it prints the changed elements, the
 order-0 information given the base (positions per exponent bucket of the
 base, values per bucket: see wdiff.codec.conditioned.conditional_entropy),
 the bundle of ``pack --format 1`` (codec v1) and of the default (codec v2),
@@ -141,8 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(work)
         for step in range(1, len(saved)):
             for kind, col in (("bf16", 0), ("fp32", 1)):
-                if kind == "fp32" and step > 1:
-                    continue  # one fp32 pair per learning rate
+                if kind == "fp32" and 1 < step < len(saved) - 1:
+                    # the first fp32 pair and the last: Adam's first step moves
+                    # every weight by lr exactly (m / sqrt(v) is +-1), so its
+                    # magnitudes per bucket are nearly one value; a later step's
+                    # are not, and stand for a run's checkpoints
+                    continue
                 rows.append(_row(f"lr {lr:g} {kind} step {step - 1}->{step}", saved[step - 1][col],
                                  saved[step][col], work, zstd))
     head = ["pair", "changed", "density", "entropy given base", "v1", "v2", "v2/v1", "v2/entropy", "zstd --patch-from",
