@@ -24,7 +24,7 @@ import numpy as np  # noqa: F401 - imported for its start-up cost, as every wdif
 
 from ..defaults import DEFAULT_CHUNK
 from ..parallel import default_threads, ordered_map
-from ..store.blockio import scratch
+from ..store.blockio import FdCache, scratch
 from ..store.checkpoint import read_into
 from ..store.hashing import block_digests
 
@@ -32,30 +32,25 @@ from ..store.hashing import block_digests
 def read_and_hash(dirs: list[str], threads: int) -> int:
     """Read and hash every regular file directly in ``dirs``; returns the
     bytes hashed."""
-    units = []
-    fds = []
-    for d in dirs:
-        for name in sorted(os.listdir(d)):
-            path = os.path.join(d, name)
-            if not os.path.isfile(path):
-                continue
-            fd = os.open(path, os.O_RDONLY)
-            fds.append(fd)
-            size = os.fstat(fd).st_size
-            units += [(fd, path, off, min(DEFAULT_CHUNK, size - off)) for off in range(0, size, DEFAULT_CHUNK)]
+    with FdCache() as fds:  # opened as diff and pack open them, closed on any error
+        units = []
+        for d in dirs:
+            for name in sorted(os.listdir(d)):
+                path = os.path.join(d, name)
+                if not os.path.isfile(path):
+                    continue
+                fd = fds.fd(path)
+                size = os.fstat(fd).st_size
+                units += [(fd, path, off, min(DEFAULT_CHUNK, size - off)) for off in range(0, size, DEFAULT_CHUNK)]
 
-    def unit(u) -> int:
-        fd, path, off, n = u
-        buf = scratch("floor", n)
-        read_into(fd, off, memoryview(buf), where=path)
-        block_digests(buf)
-        return n
+        def unit(u) -> int:
+            fd, path, off, n = u
+            buf = scratch("floor", n)
+            read_into(fd, off, memoryview(buf), where=path)
+            block_digests(buf)
+            return n
 
-    try:
         return sum(ordered_map(unit, units, threads=threads))
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:

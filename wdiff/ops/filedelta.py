@@ -34,11 +34,6 @@ PIECE = 4 * 1024 * 1024
 SKIP_ZSTD_BELOW = 32
 
 
-#: the most one read of pread_exact asks for (the largest window or range a
-#: DELTA record may name)
-READ_MAX = 64 * 1024 * 1024
-
-
 def pread_exact(fdesc: int, offset: int, n: int, *, where: str) -> bytes:
     """Exactly ``n`` bytes of the file from ``offset``. A regular file gives
     them in one read, copied once into the bytes returned (growing a buffer
@@ -49,7 +44,8 @@ def pread_exact(fdesc: int, offset: int, n: int, *, where: str) -> bytes:
     got = 0
     while got < n:
         try:
-            piece = os.pread(fdesc, min(n - got, READ_MAX), offset + got)
+            # at most the largest window a DELTA record may name in one read
+            piece = os.pread(fdesc, min(n - got, fd.MAX_DICT_BYTES), offset + got)
         except OSError as e:
             raise io_error(where, e) from None
         if not piece:
