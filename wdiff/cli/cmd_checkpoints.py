@@ -255,7 +255,7 @@ def apply(
         return
     how = "updated in place" if res.in_place else "wrote"
     again = " (finished an interrupted apply)" if res.resumed else ""
-    out.result(f"{how} {o.name(res.output)}{again}: {res.files} files verified, target {res.target_fingerprint.hex()[:16]}")
+    out.result(f"{how} {o.name(res.output)}{again}: {res.files} file{'s' if res.files != 1 else ''} verified, target {res.target_fingerprint.hex()[:16]}")
 
 
 def _check_apply_order(bundle: Path, base: Optional[Path]) -> None:
