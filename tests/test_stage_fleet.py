@@ -229,3 +229,19 @@ def test_parts_replayed_from_another_stage_remote_or_base_are_refused(tmp_path, 
     r = cli("commit", r1, "--stage", "s1", "--expect", 4, *trust, want=5)
     assert "not the head" in r.stderr
     assert (r1 / "chain.json").read_bytes() == moved
+
+
+def test_two_unsigned_parts_of_one_file_are_refused_whichever_is_newer(tmp_path):
+    """No keys anywhere: a part planted later for the files of a writer's part
+    (packed from another checkpoint) was chosen by its newer `created`; now
+    the commit refuses the pair and publishes nothing."""
+    A, B = pair(tmp_path, "same-layout")
+    C = other_checkpoint(tmp_path, B)
+    remote = tmp_path / "r"
+    cli("push", "--anchor", A, remote, "-q")
+    before = (remote / "chain.json").read_bytes()
+    stage_all(B, A, remote, "s1")
+    cli("push", C, remote, "--base", A, "--only", shard(0), "--only", "*.json", "--stage", "s1", "-q")
+    r = cli("commit", remote, "--stage", "s1", "--expect", 4, want=5)
+    assert "in two parts" in r.stderr
+    assert (remote / "chain.json").read_bytes() == before
