@@ -245,3 +245,29 @@ def test_two_unsigned_parts_of_one_file_are_refused_whichever_is_newer(tmp_path)
     r = cli("commit", remote, "--stage", "s1", "--expect", 4, want=5)
     assert "in two parts" in r.stderr
     assert (remote / "chain.json").read_bytes() == before
+
+
+def test_two_models_in_one_tree_staged_by_two_writers(tmp_path):
+    """policy/ and ref/ hold tensors of the same names, one writer each: a
+    part alone sees unique names (format version 1), the whole tree does
+    not (version 2, names scoped by directory). The commit gives the merged
+    bundle the version the whole needs, so it is pack's bundle and applies."""
+    rng = np.random.default_rng(5)
+    t = {"w": rand(rng, "F32", (128, 64)), "n": rand(rng, "F32", (64,))}
+    u = {"w": rand(rng, "F32", (128, 64)), "n": rand(rng, "F32", (64,))}
+    for side in ("A", "B"):
+        write_ckpt(tmp_path / side / "policy", t)
+        write_ckpt(tmp_path / side / "ref", u)
+        (tmp_path / side / "config.json").write_text(f'{{"side": "{side}"}}')
+        t = {n: mutate(x, 0.02, rng) for n, x in t.items()}
+        u = {n: mutate(x, 0.02, rng) for n, x in u.items()}
+    A, B, remote = tmp_path / "A", tmp_path / "B", tmp_path / "r"
+    cli("push", "--anchor", A, remote, "-q")
+    cli("push", B, remote, "--base", A, "--only", "policy/*", "--only", "*.json", "--stage", "s", "-q")
+    cli("push", B, remote, "--base", A, "--only", "ref/*", "--stage", "s", "-q")
+    doc = json.loads(cli("commit", remote, "--stage", "s", "--expect", 2, "--json").stdout)
+    cli("pack", A, B, "-o", tmp_path / "whole.wdb", "-q")
+    assert committed(remote, doc["bundle_id"]).read_bytes() == (tmp_path / "whole.wdb").read_bytes()
+    shutil.copytree(A, tmp_path / "at-a")
+    cli("pull", remote, tmp_path / "at-a", "-q")
+    assert tree(tmp_path / "at-a") == tree(B)

@@ -56,6 +56,7 @@ from .stage_merge import (
     check_parts,
     encode_manifest,
     merge,
+    needed_version,
     parse_manifest,
     part_comment,
 )
@@ -114,26 +115,25 @@ def push_part(source, remote, *, base, only: list[str], stage: str, level: int =
     if chain.head is None:
         raise NotFoundError(f"{store.url}: has no versions yet; push an anchor first",
                             hint="wdiff push --anchor CHECKPOINT REMOTE")
-    pair, base_tensors, new_tensors = part_pair(base, source, only, _OwnFilesOnly(reporter))
+    pair, tensors = part_pair(base, source, only, _OwnFilesOnly(reporter))
     if not pair.B.files:
         raise NotFoundError(f"{source}: no file matches {', '.join(printable(p) for p in only)}")
     work = tempfile.mkdtemp(prefix=".wdiff-stage-", dir=os.path.dirname(os.path.abspath(source)))
     try:
         out = os.path.join(work, "part.wdb")
         pack_pair(pair, out, level=level, threads=threads, reporter=_OwnFilesOnly(reporter))
-        return store_part(out, store, stage=stage, head=chain.head, reporter=reporter, sign_key=key,
-                          tensors=(base_tensors, new_tensors))
+        return store_part(out, store, stage=stage, head=chain.head, reporter=reporter, sign_key=key, tensors=tensors)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def part_pair(base, source, only: list[str], reporter: Reporter) -> tuple[Pair, list[Tensor], list[Tensor]]:
+def part_pair(base, source, only: list[str], reporter: Reporter) -> tuple[Pair, tuple]:
     """The pair a writer packs: its target files (those ``only`` names) and
     the base files they need, found as a single host's pack finds them: by
     path, and every tensor's base by its qualified name in the whole base
-    directory this writer has. Also the tensors of those base files, and the
-    target tensors with no base here, for the commit's check that no other
-    part's base holds one of them."""
+    directory this writer has. Also, for the commit's checks, the tensors
+    of those base files, the target tensors with no base here (no other
+    part's base may hold one) and the names of every target tensor."""
     rules = ignore.rules(("*",), ("*/", *only))
     A = scan(base)
     B = scan(source, rules=rules, reuse=A)
@@ -152,18 +152,20 @@ def part_pair(base, source, only: list[str], reporter: Reporter) -> tuple[Pair, 
     A = Checkpoint(root=A.root, files=tuple(f for f in A.files if f.path in need))
     held = [Tensor(t.name, t.dtype, tuple(t.shape), f.path) for f in A.files if f.header is not None
             for t in f.header.tensors]
-    return Pair(A, B, reporter=reporter, rules=rules), held, new
+    names = [(f.path, t.name) for f in B.files if f.header is not None for t in f.header.tensors]
+    return Pair(A, B, reporter=reporter, rules=rules), (held, new, names)
 
 
 def store_part(bundle, store, *, stage: str, head: bytes | None, reporter: Reporter = SILENT, sign_key=None,
-               tensors: tuple[list[Tensor], list[Tensor]] | None = None) -> StagedPart:
+               tensors: tuple | None = None) -> StagedPart:
     """Store a packed bundle (over this writer's files) and its part
     manifest under ``store``'s (an open remote's) stage/NAME/, as packed
     against version ``head`` (None: an anchor part, onto a remote with no
     versions yet). With ``sign_key`` (a SecretKey or a key file) the
     manifest is signed: a commit that signs accepts only signed parts.
     ``tensors``: (the tensors of the part's base files, its target tensors
-    with no base there), for the commit's checks. The chain is not changed;
+    with no base there, (file, name) of every target tensor), for the
+    commit's checks. The chain is not changed;
     once this returns, the part is durable. For writers that pack
     themselves (wdiff.live's ranks)."""
     prefix = stage_prefix(stage)
@@ -183,7 +185,8 @@ def store_part(bundle, store, *, stage: str, head: bytes | None, reporter: Repor
             stage=stage, remote=remote_id, head=head, bundle=bundle_id, path=bundle_path, size=size,
             digest=range_digest(out, 0, size), files=[f.path for f in ix.files],
             base_files=[f.path for f in ix.base_files],
-            base_tensors=tensors[0] if tensors else None, new_tensors=tensors[1] if tensors else None)
+            base_tensors=tensors[0] if tensors else None, new_tensors=tensors[1] if tensors else None,
+            target_tensors=tensors[2] if tensors else None)
         mpath = os.path.join(work, "part.json")
         atomic_write_bytes(mpath, manifest)
         name = f"{prefix}/part-{hexd(bundle_id)}.json"
@@ -285,7 +288,7 @@ def commit(remote, *, stage: str, expect: int, label: str | None = None, sign_ke
                     raise IntegrityError(f"{m.where}: the bundle is not the one the manifest describes")
             bundles.append(dest)
         out = os.path.join(work, "version.wdb")
-        merged_id, parent = merge(bundles, out, where=where)
+        merged_id, parent = merge(bundles, out, where=where, version=needed_version(parts))
         if chain.entry(merged_id) is None:  # not published by an earlier run of this commit
             check_heads(parts, head=chain.head)
         if chain.entry(merged_id) is None and parent != chain.head:

@@ -17,6 +17,7 @@ from ..errors import BaseMismatchError, FormatError, IntegrityError, NotFoundErr
 from ..format import records as fmt
 from ..format.bundle import BundleReader, BundleWriter
 from ..paths import printable
+from ..store.checkpoint import bare_name
 from ..store.hashing import fingerprint, hexd, short, unhex
 from .pack import WRITER
 
@@ -61,11 +62,14 @@ class Manifest:
     #: have no base there (None: not said, as by a live rank's part)
     base_tensors: tuple[Tensor, ...] | None
     new_tensors: tuple[Tensor, ...] | None
+    #: the qualified names of the tensors of each target tensor file
+    target_tensors: tuple[tuple[str, str], ...] | None = None
     where: str = ""
 
 
 def encode_manifest(*, stage: str, remote: str | None, head: bytes | None, bundle: bytes, path: str, size: int,
-                    digest: bytes, files, base_files, base_tensors=None, new_tensors=None) -> bytes:
+                    digest: bytes, files, base_files, base_tensors=None, new_tensors=None,
+                    target_tensors=None) -> bytes:
     """The manifest's bytes: canonical JSON, the same for the same part (a
     rerun of a writer stores the same object again)."""
     d = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "stage": stage, "remote": remote,
@@ -74,6 +78,10 @@ def encode_manifest(*, stage: str, remote: str | None, head: bytes | None, bundl
     if base_tensors is not None:
         d["base_tensors"] = _tensor_map(base_tensors)
         d["new_tensors"] = _tensor_map(new_tensors or ())
+        names: dict[str, list] = {}
+        for file, name in target_tensors or ():
+            names.setdefault(file, []).append(name)
+        d["target_tensors"] = names
     return fmt.canonical_json(d) + b"\n"
 
 
@@ -97,6 +105,13 @@ def _tensors(d, where: str) -> tuple[Tensor, ...]:
                 raise FormatError(f"{where}: malformed tensor lists")
             out.append(Tensor(row[0], row[1], tuple(row[2]), file))
     return tuple(out)
+
+
+def _names(d, where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(d, dict) or not all(isinstance(v, list) and all(isinstance(n, str) for n in v)
+                                          for v in d.values()):
+        raise FormatError(f"{where}: malformed tensor lists")
+    return tuple((file, n) for file, names in d.items() for n in names)
 
 
 def parse_manifest(raw: bytes, where: str, prefix: str) -> Manifest:
@@ -124,7 +139,8 @@ def parse_manifest(raw: bytes, where: str, prefix: str) -> Manifest:
         said = "base_tensors" in d
         return Manifest(stage, remote, head, unhex(d["bundle"], where=where), path, size, unhex(d["digest"], where=where),
                         tuple(files), tuple(base_files), _tensors(d["base_tensors"], where) if said else None,
-                        _tensors(d["new_tensors"], where) if said else None, where)
+                        _tensors(d["new_tensors"], where) if said else None,
+                        _names(d["target_tensors"], where) if said else None, where)
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
         raise FormatError(f"{where}: malformed part manifest") from None
 
@@ -162,6 +178,27 @@ def check_parts(parts: list[Manifest], *, where: str, stage: str, remote: str | 
                     hint=f"give that writer {printable(h.file)} in its --base directory, then stage again")
 
 
+def needed_version(parts: list[Manifest]) -> int:
+    """The lowest bundle format version whose base rules the whole version
+    needs (as pack's format_version decides it from both checkpoints): a
+    part sees only its own files, so two models' tensors of one bare name
+    held by two writers, or a tensor moved between directories, show only
+    here. Parts that do not list their tensors (a live rank's) add nothing."""
+    said = [m for m in parts if m.base_tensors is not None]
+    base = {(t.file, t.name): t for m in said for t in m.base_tensors}.values()
+    targets = {(f, n) for m in said for f, n in m.target_tensors or ()}
+    for names in ([bare_name(t.file, t.name) for t in base], [bare_name(f, n) for f, n in targets]):
+        if len(set(names)) != len(names):
+            return fmt.SCOPED_NAMES
+    by_bare = {bare_name(t.file, t.name): t for t in base}
+    for m in said:
+        for t in m.new_tensors or ():
+            h = by_bare.get(bare_name(t.file, t.name))
+            if h is not None and (h.dtype, h.shape) == (t.dtype, t.shape):
+                return fmt.SCOPED_NAMES  # version 1 would find it a base in another directory
+    return fmt.VERSION
+
+
 def check_heads(parts: list[Manifest], *, head: bytes | None) -> None:
     """Every part was packed against ``head``, the chain's head."""
     for m in parts:
@@ -171,15 +208,17 @@ def check_heads(parts: list[Manifest], *, head: bytes | None) -> None:
                                     hint="stage again against the head (with a new stage name)")
 
 
-def merge(bundles: list[str], out: str, *, where: str, level: int = DEFAULT_LEVEL) -> tuple[bytes, bytes | None]:
+def merge(bundles: list[str], out: str, *, where: str, level: int = DEFAULT_LEVEL,
+          version: int = fmt.VERSION) -> tuple[bytes, bytes | None]:
     """Join bundles over disjoint target files into one bundle over all of
     them: the target is the union of theirs, the base the union of theirs
     (a base file two parts hold must be the same in both), records are
     copied as they are (each re-read and checked against its digest) under
-    the merged file numbers. Returns the new bundle's id and base fingerprint."""
+    the merged file numbers; the bundle's format version is the highest of
+    theirs and ``version``. Returns the new bundle's id and base fingerprint."""
     readers = [BundleReader(b) for b in bundles]
     try:
-        versions = {r.index.version for r in readers}
+        versions = {r.index.version for r in readers} | {version}
         anchors = {r.index.base_fingerprint is None for r in readers}
         if len(anchors) != 1:
             raise BaseMismatchError(f"{where}: some parts are anchors and some are deltas")
