@@ -332,7 +332,8 @@ def _read_parts(store, prefix: str, stage: str, work: str, keys: list) -> list[M
         else:
             with open(dest, "rb") as f:
                 m = parse_manifest(f.read(MAX_MANIFEST + 1), what, prefix)
-        if m.bundle.hex() != found.group(1):
-            raise IntegrityError(f"{what}: the manifest names bundle {hexd(m.bundle)}, not its own")
+        if m.bundle.hex() != found.group(1) or m.path != f"{prefix}/{hexd(m.bundle)}.wdb":
+            raise IntegrityError(f"{what}: the manifest names bundle {hexd(m.bundle)} at {printable(m.path)}, "
+                                 "not its own")
         parts.append(m)
     return parts
