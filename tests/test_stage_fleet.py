@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from factory import mutate, rand, tree, write_ckpt
 from test_gc import cli
+from test_sync import remote, versions  # noqa: F401 - fixtures of the remote kinds
 
 from wdiff.format.chain import Chain
 
@@ -271,3 +272,29 @@ def test_two_models_in_one_tree_staged_by_two_writers(tmp_path):
     shutil.copytree(A, tmp_path / "at-a")
     cli("pull", remote, tmp_path / "at-a", "-q")
     assert tree(tmp_path / "at-a") == tree(B)
+
+
+@pytest.mark.parametrize("remote", ["hub-model-xet", "s3"], indirect=True)
+def test_signed_parts_through_the_hub_and_s3(remote, versions, tmp_path, keys):
+    """The signed stage on the other kinds of remote, through the public API:
+    a part planted without a signature stops the commit, the writers' parts
+    alone are published and a puller trusting the release key gets them."""
+    import wdiff
+    from wdiff.errors import IntegrityError
+    from wdiff.remotes import open_remote
+
+    release, writer = keys["release"], keys["writer"]
+    wdiff.push(versions[0], remote, anchor=True, sign_key=release)
+    parts = [wdiff.push_part(versions[1], remote, base=versions[0], only=only, stage="s", sign_key=writer)
+             for only in (["model-00001-*", "*.json"], ["model-00002-*"])]
+    assert all(p.signed for p in parts)
+    planted = wdiff.push_part(versions[2], remote, base=versions[0], only=["model-00002-*"], stage="s")
+    with pytest.raises(IntegrityError, match="not signed"):
+        wdiff.commit(remote, stage="s", expect=2, sign_key=release, trusted_keys=[f"{writer}.pub"])
+    assert len(wdiff.log(remote).entries) == 1
+    store = open_remote(remote)
+    store.delete([p for p, _ in store.list("stage/s") if planted.bundle_id.hex() in p])
+    res = wdiff.commit(remote, stage="s", expect=2, sign_key=release, trusted_keys=[f"{writer}.pub"])
+    assert res.parts == 2 and res.push.uploaded
+    wdiff.pull(remote, tmp_path / "p", trusted_keys=[f"{release}.pub"])
+    assert tree(tmp_path / "p") == tree(versions[1])
