@@ -298,3 +298,39 @@ def test_signed_parts_through_the_hub_and_s3(remote, versions, tmp_path, keys):
     assert res.parts == 2 and res.push.uploaded
     wdiff.pull(remote, tmp_path / "p", trusted_keys=[f"{release}.pub"])
     assert tree(tmp_path / "p") == tree(versions[1])
+
+
+def test_a_commit_killed_after_publishing_and_two_commits_at_once(tmp_path):
+    """Class 7: the stage still there after the version is published (a
+    commit killed before it deleted the stage) is finished by a rerun, which
+    publishes nothing new; two commits of one stage at once publish the
+    version once (the other finds it published, or lost the race: 8)."""
+    import subprocess
+    import sys
+
+    from test_gc import _env
+
+    A, B = pair(tmp_path, "fp32")
+    remote = tmp_path / "r"
+    cli("push", "--anchor", A, remote, "-q")
+    stage_all(B, A, remote, "s1")
+    shutil.copytree(remote / "stage" / "s1", tmp_path / "kept")
+    first = json.loads(cli("commit", remote, "--stage", "s1", "--expect", 4, "--json").stdout)
+    shutil.copytree(tmp_path / "kept", remote / "stage" / "s1", dirs_exist_ok=True)  # as if killed before the stage was deleted
+    after = (remote / "chain.json").read_bytes()
+    again = json.loads(cli("commit", remote, "--stage", "s1", "--expect", 4, "--json").stdout)
+    assert again["bundle_id"] == first["bundle_id"] and not again["uploaded"]
+    assert (remote / "chain.json").read_bytes() == after and not list((remote / "stage" / "s1").glob("*"))
+    # two commits of one stage at once
+    remote2 = tmp_path / "r2"
+    cli("push", "--anchor", A, remote2, "-q")
+    stage_all(B, A, remote2, "s1")
+    procs = [subprocess.Popen([sys.executable, "-m", "wdiff", "commit", str(remote2), "--stage", "s1", "--expect", "4",
+                               "--json"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    codes = [p.wait(timeout=300) for p in procs]
+    assert sorted(codes) in ([0, 0], [0, 8], [0, 3]), [p.stderr.read() for p in procs]
+    chain = Chain.decode((remote2 / "chain.json").read_bytes(), where="r2")
+    assert len(chain.entries) == 2 and chain.head.hex() == first["version"]
+    cli("pull", remote2, tmp_path / "p", "-q")
+    assert tree(tmp_path / "p") == tree(B)
