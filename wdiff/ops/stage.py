@@ -165,9 +165,8 @@ def store_part(bundle, store, *, stage: str, head: bytes | None, reporter: Repor
     manifest is signed: a commit that signs accepts only signed parts.
     ``tensors``: (the tensors of the part's base files, its target tensors
     with no base there, (file, name) of every target tensor), for the
-    commit's checks. The chain is not changed;
-    once this returns, the part is durable. For writers that pack
-    themselves (wdiff.live's ranks)."""
+    commit's checks. The chain is not changed; once this returns, the part
+    is durable. For writers that pack themselves (wdiff.live's ranks)."""
     prefix = stage_prefix(stage)
     key = signing.load_secret(os.fspath(sign_key)) if sign_key is not None and not isinstance(
         sign_key, signing.SecretKey) else sign_key
