@@ -113,10 +113,10 @@ _wdiff() {
             ;;
         commit)
             case "$prev" in
-                --stage|--expect|--label|--sign|--token|-j|--threads) return ;;
+                --stage|--expect|--label|--sign|--trusted-key|--token|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--stage --expect --label --sign --token --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--stage --expect --label --sign --trusted-key --token --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

@@ -145,6 +145,7 @@ complete -c wdiff -n '__fish_seen_subcommand_from commit' -l stage -x -d 'The st
 complete -c wdiff -n '__fish_seen_subcommand_from commit' -l expect -x -d 'How many parts make the version (one per writer)'
 complete -c wdiff -n '__fish_seen_subcommand_from commit' -l label -x -d 'A name for the version, such as the training step'
 complete -c wdiff -n '__fish_seen_subcommand_from commit' -l sign -x -d 'Sign with this minisign secret key (see wdiff keygen)'
+complete -c wdiff -n '__fish_seen_subcommand_from commit' -l trusted-key -x -d 'Accept only parts this public key signed (repeatable; default: WDIFF_TRUSTED_KEYS; with --sign, KEYs own parts too)'
 complete -c wdiff -n '__fish_seen_subcommand_from commit' -l token -x -d 'Hugging Face token for a Hub remote [default: HF_TOKEN, or the stored `hf auth login`]; prefer HF_TOKEN, which no process listing shows'
 complete -c wdiff -n '__fish_seen_subcommand_from commit' -l json -d 'Print exactly one JSON document on stdout'
 complete -c wdiff -n '__fish_seen_subcommand_from commit' -s q -l quiet -d 'Print nothing on success'

@@ -377,21 +377,24 @@ def push_part(
     only: list[str],
     stage: str,
     level: int = DEFAULT_LEVEL,
+    sign_key: PathLike | None = None,
     token: str | None = None,
     threads: int | None = None,
     reporter: Reporter = SILENT,
 ):
     """One writer's part of a version many writers publish together: pack
     the files of ``source`` that ``only`` names (patterns as in
-    .wdiffignore) against the same files of ``base`` (the remote's head),
-    and store the bundle and its manifest under the remote's stage
-    ``stage``. Nothing becomes visible; :func:`commit` publishes the parts.
-    A rerun stores the same part again. Returns a
-    :class:`wdiff.ops.stage.StagedPart`."""
+    .wdiffignore) against the files of ``base`` (the remote's head) they
+    need (the same paths, and those holding the old bytes of their
+    tensors), and store the bundle and its manifest under the remote's
+    stage ``stage``; with ``sign_key`` (a minisign secret key file) the
+    part is signed, as a commit that signs requires. Nothing becomes
+    visible; :func:`commit` publishes the parts. A rerun stores the same
+    part again. Returns a :class:`wdiff.ops.stage.StagedPart`."""
     from .ops.stage import push_part as _push_part
 
-    return _push_part(source, remote, base=base, only=only, stage=stage, level=level, token=token,
-                      threads=threads, reporter=reporter)
+    return _push_part(source, remote, base=base, only=only, stage=stage, level=level, sign_key=sign_key,
+                      token=token, threads=threads, reporter=reporter)
 
 
 def commit(
@@ -401,18 +404,24 @@ def commit(
     expect: int,
     label: str | None = None,
     sign_key: PathLike | None = None,
+    trusted_keys: list[PathLike] | None = None,
     part_size: int = DEFAULT_PART_SIZE,
     token: str | None = None,
     threads: int | None = None,
     reporter: Reporter = SILENT,
 ):
     """Publish the ``expect`` parts staged under ``stage`` as one version,
-    atomically: they must cover disjoint files, their bases together must be
-    the remote's head, and each must be intact; they are merged into one
-    bundle and pushed with one conditional chain write, then the stage is
-    deleted. A missing part raises :class:`~wdiff.errors.NotFoundError` and
-    changes nothing. Returns a :class:`wdiff.ops.stage.CommitResult`."""
+    atomically: with ``sign_key`` or trusted keys (``trusted_keys``, else
+    WDIFF_TRUSTED_KEYS) each part must be signed by one of them (or by
+    ``sign_key``), else :class:`~wdiff.errors.IntegrityError`; they must be
+    of this remote and stage, cover disjoint files (two parts holding one
+    file raise :class:`~wdiff.errors.BaseMismatchError`), their bases
+    together must be the remote's head, and each must be intact; they are
+    merged into one bundle (the one a single host would pack) and pushed
+    with one conditional chain write, then the stage is deleted. A missing
+    part raises :class:`~wdiff.errors.NotFoundError` and changes nothing.
+    Returns a :class:`wdiff.ops.stage.CommitResult`."""
     from .ops.stage import commit as _commit
 
-    return _commit(remote, stage=stage, expect=expect, label=label, sign_key=sign_key, part_size=part_size,
-                   token=token, threads=threads, reporter=reporter)
+    return _commit(remote, stage=stage, expect=expect, label=label, sign_key=sign_key, trusted_keys=trusted_keys,
+                   part_size=part_size, token=token, threads=threads, reporter=reporter)

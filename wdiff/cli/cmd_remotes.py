@@ -78,25 +78,30 @@ def push(
     one version behind still download the delta).
 
     Many writers, one version: each host runs push DIR REMOTE --base PREV
-    --only PATTERN --stage NAME for the files it holds, then one host runs
-    wdiff commit REMOTE --stage NAME --expect N.
+    --only PATTERN --stage NAME [--sign KEY] for the files it holds, then one
+    host runs wdiff commit REMOTE --stage NAME --expect N. A writer packs its
+    files against the files of PREV they need (the same paths, and any file
+    of PREV holding the old bytes of a tensor that moved between shards);
+    --sign signs the part, which a commit that signs or has trusted keys
+    requires.
     """
     from ..ops.push import push as run_push
 
     out = _setup(json_mode, quiet, verbose)
     if stage is not None or only:
-        if stage is None or anchor or fork or label or sign or anchor_every or anchor_when:
-            raise UsageError("--only goes with --stage; a staged part takes DIR, --base and --only only "
-                             "(label and sign the version at wdiff commit)")
+        if stage is None or anchor or fork or label or anchor_every or anchor_when:
+            raise UsageError("--only goes with --stage; a staged part takes DIR, --base, --only and --sign only "
+                             "(label the version at wdiff commit)")
         from ..ops.stage import push_part
 
-        part = push_part(source, remote, base=base, only=only or [], stage=stage, level=level, token=token,
-                         threads=threads, reporter=out.reporter())
+        part = push_part(source, remote, base=base, only=only or [], stage=stage, level=level, sign_key=sign,
+                         token=token, threads=threads, reporter=out.reporter())
         if out.json:
             out.document(part.to_json())
             return
         out.result(f"staged {o.size(part.bytes)} ({part.files} file{'s' if part.files != 1 else ''}) in stage "
-                   f"{o.name(part.stage)} of {o.name(part.remote)}: not visible until `wdiff commit`")
+                   f"{o.name(part.stage)} of {o.name(part.remote)}{', signed' if part.signed else ''}: "
+                   "not visible until `wdiff commit`")
         return
     res = run_push(source, remote, base=base, anchor=anchor, label=label, part_size=_size_arg(part_size),
                    fork=fork, level=level, sign_key=sign, token=token, private=not public,
@@ -419,6 +424,7 @@ def commit(
     expect: Annotated[int, typer.Option("--expect", metavar="N", help="How many parts make the version (one per writer).", show_default=False)],
     label: Annotated[Optional[str], typer.Option("--label", help="A name for the version, such as the training step.", show_default=False)] = None,
     sign: SignKey = None,
+    trusted_key: Annotated[Optional[list[Path]], typer.Option("--trusted-key", metavar="KEY.pub", help="Accept only parts this public key signed (repeatable; default: WDIFF_TRUSTED_KEYS; with --sign, KEY's own parts too).", show_default=False)] = None,
     token: HubToken = None,
     json_mode: Json = False,
     quiet: Quiet = False,
@@ -427,19 +433,25 @@ def commit(
 ) -> None:
     """Publish the parts staged by many writers as one version.
 
-    Checks that the stage holds exactly --expect parts, that no file is in
-    two of them, that their bases together are exactly the remote's head and
-    that every part is intact; then merges them into one bundle and pushes it
-    as the new head with one conditional chain write, so a reader sees the
-    whole version or none of it. The stage is deleted afterwards. A missing
-    part (a writer that died) exits with status 3 and changes nothing: rerun
-    the writer, then commit again.
+    With --sign KEY or a trusted key (--trusted-key, WDIFF_TRUSTED_KEYS),
+    every part must be signed by a trusted key (the writers' push --stage
+    --sign) or by KEY itself; an unsigned or untrusted part exits with status
+    4 and nothing is published, so a part planted in the stage is never
+    signed by the commit. Checks that every part is of this remote and this
+    stage, that no file is in two parts (status 5, whichever is newer), that
+    the stage holds exactly --expect parts, that their bases together are
+    exactly the remote's head and that every part is intact; then merges
+    them into one bundle, byte for byte the one a single host holding every
+    file would push, and pushes it as the new head with one conditional
+    chain write, so a reader sees the whole version or none of it. The stage
+    is deleted afterwards. A missing part (a writer that died) exits with
+    status 3 and changes nothing: rerun the writer, then commit again.
     """
     from ..ops.stage import commit as run_commit
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_commit(remote, stage=stage, expect=expect, label=label, sign_key=sign, token=token, threads=threads,
-                     reporter=out.reporter())
+    res = run_commit(remote, stage=stage, expect=expect, label=label, sign_key=sign, trusted_keys=trusted_key,
+                     token=token, threads=threads, reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return

@@ -34,9 +34,9 @@ EXAMPLES: dict[str, list[str]] = {
     ],
     "commit": [
         "# on each of 8 hosts, for the shards it holds:",
-        'wdiff push ckpt/102 "$REMOTE" --base ckpt/101 --only "$MINE" --stage s102',
-        "# then once, on any host:",
-        'wdiff commit "$REMOTE" --stage s102 --expect 8 --label step-102',
+        'wdiff push ckpt/102 "$REMOTE" --base ckpt/101 --only "$MINE" --stage s102 --sign host.key',
+        "# then once, on any host, trusting the writers' keys:",
+        'wdiff commit "$REMOTE" --stage s102 --expect 8 --label step-102 --sign release.key --trusted-key host.key.pub',
     ],
     "gc": [
         "wdiff gc hf://acme/policy --keep-last 20 --keep step-1000 --dry-run",
@@ -118,8 +118,9 @@ EXIT_NOTES: dict[str, str] = {
     "pull": "0 the directory is at the version (nothing to do counts); 8 another pull holds the "
     "directory; 4 a download was damaged (run again); 3 no such remote or version.",
     "log": "0 listed; 3 the remote does not exist.",
-    "commit": "0 published (or already there); 3 a part is missing (rerun its writer); 5 two parts "
-    "hold one file, or the parts are not against the head; 8 another push won the race.",
+    "commit": "0 published (or already there); 3 a part is missing (rerun its writer); 4 a part is "
+    "unsigned, untrusted, damaged or not of this remote and stage; 5 two parts hold one file, the parts are not "
+    "against the head, or a writer lacked the base file of a tensor it holds; 8 another push won the race.",
     "gc": "0 done (or nothing to do); 8 the chain moved while gc ran (run it again); 4 the chain is "
     "signed and no --sign KEY was given; 3 no such remote or version to --keep; 6 and 7 remote errors.",
     "status": "0 done (and, with --exit-code, up to date); 1 only with --exit-code when DIR is "

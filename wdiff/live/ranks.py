@@ -180,7 +180,7 @@ class RankPublisher:
                     os.replace(new, live.where(PART))
                     fsync_dir(live.path)
                     store_part(live.where(PART), store or open_remote(self.remote), stage=stage, head=head,
-                               reporter=self.reporter)
+                               reporter=self.reporter, sign_key=self.sign_key)
             except Exception as e:  # noqa: BLE001 - every rank must hear of it, then it is raised here
                 err = e
             outcomes = self._gather(None if err is None else _say(err))

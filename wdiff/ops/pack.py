@@ -121,8 +121,15 @@ def pack(
     if not fmt.VERSION <= cap <= fmt.MAX_VERSION:
         raise UsageError(f"bundle format version {cap} is not one this wdiff writes ({fmt.VERSION} to {fmt.MAX_VERSION})")
     check_output(out, [("the base checkpoint", a), ("the target checkpoint", b)], overwrite=overwrite)
-    threads = threads or default_threads()
     pair = Pair(a, b, reporter=reporter, rules=ignore.rules(exclude, include))
+    return pack_pair(pair, out, level=level, threads=threads, chunk=chunk, reporter=reporter, cap=cap)
+
+
+def pack_pair(pair: Pair, out, *, level: int = DEFAULT_LEVEL, threads: int | None = None, chunk: int = DEFAULT_CHUNK,
+              reporter: Reporter = SILENT, cap: int = fmt.MAX_VERSION) -> PackResult:
+    """:func:`pack` of a pair already scanned (a staged part packs its
+    files against the base files they need: see ops/stage.py)."""
+    threads = threads or default_threads()
     if pair.version > cap:
         raise UsageError(
             f"these checkpoints need bundle format version {pair.version} (tensor names repeat across "

@@ -30,14 +30,17 @@ class UnitWork:
 class Pair:
     """Checkpoint ``a`` (None: no base, an anchor) and ``b``, scanned once
     (B reuses A's parsed headers where they are the same bytes), their
-    opaque files reported to ``reporter``."""
+    opaque files reported to ``reporter``. Either side may be given as a
+    :class:`Checkpoint` already scanned (a staged part's base: the files of
+    the base its target needs, see ops/stage.py)."""
 
     def __init__(self, a, b, *, reporter: Reporter, rules: Rules = DEFAULT_RULES) -> None:
         # two single files are two versions of one file, named as B is, so
         # that a bundle between them applies to the file whatever its name
-        name = os.path.basename(os.fspath(b)) if is_file_arg(a) and is_file_arg(b) else None
-        self.A: Checkpoint | None = scan(a, rules=rules, name=name) if a is not None else None
-        self.B: Checkpoint = scan(b, reuse=self.A, rules=rules)
+        paths = not isinstance(a, Checkpoint) and not isinstance(b, Checkpoint)
+        name = os.path.basename(os.fspath(b)) if paths and is_file_arg(a) and is_file_arg(b) else None
+        self.A: Checkpoint | None = _scanned(a, rules=rules, name=name) if a is not None else None
+        self.B: Checkpoint = _scanned(b, reuse=self.A, rules=rules)
         self.version = format_version(self.A, self.B)
         self.excluded = tuple(sorted({p for c in (self.A, self.B) if c for p in c.excluded}))
         if self.excluded:
@@ -78,6 +81,10 @@ class Pair:
     def remember_target(self) -> None:
         """B is the next step's base: store its digests, known now, in the cache."""
         cache.remember(self.B, self.db)
+
+
+def _scanned(c, **kw) -> Checkpoint:
+    return c if isinstance(c, Checkpoint) else scan(c, **kw)
 
 
 def format_version(A: Checkpoint | None, B: Checkpoint) -> int:
