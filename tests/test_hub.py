@@ -246,7 +246,8 @@ def test_at_branch_creates_it_from_main_and_keeps_main_alone(hub, versions, tmp_
         wdiff.log(URL + "@dev")  # reading a branch that does not exist does not create it
     wdiff.push(versions[1], URL + "@dev", base=versions[0], label="v1")  # starts from main's chain
     repo = hub.repo("acme/deltas")
-    assert "dev" in repo.branches and repo.commits[repo.branches["dev"]].parent == main_before
+    # two commits on main's head: the parts, then the chain that names that commit
+    assert "dev" in repo.branches and repo.commits[repo.commits[repo.branches["dev"]].parent].parent == main_before
     assert hub.head("acme/deltas") == main_before
     assert [e.label for e in wdiff.log(URL + "@dev").entries] == ["v1", None]
     assert len(wdiff.log(URL).entries) == 1
