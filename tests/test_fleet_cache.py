@@ -256,6 +256,18 @@ def test_hub_chain_records_the_commit_that_added_each_part(hub, versions):
             # the commit that added it: its parent did not have it
             assert commit.parent is None or f"wdiff/{p.path}" not in repo.commits[commit.parent].files
     assert entries[0].parts[0].commit != entries[1].parts[0].commit
+    # and `wdiff log --json` shows it, as its schema documents
+    import json
+
+    from schemacheck import errors
+
+    out = subprocess.run([sys.executable, "-m", "wdiff", "log", "--json", HUB_URL], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    doc = json.loads(out)
+    schema = json.loads((Path(wdiff.__file__).parent / "cli" / "schemas" / "log.json").read_text())
+    assert errors(schema, doc) == []
+    shown = sorted(p["commit"] for e in doc["entries"] for p in e["parts"])
+    assert shown == sorted(p.commit for e in entries for p in e.parts)
 
 
 # -- S3 ---------------------------------------------------------------------------------
@@ -391,13 +403,14 @@ def _main() -> None:  # pragma: no cover - a measurement, run by hand
                     out += [("S3", via, r) for r in rows]
                 mp.undo()
     print(f"{PULLERS} pullers per round; origin traffic per round\n")
-    print("| origin | path | round | origin requests | origin bytes | object bytes / stored size |")
-    print("|---|---|---|---:|---:|---:|")
+    print("| origin | pullers reach it | round | origin requests | origin bytes | anchor bytes | delta bytes |")
+    print("|---|---|---|---:|---:|---:|---:|")
     for k, (origin, via, r) in enumerate(out):
-        stage = "before a push (anchor)" if k % 2 == 0 else "after a push (late joiners)"
-        objects = sum(r["objects"].values())
-        stored = sum(r["sizes"].values())
-        print(f"| {origin} | {via} | {stage} | {r['requests']} | {r['bytes']:,} | {objects / stored:.2f} |")
+        stage = "anchor pushed" if k % 2 == 0 else "after a 2nd push: late joiners"
+        objects = list(r["objects"].values()) + [0]
+        print(f"| {origin} | {via} | {stage} | {r['requests']} | {r['bytes']:,} | {objects[0]:,} | {objects[1]:,} |")
+    sizes = list(out[-1][2]["sizes"].values())
+    print(f"\nanchor part {sizes[0]:,} bytes, delta part {sizes[1]:,} bytes")
 
 
 if __name__ == "__main__":
