@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 import time
 
 from ...errors import AuthError, ConflictError, IntegrityError, NotFoundError, RemoteError
