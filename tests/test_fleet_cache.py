@@ -407,10 +407,14 @@ def _main() -> None:  # pragma: no cover - a measurement, run by hand
     print("|---|---|---|---:|---:|---:|---:|")
     for k, (origin, via, r) in enumerate(out):
         stage = "anchor pushed" if k % 2 == 0 else "after a 2nd push: late joiners"
-        objects = list(r["objects"].values()) + [0]
-        print(f"| {origin} | {via} | {stage} | {r['requests']} | {r['bytes']:,} | {objects[0]:,} | {objects[1]:,} |")
-    sizes = list(out[-1][2]["sizes"].values())
-    print(f"\nanchor part {sizes[0]:,} bytes, delta part {sizes[1]:,} bytes")
+        anchor = next(iter(out[k - k % 2][2]["sizes"]))  # the one part of the first round
+        delta = sum(n for p, n in r["objects"].items() if p != anchor)
+        print(f"| {origin} | {via} | {stage} | {r['requests']} | {r['bytes']:,} | {r['objects'][anchor]:,} "
+              f"| {delta:,} |")
+    sizes = out[1][2]["sizes"]
+    anchor = next(iter(out[0][2]["sizes"]))
+    print(f"\nanchor part {sizes[anchor]:,} bytes, delta part "
+          f"{sum(n for p, n in sizes.items() if p != anchor):,} bytes")
 
 
 if __name__ == "__main__":
