@@ -270,6 +270,30 @@ def test_hub_chain_records_the_commit_that_added_each_part(hub, versions):
     assert shown == sorted(p.commit for e in entries for p in e.parts)
 
 
+def test_a_parts_commit_is_checked_and_ignored_where_there_are_no_commits(versions, tmp_path):
+    """A chain is input: a part's commit is 40 hex digits or the chain is
+    refused (it becomes part of a URL); a directory remote has no commits
+    and reads the part where it is."""
+    import json
+
+    import wdiff
+
+    remote = tmp_path / "remote"
+    wdiff.push(versions[0], remote, anchor=True)
+    doc = json.loads((remote / "chain.json").read_bytes())
+    for bad in ("../../../etc/passwd", "A" * 40, "0" * 39, 7, "main"):
+        doc["entries"][0]["parts"][0]["commit"] = bad
+        (remote / "chain.json").write_text(json.dumps(doc))
+        r = subprocess.run([sys.executable, "-m", "wdiff", "pull", str(remote), str(tmp_path / "bad")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 4 and "malformed commit" in r.stderr, (bad, r.returncode, r.stderr)
+        assert not (tmp_path / "bad").exists()
+    doc["entries"][0]["parts"][0]["commit"] = "0123456789abcdef0123456789abcdef01234567"
+    (remote / "chain.json").write_text(json.dumps(doc))
+    pull_many(str(remote), [tmp_path / "good"], dict(os.environ))
+    assert tree(tmp_path / "good") == tree(versions[0])
+
+
 # -- S3 ---------------------------------------------------------------------------------
 
 
