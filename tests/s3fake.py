@@ -47,6 +47,18 @@ class MotoS3:
         self._fs().mkdir(name)
         return name
 
+    def allow_anonymous_reads(self, bucket: str) -> None:
+        """A bucket policy that lets anyone GET objects and list the bucket,
+        as an operator grants a fleet's cache (by source address, in real
+        life). moto applies it to GET but not to HEAD (which S3 also grants
+        with s3:GetObject); a caching proxy turns HEAD into GET anyway."""
+        import json
+
+        policy = {"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Principal": "*", "Action": ["s3:GetObject", "s3:ListBucket"],
+             "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}]}
+        self._fs().call_s3("put_bucket_policy", Bucket=bucket, Policy=json.dumps(policy))
+
     def _fs(self):
         import s3fs
 

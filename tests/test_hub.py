@@ -246,7 +246,8 @@ def test_at_branch_creates_it_from_main_and_keeps_main_alone(hub, versions, tmp_
         wdiff.log(URL + "@dev")  # reading a branch that does not exist does not create it
     wdiff.push(versions[1], URL + "@dev", base=versions[0], label="v1")  # starts from main's chain
     repo = hub.repo("acme/deltas")
-    assert "dev" in repo.branches and repo.commits[repo.branches["dev"]].parent == main_before
+    # two commits on main's head: the parts, then the chain that names that commit
+    assert "dev" in repo.branches and repo.commits[repo.commits[repo.branches["dev"]].parent].parent == main_before
     assert hub.head("acme/deltas") == main_before
     assert [e.label for e in wdiff.log(URL + "@dev").entries] == ["v1", None]
     assert len(wdiff.log(URL).entries) == 1
@@ -384,3 +385,86 @@ def test_damaged_partial_download_is_discarded(hub, tmp_path, monkeypatch):
     assert [r.range for r in gets] == [f"bytes={res.bytes // 3}-", None]  # resumed, refused, fetched whole
     assert any(ev[0] == "warn" and "again" in ev[1] for ev in rec.events)
     assert tree(d) == tree(big)
+
+
+def _fail_chain_commits(monkeypatch):
+    """Every commit that writes chain.json fails as a dropped connection
+    would; commits of parts go through: a push that dies between its two
+    commits."""
+    from wdiff.remotes.hub import RepoStore
+
+    real = RepoStore._commit_once
+
+    def commit_once(self, ops, parent, message):
+        if any(op.path_in_repo.endswith("/chain.json") for op in ops):
+            raise RemoteError(f"{self.url}: commit: the connection dropped (test)")
+        return real(self, ops, parent, message)
+
+    monkeypatch.setattr(RepoStore, "_commit_once", commit_once)
+
+
+def test_push_that_dies_between_its_commits_leaves_only_unreferenced_parts(hub, versions, tmp_path,
+                                                                           monkeypatch):
+    wdiff.push(versions[0], URL, anchor=True)
+    before = wdiff.log(URL)
+    with monkeypatch.context() as m:
+        _fail_chain_commits(m)
+        with pytest.raises(RemoteError):
+            wdiff.push(versions[1], URL, base=versions[0])
+    after = wdiff.log(URL)
+    assert after.entries == before.entries and after.head == before.head  # readers see the old chain
+    named = {f"wdiff/{p.path}" for e in after.entries for p in e.parts}
+    stray = {p for p in hub.files("acme/deltas") if p.startswith("wdiff/objects/")} - named
+    assert stray  # the parts went up, and no chain names them
+    # the rerun finds them on the branch (huggingface_hub then commits nothing and
+    # answers with the head): the chain it writes names a commit that holds them
+    wdiff.push(versions[1], URL, base=versions[0])
+    repo = hub.repo("acme/deltas")
+    for p in wdiff.log(URL).entries[-1].parts:
+        assert f"wdiff/{p.path}" in repo.commits[p.commit].files
+    wdiff.pull(URL, tmp_path / "d")
+    assert tree(tmp_path / "d") == tree(versions[1])
+
+
+def test_rerun_whose_parts_commit_is_empty_still_refuses_a_newer_chain(hub, versions, tmp_path, monkeypatch):
+    """A commit of parts the branch already has is no commit: huggingface_hub
+    answers with the branch's head, past any chain pushed meanwhile. The
+    chain commit built on it must not overwrite that chain."""
+    from wdiff.remotes.hub import RepoStore
+
+    wdiff.push(versions[0], URL, anchor=True)
+    wdiff.pack(versions[0], versions[1], tmp_path / "a.wdb")
+    wdiff.pack(versions[0], versions[2], tmp_path / "b.wdb")
+    with monkeypatch.context() as m:
+        _fail_chain_commits(m)
+        with pytest.raises(RemoteError):
+            wdiff.push(tmp_path / "a.wdb", URL)  # a's parts are on the branch, unreferenced
+    real = RepoStore.publish_placed
+    raced = []
+
+    def racing(self, *a, **kw):
+        if not raced:  # a has read the chain; b gets in first
+            raced.append(1)
+            wdiff.push(tmp_path / "b.wdb", URL)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(RepoStore, "publish_placed", racing)
+    with pytest.raises(wdiff.errors.ConflictError):
+        wdiff.push(tmp_path / "a.wdb", URL)
+    log = wdiff.log(URL)
+    assert len(log.entries) == 2 and log.head == wdiff.inspect(tmp_path / "b.wdb").target_fingerprint
+
+
+def test_hub_chain_is_read_with_one_bounded_get(hub, versions, monkeypatch):
+    from wdiff.errors import FormatError
+    from wdiff.remotes.hub import transfer
+
+    wdiff.push(versions[0], URL, anchor=True)
+    start = len(hub.log)
+    wdiff.log(URL)
+    routes = [r.route for r in hub.log[start:]]
+    assert routes.count("resolve") == 1 and "paths_info" not in routes
+    assert not any(r.method == "HEAD" for r in hub.log[start:])
+    monkeypatch.setattr(transfer, "MAX_CHAIN_OBJECT", 100)  # a chain larger than the limit is refused
+    with pytest.raises(FormatError, match="larger than this wdiff accepts"):
+        wdiff.log(URL)

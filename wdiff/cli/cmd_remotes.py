@@ -62,9 +62,10 @@ def push(
 
     The bundle is verified, split into parts no larger than --part-size, and
     stored; then the chain index that lists it is written, so a reader never
-    sees a version whose parts are missing. On a Hub repository both happen in
-    one commit that fails if anyone else pushed meanwhile. A bundle whose base
-    is not the head is refused. Pushing the same bundle again does nothing.
+    sees a version whose parts are missing. On a Hub repository the parts go
+    in one commit and the chain, naming that commit, in the next; either fails
+    if anyone else pushed meanwhile. A bundle whose base is not the head is
+    refused. Pushing the same bundle again does nothing.
 
     A first push to the Hub creates the repository, private unless --public
     (and says so), with a model card (README.md) that says how to pull it,

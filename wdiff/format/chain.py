@@ -10,6 +10,12 @@ one leads from and to, and the head. Pure: JSON in, objects out.
                   "parts": [{"path": "objects/ab/<id>.wdb", "size": 1234,
                              "digest": "<xxh3-128>"}]}, ...]}
 
+Since format 1.3 a part may name the commit that added it to a Hub
+repository (``"commit": "<40 hex digits>"``): every puller then reads it at
+that one URL, which a fleet's cache keeps for ever. A part without one is
+read at the commit the chain was read at (chains written before 1.3, and
+every store without commits).
+
 An entry is an edge from ``parent`` to ``version``; an entry without a parent
 is an *anchor*, a whole checkpoint. Entries are in push order.
 
@@ -61,6 +67,8 @@ OBJECTS = "objects"
 _REMOTE_ID = re.compile(r"[0-9a-f]{32}")
 _PREV = re.compile(r"blake2b-256:[0-9a-f]{64}")
 _SIGNER = re.compile(r"[0-9A-F]{16}")
+#: a part's commit: a git object id (SHA-1), exactly as the Hub spells it
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 _TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
 #: the part paths wdiff writes; anything else goes through the full path check
 _PART = re.compile(r"objects/([0-9a-f]{2})/\1[0-9a-f]{30}\.wdb(?:\.[0-9]{5})?")
@@ -81,9 +89,13 @@ class Part:
     path: str  # relative to the remote root
     size: int
     digest: bytes
+    commit: str | None = None  # since 1.3: the Hub commit that added it (40 hex digits); None: read at the chain's
 
     def to_json(self) -> dict:
-        return {"path": self.path, "size": self.size, "digest": hexd(self.digest)}
+        d = {"path": self.path, "size": self.size, "digest": hexd(self.digest)}
+        if self.commit is not None:
+            d["commit"] = self.commit
+        return d
 
 
 @dataclass(frozen=True)
@@ -182,6 +194,22 @@ class Chain:
 
     def appended(self, e: Entry, *, head: bool = True) -> Chain:
         return replace(self, entries=self.entries + (e,), head=e.version if head else self.head)
+
+    def placed(self, where: dict[str, str]) -> Chain:
+        """This chain with the commit that added each part recorded, from
+        ``where`` ({part path: commit}, what a Hub store reports after
+        committing the parts); parts it does not name, and parts that
+        already name a commit, are left as they are."""
+        if not where:
+            return self
+        for c in where.values():
+            if not _COMMIT.fullmatch(c):
+                raise ValueError(f"not a commit id: {c!r}")
+        entries = tuple(
+            replace(e, parts=tuple(replace(p, commit=where[p.path]) if p.commit is None and p.path in where else p
+                                   for p in e.parts))
+            for e in self.entries)
+        return replace(self, entries=entries)
 
     def succeeding(self, raw: bytes | None, *, remote: str, published: str, signer: str | None) -> Chain:
         """This chain as the publish after ``raw`` (the bytes it replaces,
@@ -386,7 +414,10 @@ def _entry(d: object, where: str) -> Entry:
             size = p["size"]
             if type(size) is not int or size < 0:
                 raise FormatError(f"{where}: part size is not a size")
-            ps.append(Part(path, size, _digest(p["digest"], where)))
+            commit = p.get("commit")
+            if commit is not None and not (type(commit) is str and _COMMIT.fullmatch(commit)):
+                raise FormatError(f"{where}: part {printable(path)}: malformed commit")
+            ps.append(Part(path, size, _digest(p["digest"], where), commit))
         label = d.get("label")
         if label is not None and (not isinstance(label, str) or len(label) > MAX_LABEL):
             raise FormatError(f"{where}: malformed label")

@@ -98,14 +98,14 @@ def download(store, e: Entry, work, reporter: Reporter) -> tuple[str, int]:
         # an interrupted run may have left the first bytes of the part: stores
         # continue from there, and the whole part is checked below
         resumed = work.kind(pn) == "file" and os.path.getsize(dest) > 0
-        store.fetch(p.path, dest, size=p.size, reporter=reporter)
+        store.fetch(p.path, dest, size=p.size, reporter=reporter, at=p.commit)
         fetched += p.size
         if resumed and not _part_ok(work, pn, p):
             # the bytes kept from before may be what is damaged: never trust
             # them, fetch the whole part once more
             work.unlink(pn)
             reporter.warn(f"{p.path}: the resumed download did not verify; fetching the whole part again")
-            store.fetch(p.path, dest, size=p.size, reporter=reporter)
+            store.fetch(p.path, dest, size=p.size, reporter=reporter, at=p.commit)
         if not _part_ok(work, pn, p):
             work.unlink(pn)
             raise IntegrityError(

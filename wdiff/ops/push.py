@@ -274,19 +274,30 @@ def push_bundle(path: str, remote, *, label, part_size: int, fork: bool, sign_ke
         published=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         signer=key.public_key.id_hex if key is not None else None,
     )
-    encoded = new.encode()
-    chain_sig = chain_signature(encoded, key, path) if key is not None else None
-    if chain_sig is not None:
-        uploads.append(chain_sig)
-    reporter.phase("upload", sum(u.length for u in uploads))
+    # a Hub repository commits the parts first and says which commit holds
+    # them, which the chain records (one URL per part for ever); other stores
+    # place nothing, and the chain made here is the one published
+    final = [new, new.encode()]
+    sigs = [chain_signature(final[1], key, path)] if key is not None else []
+
+    def make_chain(placed: dict[str, str]) -> tuple[bytes, list[Upload]]:
+        if placed:
+            final[0] = new.placed(placed)
+            final[1] = final[0].encode()
+            if key is not None:
+                sigs.append(chain_signature(final[1], key, path))
+        return final[1], sigs[-1:]
+
+    reporter.phase("upload", sum(u.length for u in uploads) + sum(u.length for u in sigs))
     verb = "wdiff squash" if shortcut else "wdiff push"
     message = commit_message or f"{verb} {short(version)}" + (f" ({label})" if label else "")
     try:
-        store.publish(uploads, encoded, chain_token, message=message, reporter=reporter)
+        store.publish_placed(uploads, make_chain, chain_token, message=message, reporter=reporter)
     finally:
-        if chain_sig is not None:  # the chain's signature file is wdiff's own temp: it goes once uploaded
+        for sig in sigs:  # the chain's signature files are wdiff's own temps: they go once uploaded
             with contextlib.suppress(OSError):
-                os.unlink(chain_sig.source)
+                os.unlink(sig.source)
+    new, encoded = final
     if key is not None or verified:
         trust.remember(store.url, new, encoded, records)
     reporter.done()

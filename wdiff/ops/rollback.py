@@ -132,7 +132,7 @@ def _remote_older(store, e: Entry, fetched: list, budget: int) -> Callable[[], O
                 a, b = max(offset, s), min(offset + n, s + p.size)
                 if a < b:
                     try:
-                        out.append(store.fetch_range(p.path, a - s, b - a, size=p.size))
+                        out.append(store.fetch_range(p.path, a - s, b - a, size=p.size, at=p.commit))
                     except NotImplementedError:
                         raise NotInvertible(f"{store.url}: cannot read part of a bundle") from None
             fetched[0] += n

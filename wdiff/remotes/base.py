@@ -54,8 +54,11 @@ class Reader(ABC):
 
     @abstractmethod
     def fetch(self, path: str, dest: str, *, size: int | None = None, max_size: int | None = None,
-              reporter: Reporter = SILENT) -> None:
-        """Download object ``path`` into the local file ``dest``. Give exactly
+              reporter: Reporter = SILENT, at: str | None = None) -> None:
+        """Download object ``path`` into the local file ``dest``. ``at``: the
+        revision a store with revisions recorded the object at (see
+        :meth:`Writer.publish_placed`), read there rather than at the
+        chain's; other stores ignore it. Give exactly
         one of ``size`` (the object is exactly that long; a partial ``dest``
         from an interrupted fetch may be resumed) and ``max_size`` (a small
         object of unknown size, such as a signature: refused, with
@@ -64,7 +67,7 @@ class Reader(ABC):
         the size and that the object is a plain file; the caller verifies the
         content."""
 
-    def fetch_range(self, path: str, offset: int, length: int, *, size: int) -> bytes:
+    def fetch_range(self, path: str, offset: int, length: int, *, size: int, at: str | None = None) -> bytes:
         """Bytes [offset, offset + length) of object ``path``, which is exactly
         ``size`` bytes long (checked, as :meth:`fetch` checks it); the caller
         verifies the content. A store that cannot read part of an object
@@ -109,6 +112,19 @@ class Writer(Reader):
         """Store ``uploads``, then replace the chain index with ``chain`` if it
         is still what ``token`` saw; otherwise raise ConflictError. Readers
         never see a chain that lists objects not yet stored."""
+
+    def publish_placed(self, uploads: list[Upload], make_chain, token: object, *, message: str,
+                       reporter: Reporter = SILENT) -> bytes:
+        """:meth:`publish`, for a chain index that records where the store
+        placed ``uploads``: ``make_chain(placed)`` returns the index's bytes
+        and the uploads that go with it (its signature), from ``placed``,
+        {path: revision} of the uploads a store with revisions (a Hub
+        repository: the commit that added each) committed first. Stores
+        without revisions place nothing: the chain is made up front, from
+        {}. Returns the index's bytes as published."""
+        chain, more = make_chain({})
+        self.publish(list(uploads) + list(more), chain, token, message=message, reporter=reporter)
+        return chain
 
     @abstractmethod
     def store(self, uploads: list[Upload], *, reporter: Reporter = SILENT) -> None:

@@ -34,7 +34,7 @@ class LocalStore(Writer):
         return raw, xxhash.xxh3_128_digest(raw)
 
     def fetch(self, path: str, dest: str, *, size: int | None = None, max_size: int | None = None,
-              reporter: Reporter = SILENT) -> None:
+              reporter: Reporter = SILENT, at: str | None = None) -> None:
         check_fetch_args(size, max_size)
         src = self._path(path)
         what = f"{self.url}: {path}"
@@ -65,7 +65,7 @@ class LocalStore(Writer):
         except OSError as e:
             raise io_error(dest, e) from None
 
-    def fetch_range(self, path: str, offset: int, length: int, *, size: int) -> bytes:
+    def fetch_range(self, path: str, offset: int, length: int, *, size: int, at: str | None = None) -> bytes:
         src = self._path(path)
         what = f"{self.url}: {path}"
         if offset < 0 or length < 0 or offset + length > size:

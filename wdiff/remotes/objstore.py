@@ -34,6 +34,13 @@ reuse a whole object already there with the right size. Downloads go in
 ranged pieces, appended to the caller's file as they arrive: a broken
 connection costs at most one piece, and an interrupted fetch continues from
 the bytes already there.
+
+For a fleet's cache in front of the store: on S3 every object is written
+with a ``Cache-Control`` (objects and signatures immutable, the chain index
+``no-cache``; see :func:`cache_control`), and a puller may read without
+credentials where the operator's proxy adds them, through fsspec's own
+configuration (``FSSPEC_S3_ANON=true``: s3fs then signs nothing); wdiff
+adds no variable of its own.
 """
 
 from __future__ import annotations
@@ -65,6 +72,19 @@ _ALIASES = {"gcs": "gs", "s3a": "s3", "abfss": "abfs"}
 #: the extra that installs each protocol's library
 _EXTRAS = {"s3": ("s3", "s3fs"), "gs": ("gcs", "gcsfs"), "az": ("azure", "adlfs"), "abfs": ("azure", "adlfs")}
 _SCHEME = re.compile(r"([a-z][a-z0-9+.-]*)://(.*)", re.S)
+#: Cache-Control of what wdiff writes where the store keeps it (S3, and
+#: GCS's chain): objects and signatures are named by their content and never
+#: change, so a fleet's cache may keep them for ever; the chain index (and
+#: a stage's objects, which a rerun may replace) must be asked for again
+IMMUTABLE = "public, max-age=31536000, immutable"
+REVALIDATE = "no-cache"
+_IMMUTABLE_FOLDERS = ("objects", "signatures")
+
+
+def cache_control(path: str) -> str:
+    """The Cache-Control an object at ``path`` (relative to the remote's
+    root) is written with."""
+    return IMMUTABLE if path.split("/", 1)[0] in _IMMUTABLE_FOLDERS and path != CHAIN else REVALIDATE
 
 
 def parse(url: str) -> dict:
@@ -277,7 +297,7 @@ class ObjectStore(Writer):
             return self.fs.cat_file(self._key(path), start=start, end=end)
 
     def fetch(self, path: str, dest: str, *, size: int | None = None, max_size: int | None = None,
-              reporter: Reporter = SILENT) -> None:
+              reporter: Reporter = SILENT, at: str | None = None) -> None:
         check_fetch_args(size, max_size)
         if size is None:
             have = self._check_info(path, self._info(path), max_size=max_size)
@@ -310,7 +330,7 @@ class ObjectStore(Writer):
         except OSError as e:
             raise io_error(dest, e) from None
 
-    def fetch_range(self, path: str, offset: int, length: int, *, size: int) -> bytes:
+    def fetch_range(self, path: str, offset: int, length: int, *, size: int, at: str | None = None) -> bytes:
         if offset < 0 or length < 0 or offset + length > size:
             raise ValueError("a range outside the object")
         self._size(path, size)

@@ -12,7 +12,8 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from ..errors import FormatError, NotFoundError, RemoteError
 from ..progress import SILENT, Reporter
 from .base import CHAIN, MAX_CHAIN_OBJECT, Upload, Writer
-from .objstore import CHUNK, MAX_PARTS, UPLOADERS, ObjectStore, _filesystem, _read_range, store_errors
+from .objstore import (CHUNK, MAX_PARTS, REVALIDATE, UPLOADERS, ObjectStore, _filesystem, _read_range, cache_control,
+                       store_errors)
 
 
 def open_store(url: str, spec: dict) -> Writer:
@@ -80,7 +81,7 @@ class S3Store(ObjectStore):
         bucket, key = self._split(self._key(CHAIN))
         cond = {"IfMatch": token[1]} if isinstance(token, tuple) else {"IfNoneMatch": "*"}
         self._call("put_object", "write chain", conflict=True, Bucket=bucket, Key=key, Body=chain,
-                   ContentType="application/json", **cond)
+                   ContentType="application/json", CacheControl=REVALIDATE, **cond)
 
     def publish(self, uploads: list[Upload], chain: bytes, token: object, *, message: str,
                 reporter: Reporter = SILENT) -> None:
@@ -102,7 +103,8 @@ class S3Store(ObjectStore):
         chunk = max(CHUNK, -(-u.length // MAX_PARTS))
         if u.length <= chunk:
             data = _read_range(u.source, u.offset, u.length)
-            self._call("put_object", f"upload {u.path}", Bucket=bucket, Key=key, Body=data)
+            self._call("put_object", f"upload {u.path}", Bucket=bucket, Key=key, Body=data,
+                       CacheControl=cache_control(u.path))
             reporter.advance(u.length)
             return
         try:
@@ -168,7 +170,8 @@ class S3Store(ObjectStore):
                 if not lp.get("IsTruncated"):
                     return upload_id, parts
                 marker = int(lp["NextPartNumberMarker"])
-        r = self._call("create_multipart_upload", f"upload {path}", Bucket=bucket, Key=key)
+        r = self._call("create_multipart_upload", f"upload {path}", Bucket=bucket, Key=key,
+                       CacheControl=cache_control(path))
         return r["UploadId"], {}
 
 
@@ -208,7 +211,7 @@ class GCSStore(ObjectStore):
 
         generation = token[1] if isinstance(token, tuple) else "0"
         bucket, _, key = self._key(CHAIN).partition("/")
-        meta = json.dumps({"name": key})
+        meta = json.dumps({"name": key, "cacheControl": REVALIDATE})
         body = (f"--==0==\nContent-Type: application/json; charset=UTF-8\n\n{meta}\n--==0==\n"
                 "Content-Type: application/json\n\n").encode() + chain + b"\n--==0==--"
         path = f"{self.fs._location}/upload/storage/v1/b/{quote(bucket)}/o"

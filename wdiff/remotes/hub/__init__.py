@@ -1,13 +1,17 @@
 """Hugging Face Hub remotes: model and dataset repositories, and Storage
 Buckets. The only module that imports huggingface_hub.
 
-Repositories are git-versioned: a push is one commit holding the parts and
-the new ``chain.json``, made with ``parent_commit`` set to the commit the
-chain was read at, so of two concurrent pushers one wins and the other gets
-HTTP 412 (ConflictError). Everything lives under ``wdiff/`` in the repo (or
-the subfolder the URL names), so a repository can hold a model card or a
-full checkpoint beside the chain. Downloads are pinned to the commit the
-chain was read at.
+Repositories are git-versioned: a push is two commits, the parts first,
+with ``parent_commit`` set to the commit the chain was read at, then the new
+``chain.json`` on that commit, recording it as the commit that added each
+new part; of two concurrent pushers one wins and the other gets HTTP 412
+(ConflictError), and a push that dies between the two leaves only parts no
+chain names (``wdiff gc`` removes them). Everything lives under ``wdiff/``
+in the repo (or the subfolder the URL names), so a repository can hold a
+model card or a full checkpoint beside the chain. The chain is read at the
+commit the branch names, with one GET bounded by wdiff's limit; each part at
+the commit the chain records for it (one URL for ever, which a fleet's
+cache keeps), or, in a chain written before, at the chain's commit.
 
 A push creates what is missing: the repository (private unless asked
 otherwise, and it says so), the branch the URL names (from the default

@@ -65,7 +65,7 @@ class BucketStore(Writer):
         return raw, xxhash.xxh3_128_digest(raw)
 
     def fetch(self, path: str, dest: str, *, size: int | None = None, max_size: int | None = None,
-              reporter: Reporter = SILENT) -> None:
+              reporter: Reporter = SILENT, at: str | None = None) -> None:
         check_fetch_args(size, max_size)
         if os.path.exists(dest):
             os.unlink(dest)  # no ranged resume through the bucket API: parts are the resume unit

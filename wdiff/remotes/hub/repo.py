@@ -6,18 +6,18 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 import time
 
 from ...errors import AuthError, ConflictError, IntegrityError, NotFoundError, RemoteError
 from ...progress import SILENT, Reporter
-from ..base import CHAIN, Upload, Writer, check_deletable, check_fetch_args, check_prefix, read_chain_file
+from ..base import CHAIN, Upload, Writer, check_deletable, check_fetch_args, check_prefix
 from .transfer import (
     _bar_class,
     _check_downloaded,
     _Counted,
     _pumped,
     _refuse_large_chain,
+    _refuse_status,
     _resume_get,
     _routed_xet_upload_progress,
     _Slice,
@@ -93,6 +93,7 @@ class RepoStore(Writer):
             self._sha = start
             raw = self._download_chain(start)
             self._fresh = raw is None
+            self._raw = raw
             return raw, _NewBranch(start)
         self._sha = sha
         if sha is None:
@@ -104,27 +105,28 @@ class RepoStore(Writer):
         return raw, sha
 
     def _download_chain(self, sha: str) -> bytes | None:
-        from huggingface_hub import errors as he
-        from huggingface_hub import hf_hub_download
+        """The chain at commit ``sha`` (None when there is none there), in
+        one GET of its ``/resolve`` URL, read up to the bound wdiff accepts
+        whatever length the server announces or sends."""
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers, get_session
 
-        try:
-            size = self._size(CHAIN, sha)
-        except NotFoundError:
-            size = None
-        if size is None:
-            return None
-        _refuse_large_chain(self.url, size)
-        with tempfile.TemporaryDirectory(prefix="wdiff-chain-") as tmp:
-            try:
-                with hub_errors(self.url, CHAIN):
-                    path = hf_hub_download(self.repo_id, self._remote(CHAIN), repo_type=self.repo_type,
-                                           revision=sha, local_dir=tmp, token=self._token,
-                                           tqdm_class=_bar_class(None))
-            except NotFoundError:
-                return None
-            except he.EntryNotFoundError:  # pragma: no cover - mapped above
-                return None
-            return read_chain_file(path, self.url)
+        url = hf_hub_url(self.repo_id, self._remote(CHAIN), repo_type=self.repo_type, revision=sha)
+        with hub_errors(self.url, CHAIN):
+            with get_session().stream("GET", url, headers=build_hf_headers(token=self._token),
+                                      follow_redirects=True) as r:
+                if r.status_code == 404:
+                    return None  # no chain at this commit (or no repository any more)
+                if r.status_code != 200:
+                    _refuse_status(self.url, CHAIN, r.status_code)
+                announced = r.headers.get("Content-Length")
+                if announced is not None and announced.isdigit():
+                    _refuse_large_chain(self.url, int(announced))
+                raw = bytearray()
+                for piece in r.iter_bytes():
+                    raw += piece
+                    _refuse_large_chain(self.url, len(raw))
+        return bytes(raw)
 
     def _size(self, path: str, revision: str) -> int | None:
         """The size of object ``path`` at ``revision``, from the tree
@@ -138,27 +140,26 @@ class RepoStore(Writer):
         return None
 
     def fetch(self, path: str, dest: str, *, size: int | None = None, max_size: int | None = None,
-              reporter: Reporter = SILENT) -> None:
+              reporter: Reporter = SILENT, at: str | None = None) -> None:
         check_fetch_args(size, max_size)
-        if self._sha is None:
-            self.read_chain()
+        revision = self._revision(at)
         if max_size is not None:
             # a small object of unknown size: ask its size first, so that a
             # hostile repository cannot make us download without end
-            have = self._size(path, self._sha)
+            have = self._size(path, revision)
             if have is None:
                 raise NotFoundError(f"{self.url}: object {path} is missing")
             if have > max_size:
                 raise IntegrityError(f"{self.url}: {path}: {have} bytes, more than the {max_size} this object may have")
-            self._fetch_small(path, dest, size, max_size, reporter)
+            self._fetch_small(path, dest, size, max_size, reporter, revision)
             return
         from huggingface_hub import hf_hub_url
         from huggingface_hub.utils import build_hf_headers
 
-        url = hf_hub_url(self.repo_id, self._remote(path), repo_type=self.repo_type, revision=self._sha)
+        url = hf_hub_url(self.repo_id, self._remote(path), repo_type=self.repo_type, revision=revision)
         _resume_get(self.url, path, url, build_hf_headers(token=self._token), dest, size, reporter)
 
-    def fetch_range(self, path: str, offset: int, length: int, *, size: int) -> bytes:
+    def fetch_range(self, path: str, offset: int, length: int, *, size: int, at: str | None = None) -> bytes:
         """One Range request at the commit the chain was read; at most
         ``length`` bytes are read whatever the server sends. A server that
         ignores the Range, or an object of another size, is refused rather
@@ -167,12 +168,11 @@ class RepoStore(Writer):
             raise ValueError("a range outside the object")
         if length == 0:
             return b""
-        if self._sha is None:
-            self.read_chain()
+        revision = self._revision(at)
         from huggingface_hub import hf_hub_url
         from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-        url = hf_hub_url(self.repo_id, self._remote(path), repo_type=self.repo_type, revision=self._sha)
+        url = hf_hub_url(self.repo_id, self._remote(path), repo_type=self.repo_type, revision=revision)
         headers = {**build_hf_headers(token=self._token), "Range": f"bytes={offset}-{offset + length - 1}"}
         with hub_errors(self.url, path):
             with get_session().stream("GET", url, headers=headers, follow_redirects=True) as r:
@@ -193,7 +193,20 @@ class RepoStore(Writer):
             raise IntegrityError(f"{self.url}: {path}: a range of {length} bytes came back as {len(data)}")
         return bytes(data)
 
-    def _fetch_small(self, path: str, dest: str, size: int | None, max_size: int | None, reporter: Reporter) -> None:
+    def _revision(self, at: str | None) -> str:
+        """Where an object is read: the commit that added it, when the chain
+        recorded one (the same URL for every puller, for ever: what a fleet's
+        cache keys on), else the commit the chain was read at."""
+        if at is not None:
+            if not _SHA.fullmatch(at):
+                raise ValueError(f"not a commit id: {at!r}")
+            return at
+        if self._sha is None:
+            self.read_chain()
+        return self._sha
+
+    def _fetch_small(self, path: str, dest: str, size: int | None, max_size: int | None, reporter: Reporter,
+                     revision: str) -> None:
         """An object of unknown size (a signature): whole, through the client,
         and checked against its bound once it has arrived."""
         from huggingface_hub import hf_hub_download
@@ -203,7 +216,7 @@ class RepoStore(Writer):
         try:
             with hub_errors(self.url, path):
                 got = hf_hub_download(self.repo_id, self._remote(path), repo_type=self.repo_type,
-                                      revision=self._sha, local_dir=landing, token=self._token,
+                                      revision=revision, local_dir=landing, token=self._token,
                                       tqdm_class=_bar_class(None))
             _check_downloaded(self.url, path, got, size, max_size)
             os.replace(got, dest)
@@ -213,30 +226,56 @@ class RepoStore(Writer):
 
     def publish(self, uploads: list[Upload], chain: bytes, token: object, *, message: str,
                 reporter: Reporter = SILENT) -> None:
+        self.publish_placed(uploads, lambda placed: (chain, []), token, message=message, reporter=reporter)
+
+    def publish_placed(self, uploads: list[Upload], make_chain, token: object, *, message: str,
+                       reporter: Reporter = SILENT) -> bytes:
+        """The parts first, in commits of fewer than 100 files, each built on
+        the one before (on the commit the chain was read at, for the
+        first); then the chain, which ``make_chain`` makes knowing the commit
+        that holds each part, in a commit whose parent is the last of those.
+        Every commit is conditional: a head that moved on without changing
+        the chain (objects stored or deleted) is built on, one that changed
+        it is a conflict. A crash between leaves only parts no chain names."""
         from huggingface_hub import CommitOperationAdd
 
         parent = self._prepare(token, reporter)
+        chain_read = isinstance(token, str)
         staging = _Staging()
         ops: list = []
-        opened = ops[:]  # every upload's operation, for closing its file objects
         try:
             for u in uploads:
-                ops.append(self._upload(u, staging, reporter))
-                opened.append(ops[-1])
-            # the Hub takes fewer than 100 files per commit: parts go ahead in batches,
-            # each conditional on the previous commit; the chain rides with the last batch
-            while len(ops) >= MAX_FILES_PER_COMMIT:
-                batch, ops = ops[: MAX_FILES_PER_COMMIT - 1], ops[MAX_FILES_PER_COMMIT - 1 :]
-                parent = self._commit(batch, parent, message + " (parts)", chain_read=isinstance(token, str))
-            ops.append(CommitOperationAdd(path_in_repo=self._remote(CHAIN), path_or_fileobj=chain))
+                ops.append((u.path, self._upload(u, staging, reporter)))
+            placed: dict[str, str] = {}
+            for k in range(0, len(ops), MAX_FILES_PER_COMMIT):
+                batch = ops[k : k + MAX_FILES_PER_COMMIT]
+                parent = self._commit([op for _, op in batch], parent, message + " (parts)", chain_read=chain_read)
+                placed.update((path, parent) for path, _ in batch)
+            if ops:
+                # a commit of parts the branch already holds is no commit at
+                # all: huggingface_hub then answers with the branch's head,
+                # which may carry someone else's chain by now
+                self._check_chain_at(parent)
+            chain, more = make_chain(placed)
+            tail = []
+            for u in more:
+                tail.append(self._upload(u, staging, reporter))
+                ops.append((u.path, tail[-1]))
+            tail.append(CommitOperationAdd(path_in_repo=self._remote(CHAIN), path_or_fileobj=chain))
             if self._fresh and not self._has(CARD, parent):
-                ops.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=model_card(self).encode()))
-            self._commit(ops, parent, message, chain_read=not self._fresh and isinstance(token, str))
+                tail.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=model_card(self).encode()))
+            self._commit(tail, parent, message, chain_read=not self._fresh and chain_read)
+            return chain
         finally:
-            for op in opened:
+            for _, op in ops:
                 if isinstance(op.path_or_fileobj, _Slice):
                     op.path_or_fileobj.close()
             staging.cleanup()
+
+    def _check_chain_at(self, sha: str) -> None:
+        """The chain at ``sha`` must still be the one this push read."""
+        if self._download_chain(sha) != (None if self._fresh else self._raw):
+            raise ConflictError(f"{self.url}: someone else pushed meanwhile", hint="run the push again")
 
     def _prepare(self, token: object, reporter: Reporter) -> str:
         """The commit to build on, creating the repository and the branch

@@ -59,6 +59,15 @@ def _refuse_large_chain(url: str, size: int) -> None:
                           hint="start a new remote from a fresh anchor")
 
 
+def _refuse_status(url: str, what: str, status: int) -> None:
+    """An HTTP error status read off a streamed response, whose body (the
+    server's, any length) is not read."""
+    if status in (401, 403):
+        raise AuthError(f"{url}: {what}: the Hub refused the credentials (HTTP {status})",
+                        hint="set HF_TOKEN or run `hf auth login` with a token that can access the repository")
+    raise RemoteError(f"{url}: {what}: HTTP {status}", hint="the Hub may be busy; try again")
+
+
 def _check_downloaded(url: str, path: str, got: str, size: int | None, max_size: int | None) -> None:
     """What arrived must be a plain file of the size the chain gives (or
     within the bound): the metadata asked before the download is the
