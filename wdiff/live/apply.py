@@ -54,6 +54,7 @@ from ..store.header import Header, TensorInfo, parse_header
 from ..store.units import FileLayout, Unit
 from ._tensors import Live, is_torch, prepared
 from .changes import buffered_changes, fast_changes, span_digest
+from .cover import Cover
 from .layout import headers_like
 
 #: undo entries kept in memory before they go to a temporary file
@@ -94,17 +95,30 @@ class _LiveBase:
     """Live tensors as the base of a bundle: each tensor of the target is
     patched from the live tensor of the same name, dtype and shape."""
 
-    def __init__(self, lives: list[Live]) -> None:
+    def __init__(self, lives: list[Live], layout: str | None = None) -> None:
         self.lives = lives
+        self.layout = layout
         self.by_name = {t.name: (t, TensorInfo(t.name, t.dtype, t.shape, 0, t.nbytes, t.nbytes)) for t in lives}
 
     def base_tensors(self, path: str, scoped: bool) -> dict:
         return self.by_name
 
     def headers(self, index) -> dict[int, bytes]:
+        """The headers the target takes from the base: from ``layout`` (a
+        checkpoint of the base version, a Follower's own), or rebuilt from
+        the tensors. Either way each is checked against the index's digest
+        (:func:`_header`) and the tensors against each header (:class:`Cover`)."""
         if not any(f.kind == KIND_TENSORS and f.source == "base" for f in index.files):
             return {}
-        return headers_like(index, self.lives)
+        try:
+            return headers_like(index, self.lives)
+        except BaseMismatchError:
+            if self.layout is None:
+                raise
+            out = _DirBase(scan(self.layout)).headers(index, missing_ok=True)
+            if any(i not in out for i, f in enumerate(index.files) if f.kind == KIND_TENSORS and f.source == "base"):
+                raise
+            return out
 
     def read(self, unit: Unit, buf: np.ndarray) -> None:
         pos = 0
@@ -124,12 +138,14 @@ class _DirBase:
     def base_tensors(self, path: str, scoped: bool) -> dict:
         return self.A.base_tensors_for(path, scoped)
 
-    def headers(self, index) -> dict[int, bytes]:
+    def headers(self, index, *, missing_ok: bool = False) -> dict[int, bytes]:
         out: dict[int, bytes] = {}
         for i, f in enumerate(index.files):
             if f.kind == KIND_TENSORS and f.source == "base":
                 old = self.A.file(f.path)
                 if old is None or old.header is None:
+                    if missing_ok:
+                        continue
                     raise BaseMismatchError(f"{self.A.root}: lacks {printable(f.path)}, which the bundle's base has")
                 out[i] = old.header.raw
         return out
@@ -173,28 +189,44 @@ def _header(raw: bytes | None, f, where: str) -> Header:
     return h
 
 
-def _chunks(reader: BundleReader, base, *, need_base: bool) -> Iterator[tuple[object, Unit]]:
+def _chunks(reader: BundleReader, base, *, need_base: bool, cover: Cover | None = None,
+            headers_only: bool = False) -> Iterator[tuple[object, Unit]]:
     """(record, unit) for every CHUNK record, in bundle order, each unit's
-    spans matched with the base tensors they patch."""
+    spans matched with the base tensors they patch. With ``cover``, every
+    target header is checked against the tensors as it becomes known, and
+    the whole once the records end (so before a caller that consumes every
+    item writes anything). ``headers_only``: no chunk is looked at."""
     index = reader.index
     scoped = index.version >= fmt.SCOPED_NAMES
     known = all((f.header_digest, f.size, scope_of(f.path)) in _HEADERS
                 for f in index.files if f.kind == KIND_TENSORS and f.source == "base")
     raws = {} if known else base.headers(index)
     layouts: dict[int, FileLayout] = {}
-    for rec in reader.records():
+    if headers_only and all(f.source == "base" or (f.header_digest, f.size, scope_of(f.path)) in _HEADERS
+                            for f in index.files if f.kind == KIND_TENSORS):
+        records = iter(())  # every header is known without reading a record
+    else:
+        records = reader.records()
+
+    def layout(i: int) -> FileLayout:
+        lay = layouts.get(i)
+        if lay is None:
+            f = index.files[i]
+            header = _header(raws.get(i), f, f"{reader.path}: {printable(f.path)}")
+            if cover is not None:
+                cover.file(header)
+            lay = layouts[i] = FileLayout(header, base.base_tensors(f.path, scoped))
+        return lay
+
+    for rec in records:
         h = rec.header
         where = f"{reader.path}: record {rec.index}"
         if h.type == fmt.HEADER:
             raws[h.file] = decode_header_record(rec, where=where)
             continue
-        if h.type != fmt.CHUNK:
+        if h.type != fmt.CHUNK or headers_only:
             continue
-        lay = layouts.get(h.file)
-        if lay is None:
-            f = index.files[h.file]
-            header = _header(raws.get(h.file), f, f"{reader.path}: {printable(f.path)}")
-            lay = layouts[h.file] = FileLayout(header, base.base_tensors(f.path, scoped))
+        lay = layout(h.file)
         unit = lay.record_unit(h.lo, h.hi, h.word, delta=h.codec != RAW, where=where)
         if need_base:
             for s in unit.spans:
@@ -205,6 +237,11 @@ def _chunks(reader: BundleReader, base, *, need_base: bool) -> Iterator[tuple[ob
                         hint="reload the model from the new version's checkpoint (wdiff pull)",
                     )
         yield rec, unit
+    if cover is not None:
+        for i, f in enumerate(index.files):
+            if f.kind == KIND_TENSORS:
+                layout(i)
+        cover.done()
 
 
 #: codecs whose records list their changed positions: patched with one
@@ -287,18 +324,53 @@ def apply_into(bundle, tensors, *, base_version=None, trusted_keys=None, require
                undo_budget: int = UNDO_BUDGET, threads: int | None = None) -> ApplyIntoResult:
     """Patch ``tensors`` (a state dict or (name, tensor) pairs: torch CPU or
     CUDA tensors, numpy arrays; or :func:`prepare`'s wrapping of them, for
-    many applies into the same tensors) in place from the version ``bundle`` starts
-    from to the one it ends at. ``base_version``: the version the caller
-    recorded for these tensors (hex or bytes); a bundle from another version
-    is refused before anything is read. An anchor loads every tensor it
-    holds. Raises a WdiffError subclass on refusal; on any failure the
-    tensors are the old version again (see the module doc)."""
+    many applies into the same tensors) in place from the version ``bundle``
+    starts from to the one it ends at, and return that version.
+
+    Tensors are matched by name: any order works (a ``state_dict``,
+    ``safetensors.torch.load_file``'s sorted dict, a dict built by hand).
+    The bundle's target must hold exactly the tensors given, the same
+    names, dtypes and shapes, none missing and none extra (a tied alias
+    counts as the tensor whose memory it shares); anything else is refused
+    with BaseMismatchError before a byte is written: an anchor of some of
+    the tensors, a part of a many-writer version, a bundle of another
+    model, a version that adds, drops or reshapes a tensor.
+
+    What is verified and what is the caller's word:
+
+    * verified: the signature (with ``trusted_keys``), the bundle's own
+      digests, the names, dtypes and shapes of every tensor (the base's
+      headers rebuilt from the tensors must have the digests the bundle
+      names), the bytes of every chunk the bundle patches (its base digest
+      before, its target digest after), and that the tensors given are the
+      target's whole set;
+    * the caller's word: ``base_version``, the version the caller recorded
+      for these tensors (hex or bytes). A delta made for another version
+      is refused before anything is read; with ``base_version=None`` a
+      delta is taken to start from what the tensors hold. The chunks the
+      bundle does not patch are not read (hashing a whole model per step is
+      what this avoids), so whether they hold the base version is what
+      ``base_version`` asserts. An anchor needs none: it writes every byte.
+
+    Raises a WdiffError subclass on refusal; on any failure the tensors are
+    the old version again (see the module doc)."""
+    return _apply_into(bundle, tensors, base_version=base_version, trusted_keys=trusted_keys,
+                       require_signature=require_signature, undo_budget=undo_budget, threads=threads)
+
+
+def _apply_into(bundle, tensors, *, base_version=None, trusted_keys=None, require_signature: bool = False,
+                undo_budget: int = UNDO_BUDGET, threads: int | None = None,
+                layout: str | None = None) -> ApplyIntoResult:
+    """:func:`apply_into`; ``layout``: a checkpoint of the base version (a
+    Follower's own) whose headers are used where they have the digests the
+    bundle names, so that a layout no dict order gives (a multi-rank
+    version's) needs no particular order either."""
     t0 = time.perf_counter()
     want = _fp(base_version)
     lives = prepared(tensors)
     for t in lives:
         t.writable()
-    base = _LiveBase(lives)
+    base = _LiveBase(lives, layout)
     reader = _open(bundle, trusted_keys, require_signature)
     try:
         ix = reader.index
@@ -308,7 +380,8 @@ def apply_into(bundle, tensors, *, base_version=None, trusted_keys=None, require
                 f"but the tensors hold {hexd(want)[:12]}",
                 hint="apply the bundles in order from the tensors' version, or an anchor",
             )
-        return _apply(reader, base, undo_budget, t0, threads or default_threads())
+        cover = Cover(lives, ix, reader.path)
+        return _apply(reader, base, cover, undo_budget, t0, threads or default_threads())
     finally:
         if not isinstance(bundle, BundleReader):
             reader.close()
@@ -328,13 +401,16 @@ def _check(reader: BundleReader, base):
     return one
 
 
-def _apply(reader: BundleReader, base: _LiveBase, undo_budget: int, t0: float, threads: int) -> ApplyIntoResult:
+def _apply(reader: BundleReader, base: _LiveBase, cover: Cover, undo_budget: int, t0: float,
+           threads: int) -> ApplyIntoResult:
     ix = reader.index
     kept: list[_Chunk] = []
     used = 0
     streamed = False
-    # 1. check everything; keep the decoded changes while they fit the budget
-    for target, unit, (pos, ov, nv) in ordered_map(_check(reader, base), _chunks(reader, base, need_base=True),
+    # 1. check everything (the tensors against the target's headers, every
+    # chunk); keep the decoded changes while they fit the budget
+    for target, unit, (pos, ov, nv) in ordered_map(_check(reader, base),
+                                                   _chunks(reader, base, need_base=True, cover=cover),
                                                    threads=threads):
         if streamed:
             continue
@@ -402,16 +478,26 @@ def iter_patches(bundle, *, base=None, trusted_keys=None, require_signature: boo
     changes, in checkpoint coordinates: int32 flat element indices (int64
     for tensors over 2**31 elements), the new values at them, and the
     tensor's full shape. ``base``: the mirror (a checkpoint directory of the
-    bundle's base version) or the live tensors (a state dict); each chunk is
-    read from it and checked against its base digest before its patches are
-    yielded (an anchor needs no base). With torch tensors as the base the
-    values are CPU torch tensors of the tensor's dtype; otherwise numpy
-    arrays (bf16 and other dtypes numpy lacks: their raw unsigned words).
+    bundle's base version) or the live tensors (a state dict, any order:
+    tensors are matched by name); each chunk is read from it and checked
+    against its base digest before its patches are yielded (an anchor needs
+    no base). With torch tensors as the base the values are CPU torch
+    tensors of the tensor's dtype; otherwise numpy arrays (bf16 and other
+    dtypes numpy lacks: their raw unsigned words).
+
+    With live tensors as ``base``, the bundle's target must hold exactly
+    those tensors (names, dtypes, shapes; see :func:`apply_into`), checked
+    before the first patch is yielded: for a bundle that carries headers
+    (an anchor, a version that changed one) that costs one more read of the
+    bundle. With a mirror, or with no base, checking that the target is the
+    whole of what the engine holds is the engine's (every target tensor's
+    name and shape come with its patches; an anchor yields every tensor).
     Each chunk is verified before it is yielded (a record that lists its
     changed words is patched into a copy of the chunk's base at those
     positions only, never decoded whole); all-or-nothing is
     :func:`apply_into`'s."""
     torch_out = False
+    lives = None
     if base is None:
         src = _LiveBase([])
     elif isinstance(base, (str, os.PathLike)):
@@ -424,6 +510,10 @@ def iter_patches(bundle, *, base=None, trusted_keys=None, require_signature: boo
     try:
         if base is None and reader.index.base_fingerprint is not None:
             raise UsageError("this bundle patches a base: give base= (the mirror directory or the tensors)")
+        if lives is not None:
+            for _ in _chunks(reader, src, need_base=False, cover=Cover(lives, reader.index, reader.path),
+                             headers_only=True):
+                pass
         for rec, unit in _chunks(reader, src, need_base=False):
             pos, _ov, nv, _whole = buffered_changes(reader, rec, unit, src)
             yield from _per_tensor(unit, pos, nv, torch_out)

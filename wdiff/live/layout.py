@@ -1,9 +1,10 @@
 """Where live tensors go in a checkpoint: the files ``save_pretrained``
 writes (``model.safetensors``, or shards ``model-0000K-of-0000N.safetensors``
 with ``model.safetensors.index.json``), the tensors of each file in the
-order given, ``{"format": "pt"}`` as metadata. A pure function of the
-tensors' names, dtypes, shapes and order, so that a receiver holding the
-same tensors rebuilds the same headers (see :func:`headers_like`)."""
+order of their names (:func:`canonical`), ``{"format": "pt"}`` as
+metadata. A pure function of the tensors' names, dtypes and shapes, never
+of the order a dict holds them in, so that a receiver holding the same
+tensors in any order rebuilds the same headers (see :func:`headers_like`)."""
 
 from __future__ import annotations
 
@@ -54,26 +55,47 @@ def index_json(files: list[tuple[str, list[Live]]]) -> bytes | None:
     return (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode()
 
 
+def canonical(lives: list[Live]) -> list[Live]:
+    """The tensors in the order a publisher lays them out: by name (as
+    UTF-8 bytes), whatever order they were given in, so that a receiver
+    holding the same tensors in any order (a ``state_dict``,
+    ``safetensors.torch.load_file``, a dict built by hand) rebuilds the
+    same files."""
+    return sorted(lives, key=lambda t: t.name.encode("utf-8", "surrogatepass"))
+
+
 def headers_like(index, lives: list[Live]) -> dict[int, bytes]:
-    """The raw header of every tensor file of a bundle's target (index file
-    number -> bytes), rebuilt from the receiver's own tensors: split in the
-    order given by each file's tensor count, each checked against the
-    digest the index holds. Refuses (BaseMismatchError) tensors that do
-    not give the target's headers."""
+    """The raw header of every tensor file the bundle's target takes from
+    its base (index file number -> bytes), rebuilt from the receiver's own
+    tensors and checked against the digest the index holds. The header
+    fixes the order of the tensors in the file, which a receiver's dict
+    need not share: two layouts are tried, each split across the tensor
+    files by their tensor counts, the publisher's (by name, see
+    :func:`canonical`) and the order given (a publisher before name order,
+    or a multi-rank publisher: rank by rank); the digest decides, never the
+    order. Refuses (BaseMismatchError) tensors that give neither."""
+    tensor_files = [(i, f) for i, f in enumerate(index.files) if f.kind == "safetensors"]
+    wanted = [(i, f) for i, f in tensor_files if f.source == "base"]
+    if not wanted:
+        return {}
     out: dict[int, bytes] = {}
-    pos = 0
-    for i, f in enumerate(index.files):
-        if f.kind != "safetensors":
-            continue
-        group = lives[pos : pos + len(f.tensor_digests)]
-        pos += len(f.tensor_digests)
-        raw = build_header(mem_tensors(group), METADATA)
-        if len(raw) != f.header_size or xxhash.xxh3_128_digest(raw) != f.header_digest:
-            raise BaseMismatchError(
-                f"{f.path}: the tensors given do not have the names, dtypes, shapes and order of the bundle's "
-                "target (their header differs)",
-                hint="pass base=MIRROR_DIR (the checkpoint of the version the tensors hold), or the state dict "
-                     "of the same model the publisher published",
-            )
-        out[i] = raw
-    return out
+    for order in (canonical(lives), lives):
+        groups, pos = {}, 0
+        for i, f in tensor_files:
+            groups[i] = order[pos : pos + len(f.tensor_digests)]
+            pos += len(f.tensor_digests)
+        for i, f in wanted:
+            if i in out:
+                continue
+            raw = build_header(mem_tensors(groups[i]), METADATA)
+            if len(raw) == f.header_size and xxhash.xxh3_128_digest(raw) == f.header_digest:
+                out[i] = raw
+        if len(out) == len(wanted):
+            return out
+    f = next(f for i, f in wanted if i not in out)
+    raise BaseMismatchError(
+        f"{f.path}: the tensors given are not those of the bundle's base (names, dtypes and shapes; "
+        "their header is not the one the bundle names)",
+        hint="give the tensors of the version the bundle starts from (any order), or iter_patches(base=MIRROR_DIR) "
+             "with the checkpoint of that version",
+    )

@@ -66,7 +66,7 @@ from ..store.checkpoint import path_sort_key, scan
 from ..store.digests import Digests
 from ..store.hashing import fingerprint, hexd
 from ._tensors import prepared
-from .layout import METADATA, SINGLE, mem_tensors
+from .layout import METADATA, SINGLE, canonical, mem_tensors
 from .publisher import Publisher, PublishResult
 
 PART = "part.wdb"
@@ -259,7 +259,7 @@ class RankPublisher:
     def _prepare(self, tensors):
         """This rank's tensors and mirror, or the error that stops it."""
         try:
-            lives = prepared(tensors)
+            lives = canonical(prepared(tensors))  # each rank's file by name, whatever its dict's order
             A = self._scanned = scan(self.mirror, reuse=self._scanned)
             return lives, A, None
         except Exception as e:  # noqa: BLE001 - told to every rank, then raised here
