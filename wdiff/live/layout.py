@@ -64,30 +64,47 @@ def canonical(lives: list[Live]) -> list[Live]:
     return sorted(lives, key=lambda t: t.name.encode("utf-8", "surrogatepass"))
 
 
+#: the order the safetensors library (0.4 on) writes a file's tensors in:
+#: by dtype, in this order, then by name (``save_file``, ``save_pretrained``)
+_SAFETENSORS_DTYPES = ("U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16", "F8_E4M3",
+                       "F8_E5M2", "I8", "U8", "BOOL")
+
+
+def _safetensors_order(lives: list[Live]) -> list[Live]:
+    rank = {d: k for k, d in enumerate(_SAFETENSORS_DTYPES)}
+    return sorted(lives, key=lambda t: (rank.get(t.dtype, len(rank)), t.name.encode("utf-8", "surrogatepass")))
+
+
 def headers_like(index, lives: list[Live]) -> dict[int, bytes]:
     """The raw header of every tensor file the bundle's target takes from
     its base (index file number -> bytes), rebuilt from the receiver's own
     tensors and checked against the digest the index holds. The header
     fixes the order of the tensors in the file, which a receiver's dict
-    need not share: two layouts are tried, each split across the tensor
-    files by their tensor counts, the publisher's (by name, see
-    :func:`canonical`) and the order given (a publisher before name order,
-    or a multi-rank publisher: rank by rank); the digest decides, never the
-    order. Refuses (BaseMismatchError) tensors that give neither."""
+    need not share: these layouts are tried, each split across the tensor
+    files by their tensor counts: the publisher's (by name, see
+    :func:`canonical`), the order given (a publisher before name order, or
+    a multi-rank publisher: rank by rank), and the safetensors library's
+    (by dtype, then name: a checkpoint ``save_pretrained`` wrote as one
+    file), each with the publisher's metadata or none; the digest decides,
+    never the order. Refuses (BaseMismatchError) tensors that give none."""
     tensor_files = [(i, f) for i, f in enumerate(index.files) if f.kind == "safetensors"]
     wanted = [(i, f) for i, f in tensor_files if f.source == "base"]
     if not wanted:
         return {}
     out: dict[int, bytes] = {}
-    for order in (canonical(lives), lives):
-        groups, pos = {}, 0
+    same = list
+    # (the order split across the files, the order inside each file, metadata)
+    for split, inside, metadata in ((canonical, same, METADATA), (same, same, METADATA),
+                                    (canonical, _safetensors_order, METADATA), (canonical, _safetensors_order, None),
+                                    (canonical, same, None), (same, same, None)):
+        groups, pos, order = {}, 0, split(lives)
         for i, f in tensor_files:
             groups[i] = order[pos : pos + len(f.tensor_digests)]
             pos += len(f.tensor_digests)
         for i, f in wanted:
             if i in out:
                 continue
-            raw = build_header(mem_tensors(groups[i]), METADATA)
+            raw = build_header(mem_tensors(inside(groups[i])), metadata)
             if len(raw) == f.header_size and xxhash.xxh3_128_digest(raw) == f.header_digest:
                 out[i] = raw
         if len(out) == len(wanted):
