@@ -5,14 +5,17 @@ to an engine that applies them itself (:func:`iter_patches`).
 
 1. *check*: the signature (where trusted keys are configured), the bundle's
    base against the version the receiver says its tensors hold, every
-   record's digest; then every chunk it patches is checked against the
-   chunk's base digest (hashed in the tensors' own memory on the CPU) and
-   decoded: a record that lists its changed words (SPARSE, BITMAP, and
+   record's digest; that the bundle's target holds exactly the tensors
+   given, by name (count first, then every target header as it is known:
+   :class:`~.cover.Cover`); then every chunk it patches is checked against
+   the chunk's base digest (hashed in the tensors' own memory on the CPU)
+   and decoded: a record that lists its changed words (SPARSE, BITMAP, and
    codec v2's MSPARSE, MBITMAP, CSPARSE, RSPARSE) to its positions and new
    words (only those words are read; CSPARSE and RSPARSE read the chunk's
-   base words, which place their positions), any other (DENSE, RAW, MDENSE, CDENSE) to the whole
-   chunk, which is checked against its target digest at once. Nothing has
-   been written yet.
+   base words, which place their positions; over CPU tensors its target
+   digest is checked in step 3, over device tensors at once), any other
+   (DENSE, RAW, MDENSE, CDENSE) to the whole chunk, which is checked
+   against its target digest at once. Nothing has been written yet.
 2. *patch*: per chunk, one scatter of the changed words into each tensor
    the chunk covers (a chunk batches small tensors, so 20,000 small tensors
    are a few hundred chunks); the old words of each position are kept as
@@ -24,8 +27,11 @@ to an engine that applies them itself (:func:`iter_patches`).
 Any failure in 2 or 3 (or an interrupt) puts every patched word back from
 the undo entries (XOR and overwrite undo exactly), so the tensors are the
 old version again, and raises. Unchanged chunks are not read: the base
-check of the tensors as a whole is the receiver's recorded version
-(``base_version``) plus each patched chunk's base digest.
+check of the tensors as a whole is their names, dtypes and shapes (the
+base's headers, rebuilt from them, against the bundle's digests), each
+patched chunk's base digest, and, for the bytes of the chunks not patched,
+the receiver's recorded version (``base_version``), which the library
+takes on trust.
 """
 
 from __future__ import annotations

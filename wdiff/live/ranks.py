@@ -30,7 +30,7 @@ or drops the part.
 
 The layout is save_pretrained's sharded one, one shard per rank:
 ``model-0000K-of-0000N.safetensors`` (K = rank + 1, N = the group's size)
-holds rank K-1's tensors in the order given, and
+holds rank K-1's tensors by name (whatever order its dict gives), and
 ``model.safetensors.index.json`` maps every tensor to its shard. Whole
 tensors in the files: a tensor split over ranks (a tensor-parallel
 slice, given its place with :class:`Slice`) is sent to the lowest rank
