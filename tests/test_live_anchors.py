@@ -375,3 +375,25 @@ def test_a_follower_restarted_with_tensors_in_another_order_follows(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert holds(load_file(str(tmp_path / "out")), sd1)
+
+
+# -- the base, when the caller does not say which version it is -----------------------------
+
+
+def test_without_base_version_a_delta_applies_only_onto_its_base_every_byte(tmp_path):
+    """Tensors that differ from the base only where the delta does not patch
+    pass every chunk check; without base_version the library hashes every
+    tensor and refuses them. With it, the caller's word is taken (documented)."""
+    A = model(50)
+    B = dict(A, **{"z.embed": A["z.embed"].clone()})
+    B["z.embed"][0, 0] += 1  # the delta patches one chunk of one tensor
+    a, b = save(tmp_path / "A", A, metadata={"format": "pt"}), save(tmp_path / "B", B, metadata={"format": "pt"})
+    ab = pack(a, b, "-o", tmp_path / "ab.wdb")
+    not_a = {k: v.clone() for k, v in A.items()}
+    not_a["b.proj"][3, 3] += 1  # another version: a tensor the delta does not touch
+    e = refused(tmp_path / "ab.wdb", not_a)
+    assert "do not hold its base version" in e.message
+    # tensors at A, in any order, on no one's word: applied and verified
+    live = dict(reversed([(k, v.clone()) for k, v in A.items()]))
+    assert apply_into(tmp_path / "ab.wdb", live).version == ab["target_fingerprint"]
+    assert holds(live, B)

@@ -60,7 +60,7 @@ from ..store.header import Header, TensorInfo, parse_header
 from ..store.units import FileLayout, Unit
 from ._tensors import Live, is_torch, prepared
 from .changes import buffered_changes, fast_changes, span_digest
-from .cover import Cover
+from .cover import Cover, verify_base
 from .layout import headers_like
 
 #: undo entries kept in memory before they go to a temporary file
@@ -193,6 +193,39 @@ def _header(raw: bytes | None, f, where: str) -> Header:
         _HEADERS.pop(next(iter(_HEADERS)))
     _HEADERS[key] = h
     return h
+
+
+def _check_base(reader: BundleReader, base, lives: list[Live], want: bytes | None, threads: int) -> None:
+    """A delta's base against the tensors: the version the caller says they
+    hold (``want``) must be the bundle's base; with none, every tensor is
+    hashed against the base's listing (:func:`~.cover.verify_base`)."""
+    ix = reader.index
+    if ix.base_fingerprint is None:
+        return
+    if want is not None and ix.base_fingerprint != want:
+        raise BaseMismatchError(
+            f"{reader.path}: starts from version {hexd(ix.base_fingerprint)[:12]}, "
+            f"but the tensors hold {hexd(want)[:12]}",
+            hint="apply the bundles in order from the tensors' version, or an anchor",
+        )
+    if want is None:
+        try:
+            verify_base(ix, _base_headers(reader, base), lives, reader.path, threads)
+        except UsageError:  # a header changed: refuse tensors that are not the target's as that
+            for _ in _chunks(reader, base, need_base=False, cover=Cover(lives, ix, reader.path), headers_only=True):
+                pass
+            raise
+
+
+def _base_headers(reader: BundleReader, base) -> dict[int, Header]:
+    """The checked headers of the target's tensor files taken from the base."""
+    index = reader.index
+    wanted = [i for i, f in enumerate(index.files) if f.kind == KIND_TENSORS and f.source == "base"]
+    known = all((index.files[i].header_digest, index.files[i].size, scope_of(index.files[i].path)) in _HEADERS
+                for i in wanted)
+    raws = {} if known else base.headers(index)
+    return {i: _header(raws.get(i), index.files[i], f"{reader.path}: {printable(index.files[i].path)}")
+            for i in wanted}
 
 
 def _chunks(reader: BundleReader, base, *, need_base: bool, cover: Cover | None = None,
@@ -352,11 +385,14 @@ def apply_into(bundle, tensors, *, base_version=None, trusted_keys=None, require
       target's whole set;
     * the caller's word: ``base_version``, the version the caller recorded
       for these tensors (hex or bytes). A delta made for another version
-      is refused before anything is read; with ``base_version=None`` a
-      delta is taken to start from what the tensors hold. The chunks the
-      bundle does not patch are not read (hashing a whole model per step is
-      what this avoids), so whether they hold the base version is what
-      ``base_version`` asserts. An anchor needs none: it writes every byte.
+      is refused before anything is read. The chunks the bundle does not
+      patch are not read (hashing a whole model per step is what this
+      avoids), so whether they hold the base version is what
+      ``base_version`` asserts. With ``base_version=None`` nothing is taken
+      on trust: every tensor is hashed and the base's tensor files must
+      have the digests the bundle lists (a delta that changes a file's
+      header then needs ``base_version``). An anchor needs neither: it
+      writes every byte.
 
     Raises a WdiffError subclass on refusal; on any failure the tensors are
     the old version again (see the module doc)."""
@@ -380,14 +416,10 @@ def _apply_into(bundle, tensors, *, base_version=None, trusted_keys=None, requir
     reader = _open(bundle, trusted_keys, require_signature)
     try:
         ix = reader.index
-        if want is not None and ix.base_fingerprint is not None and ix.base_fingerprint != want:
-            raise BaseMismatchError(
-                f"{reader.path}: starts from version {hexd(ix.base_fingerprint)[:12]}, "
-                f"but the tensors hold {hexd(want)[:12]}",
-                hint="apply the bundles in order from the tensors' version, or an anchor",
-            )
         cover = Cover(lives, ix, reader.path)
-        return _apply(reader, base, cover, undo_budget, t0, threads or default_threads())
+        threads = threads or default_threads()
+        _check_base(reader, base, lives, want, threads)
+        return _apply(reader, base, cover, undo_budget, t0, threads)
     finally:
         if not isinstance(bundle, BundleReader):
             reader.close()
@@ -479,7 +511,8 @@ def _verify(base, units: list[tuple[Unit, bytes]], threads: int) -> None:
                                  "bytes after the patch (changed meanwhile?); every tensor was put back")
 
 
-def iter_patches(bundle, *, base=None, trusted_keys=None, require_signature: bool = False):
+def iter_patches(bundle, *, base=None, base_version=None, trusted_keys=None, require_signature: bool = False,
+                 threads: int | None = None):
     """Yield ``(name, indices, values, shape)`` for every tensor the bundle
     changes, in checkpoint coordinates: int32 flat element indices (int64
     for tensors over 2**31 elements), the new values at them, and the
@@ -495,9 +528,13 @@ def iter_patches(bundle, *, base=None, trusted_keys=None, require_signature: boo
     those tensors (names, dtypes, shapes; see :func:`apply_into`), checked
     before the first patch is yielded: for a bundle that carries headers
     (an anchor, a version that changed one) that costs one more read of the
-    bundle. With a mirror, or with no base, checking that the target is the
-    whole of what the engine holds is the engine's (every target tensor's
-    name and shape come with its patches; an anchor yields every tensor).
+    bundle. And a delta's base is checked as :func:`apply_into` checks it:
+    ``base_version`` (the version the engine recorded) must be the
+    bundle's, and the chunks not patched are taken on its word; without
+    it every tensor is hashed against the base's digests first. With a
+    mirror, or with no base, checking that the target is the whole of what
+    the engine holds is the engine's (every target tensor's name and shape
+    come with its patches; an anchor yields every tensor).
     Each chunk is verified before it is yielded (a record that lists its
     changed words is patched into a copy of the chunk's base at those
     positions only, never decoded whole); all-or-nothing is
@@ -516,9 +553,11 @@ def iter_patches(bundle, *, base=None, trusted_keys=None, require_signature: boo
     try:
         if base is None and reader.index.base_fingerprint is not None:
             raise UsageError("this bundle patches a base: give base= (the mirror directory or the tensors)")
+        ix = reader.index
         if lives is not None:
-            for _ in _chunks(reader, src, need_base=False, cover=Cover(lives, reader.index, reader.path),
-                             headers_only=True):
+            cover = Cover(lives, ix, reader.path)
+            _check_base(reader, src, lives, _fp(base_version), threads or default_threads())
+            for _ in _chunks(reader, src, need_base=False, cover=cover, headers_only=True):
                 pass
         for rec, unit in _chunks(reader, src, need_base=False):
             pos, _ov, nv, _whole = buffered_changes(reader, rec, unit, src)

@@ -1,14 +1,22 @@
-"""What makes an apply into live tensors give a version (:class:`Cover`):
-the bundle's target holds exactly the tensors given."""
+"""What makes an apply into live tensors give a version: the bundle's
+target holds exactly the tensors given (:class:`Cover`), and, where the
+caller does not say which version the tensors hold, they hold the bundle's
+base, every byte (:func:`verify_base`)."""
 
 from __future__ import annotations
 
-from ..errors import BaseMismatchError, FormatError
+import numpy as np
+
+from ..errors import BaseMismatchError, FormatError, UsageError
+from ..parallel import ordered_map
 from ..paths import printable
 from ..store.checkpoint import KIND_TENSORS
-from ..store.hashing import hexd
+from ..store.hashing import BLOCK_SIZE, block_digests, hexd, tensor_file_digest, tree
 from ..store.header import Header
 from ._tensors import Live
+
+#: bytes of a device tensor brought to the host at a time to be hashed
+PIECE = 64 * BLOCK_SIZE
 
 
 class Cover:
@@ -54,4 +62,49 @@ class Cover:
             self._refuse(f"tensor {printable(extra[0])}{more} is not in its target")
 
 
-__all__ = ["Cover"]
+
+def tensor_digest(live: Live) -> bytes:
+    """The digest of a tensor's bytes (as a bundle's index names it): hashed
+    in place on the CPU, a piece at a time through host memory on a device."""
+    if live.device is None and live.u8 is not None:
+        return tree(block_digests(live.u8))
+    out = []
+    buf = np.empty(min(PIECE, live.nbytes), dtype=np.uint8)
+    for lo in range(0, live.nbytes, PIECE):
+        hi = min(lo + PIECE, live.nbytes)
+        live.read(lo, hi, buf[: hi - lo])
+        out.append(block_digests(buf[: hi - lo]))
+    return tree(b"".join(out))
+
+
+def verify_base(index, headers: dict[int, Header], lives: list[Live], where: str, threads: int) -> None:
+    """Check that ``lives`` hold the bundle's base, every byte: each of the
+    base's tensor files, its header (``headers``: target file number ->
+    header, for the files the target takes unchanged from the base) and
+    every tensor hashed from the live tensors, must have the digest the
+    base's listing gives. The base's companion files are not the tensors'
+    and are not checked. Refuses a delta that changes a tensor file's
+    header (its base header is not in the bundle)."""
+    by_name = {t.name: t for t in lives}
+    targets = {f.path: i for i, f in enumerate(index.files) if f.kind == KIND_TENSORS}
+    for row in index.base_files:
+        if row.kind != KIND_TENSORS:
+            continue
+        i = targets.get(row.path)
+        if i is None or index.files[i].source != "base" or i not in headers:
+            raise UsageError(f"{where}: changes the layout of {printable(row.path)}, so whether the tensors hold its "
+                             "base cannot be checked from them", hint="give base_version= (the version the tensors hold)")
+        missing = [t.name for t in headers[i].tensors if t.name not in by_name]
+        if missing:
+            raise BaseMismatchError(f"{where}: its base holds tensor {printable(missing[0])}, which is not among the "
+                                    "tensors given (nothing was written)")
+        tds = list(ordered_map(lambda t: tensor_digest(by_name[t.name]), headers[i].tensors, threads=threads))
+        if tensor_file_digest(index.files[i].header_digest, tds) != row.digest:
+            raise BaseMismatchError(
+                f"{where}: the tensors do not hold its base version {hexd(index.base_fingerprint)[:12]} "
+                f"(the bytes of {printable(row.path)} differ; nothing was written)",
+                hint="apply the bundles in order from the version the tensors hold, or an anchor",
+            )
+
+
+__all__ = ["Cover", "tensor_digest", "verify_base"]
