@@ -397,3 +397,29 @@ def test_without_base_version_a_delta_applies_only_onto_its_base_every_byte(tmp_
     live = dict(reversed([(k, v.clone()) for k, v in A.items()]))
     assert apply_into(tmp_path / "ab.wdb", live).version == ab["target_fingerprint"]
     assert holds(live, B)
+
+
+@pytest.mark.parametrize("receiver_first", ["embed", "lm_head"])
+def test_tied_weights_in_either_order(tmp_path, receiver_first):
+    """A tied pair: the publisher keeps the name its dict gives first; a
+    receiver whose dict gives the other first applies all the same."""
+    sd = model(60)
+    sd["embed"] = torch.randn(20, 8).to(torch.bfloat16)
+    sd["lm_head"] = sd["embed"]
+    remote = tmp_path / "remote"
+    pub = Publisher(remote, tmp_path / "mirror")
+    v0 = pub.publish(sd).version
+    anchor = head_bundle(remote, tmp_path)
+    sd1 = step({k: v for k, v in sd.items() if k != "lm_head"}, 61)
+    sd1["lm_head"] = sd1["embed"]
+    pub.publish(sd1)
+    delta = head_bundle(remote, tmp_path)
+    other = "lm_head" if receiver_first == "embed" else "embed"
+    names = [receiver_first, other] + [k for k in sd if k not in ("embed", "lm_head")]
+    tied = torch.zeros(20, 8, dtype=torch.bfloat16)
+    live = {k: (tied if k in ("embed", "lm_head") else torch.zeros_like(sd[k])) for k in names}
+    assert apply_into(anchor, live).version == v0 and holds(live, sd)
+    apply_into(delta, live, base_version=v0)
+    assert holds(live, sd1)
+    untied = {k: v.clone() for k, v in live.items()}  # two tensors where the target holds one
+    refused(delta, untied)

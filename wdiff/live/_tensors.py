@@ -204,6 +204,13 @@ def prepared(tensors) -> list[Live]:
     return without_aliases(live_tensors(tensors))[0]
 
 
+def prepared_aliased(tensors) -> tuple[list[Live], dict[str, str]]:
+    """:func:`prepared`'s tensors, and alias -> the name kept."""
+    if isinstance(tensors, Prepared):
+        return tensors.lives, tensors.aliases
+    return without_aliases(live_tensors(tensors))
+
+
 def without_aliases(lives: list[Live]) -> tuple[list[Live], dict[str, str]]:
     """The tensors with every alias of an earlier one left out (tied
     weights: ``save_pretrained`` writes the memory once), and alias ->

@@ -36,6 +36,7 @@ takes on trust.
 
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 import time
@@ -58,7 +59,7 @@ from ..store.checkpoint import KIND_TENSORS, Checkpoint, scan, scope_of
 from ..store.hashing import hexd, tree
 from ..store.header import Header, TensorInfo, parse_header
 from ..store.units import FileLayout, Unit
-from ._tensors import Live, is_torch, prepared
+from ._tensors import Live, is_torch, prepared_aliased
 from .changes import buffered_changes, fast_changes, span_digest
 from .cover import Cover, verify_base
 from .layout import headers_like
@@ -101,10 +102,33 @@ class _LiveBase:
     """Live tensors as the base of a bundle: each tensor of the target is
     patched from the live tensor of the same name, dtype and shape."""
 
-    def __init__(self, lives: list[Live], layout: str | None = None) -> None:
+    def __init__(self, lives: list[Live], layout: str | None = None, aliases: dict[str, str] | None = None) -> None:
         self.lives = lives
         self.layout = layout
+        self.aliases = aliases or {}
         self.by_name = {t.name: (t, TensorInfo(t.name, t.dtype, t.shape, 0, t.nbytes, t.nbytes)) for t in lives}
+        for a, k in self.aliases.items():  # a tied name patches the memory of the name kept
+            t = self.by_name[k][0]
+            self.by_name[a] = (t, TensorInfo(a, t.dtype, t.shape, 0, t.nbytes, t.nbytes))
+
+    def _namings(self):
+        """The tensors under each choice of name for tied memory: as kept
+        (the first given), then each group by its smallest name, then by
+        its largest (which name a publisher kept is its dict's order)."""
+        yield self.lives
+        if not self.aliases:
+            return
+        groups: dict[str, list[str]] = {}
+        for a, k in self.aliases.items():
+            groups.setdefault(k, [k]).append(a)
+        for pick in (min, max):
+            out = []
+            for t in self.lives:
+                if t.name in groups:
+                    t = copy.copy(t)
+                    t.name = pick(groups[t.name], key=lambda n: n.encode("utf-8", "surrogatepass"))
+                out.append(t)
+            yield out
 
     def base_tensors(self, path: str, scoped: bool) -> dict:
         return self.by_name
@@ -117,7 +141,7 @@ class _LiveBase:
         if not any(f.kind == KIND_TENSORS and f.source == "base" for f in index.files):
             return {}
         try:
-            return headers_like(index, self.lives)
+            return _first(lambda lives: headers_like(index, lives), self._namings())
         except BaseMismatchError:
             if self.layout is None:
                 raise
@@ -132,6 +156,18 @@ class _LiveBase:
             n = s.hi - s.lo
             s.base.file.read(s.lo, s.hi, buf[pos : pos + n])
             pos += n
+
+
+def _first(fn, choices):
+    """fn of the first choice it does not refuse (BaseMismatchError), or the
+    first refusal."""
+    err = None
+    for c in choices:
+        try:
+            return fn(c)
+        except BaseMismatchError as e:
+            err = err or e
+    raise err
 
 
 class _DirBase:
@@ -210,9 +246,10 @@ def _check_base(reader: BundleReader, base, lives: list[Live], want: bytes | Non
         )
     if want is None:
         try:
-            verify_base(ix, _base_headers(reader, base), lives, reader.path, threads)
+            verify_base(ix, _base_headers(reader, base), lives, reader.path, threads, base.aliases)
         except UsageError:  # a header changed: refuse tensors that are not the target's as that
-            for _ in _chunks(reader, base, need_base=False, cover=Cover(lives, ix, reader.path), headers_only=True):
+            for _ in _chunks(reader, base, need_base=False, cover=Cover(lives, ix, reader.path, base.aliases),
+                             headers_only=True):
                 pass
             raise
 
@@ -409,14 +446,14 @@ def _apply_into(bundle, tensors, *, base_version=None, trusted_keys=None, requir
     version's) needs no particular order either."""
     t0 = time.perf_counter()
     want = _fp(base_version)
-    lives = prepared(tensors)
+    lives, aliases = prepared_aliased(tensors)
     for t in lives:
         t.writable()
-    base = _LiveBase(lives, layout)
+    base = _LiveBase(lives, layout, aliases)
     reader = _open(bundle, trusted_keys, require_signature)
     try:
         ix = reader.index
-        cover = Cover(lives, ix, reader.path)
+        cover = Cover(lives, ix, reader.path, aliases)
         threads = threads or default_threads()
         _check_base(reader, base, lives, want, threads)
         return _apply(reader, base, cover, undo_budget, t0, threads)
@@ -546,16 +583,16 @@ def iter_patches(bundle, *, base=None, base_version=None, trusted_keys=None, req
     elif isinstance(base, (str, os.PathLike)):
         src = _DirBase(scan(os.fspath(base)))
     else:
-        lives = prepared(base)
+        lives, aliases = prepared_aliased(base)
         torch_out = any(is_torch(t.obj) for t in lives)
-        src = _LiveBase(lives)
+        src = _LiveBase(lives, aliases=aliases)
     reader = _open(bundle, trusted_keys, require_signature)
     try:
         if base is None and reader.index.base_fingerprint is not None:
             raise UsageError("this bundle patches a base: give base= (the mirror directory or the tensors)")
         ix = reader.index
         if lives is not None:
-            cover = Cover(lives, ix, reader.path)
+            cover = Cover(lives, ix, reader.path, src.aliases)
             _check_base(reader, src, lives, _fp(base_version), threads or default_threads())
             for _ in _chunks(reader, src, need_base=False, cover=cover, headers_only=True):
                 pass

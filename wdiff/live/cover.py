@@ -26,9 +26,11 @@ class Cover:
     the tensor they share memory with). Checked file by file as each target
     header is known, and as a whole once every header is."""
 
-    def __init__(self, lives: list[Live], index, where: str) -> None:
+    def __init__(self, lives: list[Live], index, where: str, aliases: dict[str, str] | None = None) -> None:
         self.want = {t.name: t for t in lives}
+        self.aliases = aliases or {}  # a tied name: the target may hold either name of the memory, once
         self.seen: set[str] = set()
+        self.seen_names: set[str] = set()
         self.where = where
         n = sum(len(f.tensor_digests) for f in index.files if f.kind == KIND_TENSORS)
         if n != len(self.want):
@@ -45,15 +47,19 @@ class Cover:
 
     def file(self, header: Header) -> None:
         for t in header.tensors:
-            live = self.want.get(t.name)
+            name = self.aliases.get(t.name, t.name)
+            live = self.want.get(name)
             if live is None:
                 self._refuse(f"its target holds tensor {printable(t.name)}, which is not among the tensors given")
             if live.dtype != t.dtype or live.shape != t.shape:
                 self._refuse(f"tensor {printable(t.name)} is {t.dtype} {list(t.shape)} in its target, "
                              f"{live.dtype} {list(live.shape)} among the tensors given")
-            if t.name in self.seen:
-                raise FormatError(f"{self.where}: its target holds tensor {printable(t.name)} twice")
-            self.seen.add(t.name)
+            if name in self.seen:
+                if t.name in self.seen_names:
+                    raise FormatError(f"{self.where}: its target holds tensor {printable(t.name)} twice")
+                self._refuse(f"its target holds {printable(t.name)} and the tensor it is tied to as two tensors")
+            self.seen.add(name)
+            self.seen_names.add(t.name)
 
     def done(self) -> None:
         extra = [n for n in self.want if n not in self.seen]
@@ -77,7 +83,8 @@ def tensor_digest(live: Live) -> bytes:
     return tree(b"".join(out))
 
 
-def verify_base(index, headers: dict[int, Header], lives: list[Live], where: str, threads: int) -> None:
+def verify_base(index, headers: dict[int, Header], lives: list[Live], where: str, threads: int,
+                aliases: dict[str, str] | None = None) -> None:
     """Check that ``lives`` hold the bundle's base, every byte: each of the
     base's tensor files, its header (``headers``: target file number ->
     header, for the files the target takes unchanged from the base) and
@@ -86,6 +93,8 @@ def verify_base(index, headers: dict[int, Header], lives: list[Live], where: str
     and are not checked. Refuses a delta that changes a tensor file's
     header (its base header is not in the bundle)."""
     by_name = {t.name: t for t in lives}
+    for a, k in (aliases or {}).items():
+        by_name[a] = by_name[k]
     targets = {f.path: i for i, f in enumerate(index.files) if f.kind == KIND_TENSORS}
     for row in index.base_files:
         if row.kind != KIND_TENSORS:
