@@ -423,3 +423,30 @@ def test_tied_weights_in_either_order(tmp_path, receiver_first):
     assert holds(live, sd1)
     untied = {k: v.clone() for k, v in live.items()}  # two tensors where the target holds one
     refused(delta, untied)
+
+
+def test_prepared_tensors_that_changed_memory_are_refused(tmp_path):
+    """prepare() wraps the tensors once: a tensor given new storage since
+    (``t.data = ...``) or a dict entry replaced is refused, not patched in
+    memory the model no longer uses while the result claims the version."""
+    from wdiff.live import prepare
+
+    sd = model(70)
+    remote = tmp_path / "remote"
+    pub = Publisher(remote, tmp_path / "mirror")
+    pub.publish(sd)
+    anchor = head_bundle(remote, tmp_path)
+    live = zeros_like(sd)
+    prep = prepare(live)
+    apply_into(anchor, prep)
+    assert holds(live, sd)
+    live["b.proj"].data = torch.zeros(50, 30)  # the model now reads other memory
+    with pytest.raises(WdiffError, match="prepare"):
+        apply_into(anchor, prep)
+    assert not live["b.proj"].any()
+    live2 = zeros_like(sd)
+    prep2 = prepare(live2)
+    live2["m.norm"] = torch.zeros_like(sd["m.norm"])  # the dict holds another tensor
+    with pytest.raises(WdiffError, match="prepare"):
+        apply_into(anchor, prep2)
+    assert apply_into(anchor, prepare(live2)) and holds(live2, sd)
