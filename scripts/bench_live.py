@@ -143,7 +143,7 @@ def main() -> None:
             prev = cur
             b = head_bundle(remote, root)
             t = time.perf_counter()
-            apply_into(b, fol_sd)
+            apply_into(b, fol_sd, base_version=res.parent)  # as a Follower does: the version it recorded
             apply_s.append(time.perf_counter() - t)
             t = time.perf_counter()
             with torch.no_grad():
@@ -182,11 +182,11 @@ def main() -> None:
         for s in range(a.steps):
             rl_step(small, a.density * 10, g)  # ~10 changed elements in each 1024-element tensor
             t = time.perf_counter()
-            spub.publish(small)
+            sres = spub.publish(small)
             s_pub.append(time.perf_counter() - t)
             b = head_bundle(sremote, root)
             t = time.perf_counter()
-            apply_into(b, sfol if s % 2 == 0 else sprep)
+            apply_into(b, sfol if s % 2 == 0 else sprep, base_version=sres.parent)
             (s_apply if s % 2 == 0 else s_prep).append(time.perf_counter() - t)
             t = time.perf_counter()
             with torch.no_grad():

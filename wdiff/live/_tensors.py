@@ -189,12 +189,35 @@ def live_tensors(tensors) -> list[Live]:
 class Prepared:
     """Tensors wrapped once for many applies (:func:`wdiff.live.prepare`):
     at 20,000 tensors, building the byte views costs more than a sparse
-    apply. Valid while the tensors keep their memory (a tensor given a new
-    storage, ``t.data = ...``, needs a new one)."""
+    apply. Valid while the tensors keep their memory: a tensor given a new
+    storage (``t.data = ...``) or a dict given another tensor or name is
+    refused at the next apply (:meth:`check`), never patched in memory the
+    model no longer uses."""
 
     def __init__(self, tensors) -> None:
         self.source = tensors
-        self.lives, self.aliases = without_aliases(live_tensors(tensors))
+        every = live_tensors(tensors)
+        self.lives, self.aliases = without_aliases(every)
+        self._names = [t.name for t in every]
+        self._marks = [(t.name, t.obj, _memory(t.obj)) for t in every]
+
+    def check(self) -> None:
+        """Refuse (UsageError) tensors that changed since they were wrapped."""
+        src = self.source
+        if hasattr(src, "items") and (len(src) != len(self._names) or list(src) != self._names):
+            raise UsageError("the tensors' names changed since prepare(): prepare them again")
+        for name, obj, mark in self._marks:
+            if (hasattr(src, "items") and src[name] is not obj) or _memory(obj) != mark:
+                raise UsageError(f"tensor {printable(name)} is another tensor, or has other memory, than when it "
+                                 "was prepared: prepare the tensors again")
+
+
+def _memory(obj):
+    """Where a tensor's bytes are: a torch tensor's storage can be swapped
+    under the same object (``t.data = ...``); a numpy array's cannot."""
+    if is_torch(obj):
+        return obj.data_ptr(), obj.stride(), obj.dtype, obj.numel()  # with numel, stride fixes the shape
+    return None
 
 
 def prepared(tensors) -> list[Live]:
@@ -202,6 +225,14 @@ def prepared(tensors) -> list[Live]:
     if isinstance(tensors, Prepared):
         return tensors.lives
     return without_aliases(live_tensors(tensors))[0]
+
+
+def prepared_aliased(tensors) -> tuple[list[Live], dict[str, str]]:
+    """:func:`prepared`'s tensors, and alias -> the name kept."""
+    if isinstance(tensors, Prepared):
+        tensors.check()
+        return tensors.lives, tensors.aliases
+    return without_aliases(live_tensors(tensors))
 
 
 def without_aliases(lives: list[Live]) -> tuple[list[Live], dict[str, str]]:

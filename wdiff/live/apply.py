@@ -5,14 +5,17 @@ to an engine that applies them itself (:func:`iter_patches`).
 
 1. *check*: the signature (where trusted keys are configured), the bundle's
    base against the version the receiver says its tensors hold, every
-   record's digest; then every chunk it patches is checked against the
-   chunk's base digest (hashed in the tensors' own memory on the CPU) and
-   decoded: a record that lists its changed words (SPARSE, BITMAP, and
+   record's digest; that the bundle's target holds exactly the tensors
+   given, by name (count first, then every target header as it is known:
+   :class:`~.cover.Cover`); then every chunk it patches is checked against
+   the chunk's base digest (hashed in the tensors' own memory on the CPU)
+   and decoded: a record that lists its changed words (SPARSE, BITMAP, and
    codec v2's MSPARSE, MBITMAP, CSPARSE, RSPARSE) to its positions and new
    words (only those words are read; CSPARSE and RSPARSE read the chunk's
-   base words, which place their positions), any other (DENSE, RAW, MDENSE, CDENSE) to the whole
-   chunk, which is checked against its target digest at once. Nothing has
-   been written yet.
+   base words, which place their positions; over CPU tensors its target
+   digest is checked in step 3, over device tensors at once), any other
+   (DENSE, RAW, MDENSE, CDENSE) to the whole chunk, which is checked
+   against its target digest at once. Nothing has been written yet.
 2. *patch*: per chunk, one scatter of the changed words into each tensor
    the chunk covers (a chunk batches small tensors, so 20,000 small tensors
    are a few hundred chunks); the old words of each position are kept as
@@ -24,8 +27,11 @@ to an engine that applies them itself (:func:`iter_patches`).
 Any failure in 2 or 3 (or an interrupt) puts every patched word back from
 the undo entries (XOR and overwrite undo exactly), so the tensors are the
 old version again, and raises. Unchanged chunks are not read: the base
-check of the tensors as a whole is the receiver's recorded version
-(``base_version``) plus each patched chunk's base digest.
+check of the tensors as a whole is their names, dtypes and shapes (the
+base's headers, rebuilt from them, against the bundle's digests), each
+patched chunk's base digest, and, for the bytes of the chunks not patched,
+the receiver's recorded version (``base_version``), which the library
+takes on trust.
 """
 
 from __future__ import annotations
@@ -37,7 +43,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import xxhash
 
 from ..codec.chunk import RAW
 from ..errors import BaseMismatchError, IntegrityError, UsageError
@@ -47,14 +52,18 @@ from ..format.bundle import BundleReader, decode_header_record
 from ..ops.signatures import open_signed_bundle
 from ..parallel import default_threads, ordered_map
 from ..paths import printable
-from ..store.blockio import FdCache, read_base, span_digests
-from ..store.checkpoint import KIND_TENSORS, Checkpoint, scan, scope_of
+from ..store.blockio import span_digests
+from ..store.checkpoint import KIND_TENSORS, scan, scope_of
 from ..store.hashing import hexd, tree
-from ..store.header import Header, TensorInfo, parse_header
+from ..store.header import Header
 from ..store.units import FileLayout, Unit
-from ._tensors import Live, is_torch, prepared
+from ._tensors import Live, is_torch, prepared_aliased
+from .bases import HEADERS as _HEADERS
+from .bases import DirBase as _DirBase
+from .bases import LiveBase as _LiveBase
+from .bases import header as _header
 from .changes import buffered_changes, fast_changes, span_digest
-from .layout import headers_like
+from .cover import Cover, verify_base
 
 #: undo entries kept in memory before they go to a temporary file
 UNDO_BUDGET = 256 * 1024 * 1024
@@ -90,54 +99,6 @@ def _fp(v) -> bytes | None:
         raise UsageError(f"base_version {v!r} is not a version fingerprint (hex)") from None
 
 
-class _LiveBase:
-    """Live tensors as the base of a bundle: each tensor of the target is
-    patched from the live tensor of the same name, dtype and shape."""
-
-    def __init__(self, lives: list[Live]) -> None:
-        self.lives = lives
-        self.by_name = {t.name: (t, TensorInfo(t.name, t.dtype, t.shape, 0, t.nbytes, t.nbytes)) for t in lives}
-
-    def base_tensors(self, path: str, scoped: bool) -> dict:
-        return self.by_name
-
-    def headers(self, index) -> dict[int, bytes]:
-        if not any(f.kind == KIND_TENSORS and f.source == "base" for f in index.files):
-            return {}
-        return headers_like(index, self.lives)
-
-    def read(self, unit: Unit, buf: np.ndarray) -> None:
-        pos = 0
-        for s in unit.spans:
-            n = s.hi - s.lo
-            s.base.file.read(s.lo, s.hi, buf[pos : pos + n])
-            pos += n
-
-
-class _DirBase:
-    """A checkpoint directory (the mirror) as the base."""
-
-    def __init__(self, A: Checkpoint) -> None:
-        self.A = A
-        self.fds = FdCache()
-
-    def base_tensors(self, path: str, scoped: bool) -> dict:
-        return self.A.base_tensors_for(path, scoped)
-
-    def headers(self, index) -> dict[int, bytes]:
-        out: dict[int, bytes] = {}
-        for i, f in enumerate(index.files):
-            if f.kind == KIND_TENSORS and f.source == "base":
-                old = self.A.file(f.path)
-                if old is None or old.header is None:
-                    raise BaseMismatchError(f"{self.A.root}: lacks {printable(f.path)}, which the bundle's base has")
-                out[i] = old.header.raw
-        return out
-
-    def read(self, unit: Unit, buf: np.ndarray) -> None:
-        read_base(self.fds, unit, buf)
-
-
 @dataclass(slots=True)
 class _Chunk:
     """One checked chunk: its unit and the words it changes (positions in
@@ -150,51 +111,78 @@ class _Chunk:
     new: np.ndarray | None
 
 
-#: parsed headers by (digest, file size, scope): a follower applies bundles
-#: of one model every step, and a header of 20,000 tensors takes 0.3 s to
-#: parse. The key is the digest of the raw bytes, so a hit is those bytes.
-_HEADERS: dict[tuple, Header] = {}
-_HEADERS_MAX = 16
+def _check_base(reader: BundleReader, base, lives: list[Live], want: bytes | None, threads: int) -> None:
+    """A delta's base against the tensors: the version the caller says they
+    hold (``want``) must be the bundle's base; with none, every tensor is
+    hashed against the base's listing (:func:`~.cover.verify_base`)."""
+    ix = reader.index
+    if ix.base_fingerprint is None:
+        return
+    if want is not None and ix.base_fingerprint != want:
+        raise BaseMismatchError(
+            f"{reader.path}: starts from version {hexd(ix.base_fingerprint)[:12]}, "
+            f"but the tensors hold {hexd(want)[:12]}",
+            hint="apply the bundles in order from the tensors' version, or an anchor",
+        )
+    if want is None:
+        try:
+            verify_base(ix, _base_headers(reader, base), lives, reader.path, threads, base.aliases)
+        except UsageError:  # a header changed: refuse tensors that are not the target's as that
+            for _ in _chunks(reader, base, need_base=False, cover=Cover(lives, ix, reader.path, base.aliases),
+                             headers_only=True):
+                pass
+            raise
 
 
-def _header(raw: bytes | None, f, where: str) -> Header:
-    key = (f.header_digest, f.size, scope_of(f.path))
-    hit = _HEADERS.get(key)
-    if hit is not None:
-        return hit
-    if raw is None:
-        raise IntegrityError(f"{where}: no header for {printable(f.path)}")
-    if xxhash.xxh3_128_digest(raw) != f.header_digest:
-        raise IntegrityError(f"{where}: the header of {printable(f.path)} is not the one the index names")
-    h = parse_header(raw, f.size, where=where).scoped(scope_of(f.path))
-    if len(_HEADERS) >= _HEADERS_MAX:
-        _HEADERS.pop(next(iter(_HEADERS)))
-    _HEADERS[key] = h
-    return h
+def _base_headers(reader: BundleReader, base) -> dict[int, Header]:
+    """The checked headers of the target's tensor files taken from the base."""
+    index = reader.index
+    wanted = [i for i, f in enumerate(index.files) if f.kind == KIND_TENSORS and f.source == "base"]
+    known = all((index.files[i].header_digest, index.files[i].size, scope_of(index.files[i].path)) in _HEADERS
+                for i in wanted)
+    raws = {} if known else base.headers(index)
+    return {i: _header(raws.get(i), index.files[i], f"{reader.path}: {printable(index.files[i].path)}")
+            for i in wanted}
 
 
-def _chunks(reader: BundleReader, base, *, need_base: bool) -> Iterator[tuple[object, Unit]]:
+def _chunks(reader: BundleReader, base, *, need_base: bool, cover: Cover | None = None,
+            headers_only: bool = False) -> Iterator[tuple[object, Unit]]:
     """(record, unit) for every CHUNK record, in bundle order, each unit's
-    spans matched with the base tensors they patch."""
+    spans matched with the base tensors they patch. With ``cover``, every
+    target header is checked against the tensors as it becomes known, and
+    the whole once the records end (so before a caller that consumes every
+    item writes anything). ``headers_only``: no chunk is looked at."""
     index = reader.index
     scoped = index.version >= fmt.SCOPED_NAMES
     known = all((f.header_digest, f.size, scope_of(f.path)) in _HEADERS
                 for f in index.files if f.kind == KIND_TENSORS and f.source == "base")
     raws = {} if known else base.headers(index)
     layouts: dict[int, FileLayout] = {}
-    for rec in reader.records():
+    if headers_only and all(f.source == "base" or (f.header_digest, f.size, scope_of(f.path)) in _HEADERS
+                            for f in index.files if f.kind == KIND_TENSORS):
+        records = iter(())  # every header is known without reading a record
+    else:
+        records = reader.records()
+
+    def layout(i: int) -> FileLayout:
+        lay = layouts.get(i)
+        if lay is None:
+            f = index.files[i]
+            header = _header(raws.get(i), f, f"{reader.path}: {printable(f.path)}")
+            if cover is not None:
+                cover.file(header)
+            lay = layouts[i] = FileLayout(header, base.base_tensors(f.path, scoped))
+        return lay
+
+    for rec in records:
         h = rec.header
         where = f"{reader.path}: record {rec.index}"
         if h.type == fmt.HEADER:
             raws[h.file] = decode_header_record(rec, where=where)
             continue
-        if h.type != fmt.CHUNK:
+        if h.type != fmt.CHUNK or headers_only:
             continue
-        lay = layouts.get(h.file)
-        if lay is None:
-            f = index.files[h.file]
-            header = _header(raws.get(h.file), f, f"{reader.path}: {printable(f.path)}")
-            lay = layouts[h.file] = FileLayout(header, base.base_tensors(f.path, scoped))
+        lay = layout(h.file)
         unit = lay.record_unit(h.lo, h.hi, h.word, delta=h.codec != RAW, where=where)
         if need_base:
             for s in unit.spans:
@@ -205,6 +193,11 @@ def _chunks(reader: BundleReader, base, *, need_base: bool) -> Iterator[tuple[ob
                         hint="reload the model from the new version's checkpoint (wdiff pull)",
                     )
         yield rec, unit
+    if cover is not None:
+        for i, f in enumerate(index.files):
+            if f.kind == KIND_TENSORS:
+                layout(i)
+        cover.done()
 
 
 #: codecs whose records list their changed positions: patched with one
@@ -287,28 +280,63 @@ def apply_into(bundle, tensors, *, base_version=None, trusted_keys=None, require
                undo_budget: int = UNDO_BUDGET, threads: int | None = None) -> ApplyIntoResult:
     """Patch ``tensors`` (a state dict or (name, tensor) pairs: torch CPU or
     CUDA tensors, numpy arrays; or :func:`prepare`'s wrapping of them, for
-    many applies into the same tensors) in place from the version ``bundle`` starts
-    from to the one it ends at. ``base_version``: the version the caller
-    recorded for these tensors (hex or bytes); a bundle from another version
-    is refused before anything is read. An anchor loads every tensor it
-    holds. Raises a WdiffError subclass on refusal; on any failure the
-    tensors are the old version again (see the module doc)."""
+    many applies into the same tensors) in place from the version ``bundle``
+    starts from to the one it ends at, and return that version.
+
+    Tensors are matched by name: any order works (a ``state_dict``,
+    ``safetensors.torch.load_file``'s sorted dict, a dict built by hand).
+    The bundle's target must hold exactly the tensors given, the same
+    names, dtypes and shapes, none missing and none extra (a tied alias
+    counts as the tensor whose memory it shares); anything else is refused
+    with BaseMismatchError before a byte is written: an anchor of some of
+    the tensors, a part of a many-writer version, a bundle of another
+    model, a version that adds, drops or reshapes a tensor.
+
+    What is verified and what is the caller's word:
+
+    * verified: the signature (with ``trusted_keys``), the bundle's own
+      digests, the names, dtypes and shapes of every tensor (the base's
+      headers rebuilt from the tensors must have the digests the bundle
+      names), the bytes of every chunk the bundle patches (its base digest
+      before, its target digest after), and that the tensors given are the
+      target's whole set;
+    * the caller's word: ``base_version``, the version the caller recorded
+      for these tensors (hex or bytes). A delta made for another version
+      is refused before anything is read. The chunks the bundle does not
+      patch are not read (hashing a whole model per step is what this
+      avoids), so whether they hold the base version is what
+      ``base_version`` asserts. With ``base_version=None`` nothing is taken
+      on trust: every tensor is hashed and the base's tensor files must
+      have the digests the bundle lists (a delta that changes a file's
+      header then needs ``base_version``). An anchor needs neither: it
+      writes every byte.
+
+    Raises a WdiffError subclass on refusal; on any failure the tensors are
+    the old version again (see the module doc)."""
+    return _apply_into(bundle, tensors, base_version=base_version, trusted_keys=trusted_keys,
+                       require_signature=require_signature, undo_budget=undo_budget, threads=threads)
+
+
+def _apply_into(bundle, tensors, *, base_version=None, trusted_keys=None, require_signature: bool = False,
+                undo_budget: int = UNDO_BUDGET, threads: int | None = None,
+                layout: str | None = None) -> ApplyIntoResult:
+    """:func:`apply_into`; ``layout``: a checkpoint of the base version (a
+    Follower's own) whose headers are used where they have the digests the
+    bundle names, so that a layout no dict order gives (a multi-rank
+    version's) needs no particular order either."""
     t0 = time.perf_counter()
     want = _fp(base_version)
-    lives = prepared(tensors)
+    lives, aliases = prepared_aliased(tensors)
     for t in lives:
         t.writable()
-    base = _LiveBase(lives)
+    base = _LiveBase(lives, layout, aliases)
     reader = _open(bundle, trusted_keys, require_signature)
     try:
         ix = reader.index
-        if want is not None and ix.base_fingerprint is not None and ix.base_fingerprint != want:
-            raise BaseMismatchError(
-                f"{reader.path}: starts from version {hexd(ix.base_fingerprint)[:12]}, "
-                f"but the tensors hold {hexd(want)[:12]}",
-                hint="apply the bundles in order from the tensors' version, or an anchor",
-            )
-        return _apply(reader, base, undo_budget, t0, threads or default_threads())
+        cover = Cover(lives, ix, reader.path, aliases)
+        threads = threads or default_threads()
+        _check_base(reader, base, lives, want, threads)
+        return _apply(reader, base, cover, undo_budget, t0, threads)
     finally:
         if not isinstance(bundle, BundleReader):
             reader.close()
@@ -328,13 +356,16 @@ def _check(reader: BundleReader, base):
     return one
 
 
-def _apply(reader: BundleReader, base: _LiveBase, undo_budget: int, t0: float, threads: int) -> ApplyIntoResult:
+def _apply(reader: BundleReader, base: _LiveBase, cover: Cover, undo_budget: int, t0: float,
+           threads: int) -> ApplyIntoResult:
     ix = reader.index
     kept: list[_Chunk] = []
     used = 0
     streamed = False
-    # 1. check everything; keep the decoded changes while they fit the budget
-    for target, unit, (pos, ov, nv) in ordered_map(_check(reader, base), _chunks(reader, base, need_base=True),
+    # 1. check everything (the tensors against the target's headers, every
+    # chunk); keep the decoded changes while they fit the budget
+    for target, unit, (pos, ov, nv) in ordered_map(_check(reader, base),
+                                                   _chunks(reader, base, need_base=True, cover=cover),
                                                    threads=threads):
         if streamed:
             continue
@@ -397,33 +428,54 @@ def _verify(base, units: list[tuple[Unit, bytes]], threads: int) -> None:
                                  "bytes after the patch (changed meanwhile?); every tensor was put back")
 
 
-def iter_patches(bundle, *, base=None, trusted_keys=None, require_signature: bool = False):
+def iter_patches(bundle, *, base=None, base_version=None, trusted_keys=None, require_signature: bool = False,
+                 threads: int | None = None):
     """Yield ``(name, indices, values, shape)`` for every tensor the bundle
     changes, in checkpoint coordinates: int32 flat element indices (int64
     for tensors over 2**31 elements), the new values at them, and the
     tensor's full shape. ``base``: the mirror (a checkpoint directory of the
-    bundle's base version) or the live tensors (a state dict); each chunk is
-    read from it and checked against its base digest before its patches are
-    yielded (an anchor needs no base). With torch tensors as the base the
-    values are CPU torch tensors of the tensor's dtype; otherwise numpy
-    arrays (bf16 and other dtypes numpy lacks: their raw unsigned words).
+    bundle's base version) or the live tensors (a state dict, any order:
+    tensors are matched by name); each chunk is read from it and checked
+    against its base digest before its patches are yielded (an anchor needs
+    no base). With torch tensors as the base the values are CPU torch
+    tensors of the tensor's dtype; otherwise numpy arrays (bf16 and other
+    dtypes numpy lacks: their raw unsigned words).
+
+    With live tensors as ``base``, the bundle's target must hold exactly
+    those tensors (names, dtypes, shapes; see :func:`apply_into`), checked
+    before the first patch is yielded: for a bundle that carries headers
+    (an anchor, a version that changed one) that costs one more read of the
+    bundle. And a delta's base is checked as :func:`apply_into` checks it:
+    ``base_version`` (the version the engine recorded) must be the
+    bundle's, and the chunks not patched are taken on its word; without
+    it every tensor is hashed against the base's digests first. With a
+    mirror, or with no base, checking that the target is the whole of what
+    the engine holds is the engine's (every target tensor's name and shape
+    come with its patches; an anchor yields every tensor).
     Each chunk is verified before it is yielded (a record that lists its
     changed words is patched into a copy of the chunk's base at those
     positions only, never decoded whole); all-or-nothing is
     :func:`apply_into`'s."""
     torch_out = False
+    lives = None
     if base is None:
         src = _LiveBase([])
     elif isinstance(base, (str, os.PathLike)):
         src = _DirBase(scan(os.fspath(base)))
     else:
-        lives = prepared(base)
+        lives, aliases = prepared_aliased(base)
         torch_out = any(is_torch(t.obj) for t in lives)
-        src = _LiveBase(lives)
+        src = _LiveBase(lives, aliases=aliases)
     reader = _open(bundle, trusted_keys, require_signature)
     try:
         if base is None and reader.index.base_fingerprint is not None:
             raise UsageError("this bundle patches a base: give base= (the mirror directory or the tensors)")
+        ix = reader.index
+        if lives is not None:
+            cover = Cover(lives, ix, reader.path, src.aliases)
+            _check_base(reader, src, lives, _fp(base_version), threads or default_threads())
+            for _ in _chunks(reader, src, need_base=False, cover=cover, headers_only=True):
+                pass
         for rec, unit in _chunks(reader, src, need_base=False):
             pos, _ov, nv, _whole = buffered_changes(reader, rec, unit, src)
             yield from _per_tensor(unit, pos, nv, torch_out)

@@ -3,8 +3,10 @@
 words (SPARSE, BITMAP and codec v2's MSPARSE, MBITMAP, CSPARSE, RSPARSE)
 over CPU tensors, hashing and reading them in place; :func:`buffered_changes`
 for any record, through a buffer of the chunk (a mirror on disk, device
-tensors, an anchor). Both check the chunk's base digest before decoding and
-its target digest before they return.
+tensors, an anchor). Both check the chunk's base digest before decoding;
+:func:`buffered_changes` checks its target digest before it returns,
+:func:`fast_changes` leaves that to the caller (apply_into's read-back after
+the scatter, undone on a mismatch), as it never holds the patched chunk.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from ..store import manifest
 from ..store.checkpoint import KIND_TENSORS, read_into, scan
 from ..store.hashing import hexd
 from ._tensors import Prepared
-from .apply import apply_into
+from .apply import _apply_into
 
 #: more bundles than this behind: restart from the newest anchor instead
 MAX_BEHIND = 64
@@ -203,8 +203,10 @@ class Follower:
                 # part checked against it: the bundle needs no signature of its own
                 # (a squash has none)
                 with BundleReader(bundle) as reader:
-                    apply_into(reader, self.tensors, base_version=None if anchor else self.version,
-                               threads=self.threads)
+                    # its checkpoint holds the base version: its headers place the tensors,
+                    # whatever the order of the dict it was given (checked against the bundle)
+                    _apply_into(reader, self.tensors, base_version=None if anchor else self.version,
+                                threads=self.threads, layout=None if anchor else self.ckpt)
                 t2 = time.perf_counter()
             previous, self.version = self.version, goal
             self._disk = (bundle, anchor)

@@ -36,7 +36,7 @@ from ..store.checkpoint import scan
 from ..store.digests import Digests
 from ..store.hashing import hexd
 from ._tensors import prepared
-from .layout import INDEX, MAX_SHARD, METADATA, index_json, mem_tensors, shard
+from .layout import INDEX, MAX_SHARD, METADATA, canonical, index_json, mem_tensors, shard
 
 PENDING = "pending.wdb"
 
@@ -122,7 +122,7 @@ class Publisher:
             lives = prepared(tensors)
             if not lives:
                 raise UsageError("nothing to publish: no tensors given")
-            files = shard(lives, self.max_shard)
+            files = shard(canonical(lives), self.max_shard)  # by name: any receiver's order rebuilds it
             A = self._scanned = scan(self.mirror, reuse=self._scanned)  # same header bytes: not parsed again
             if not A.files:
                 anchor = True

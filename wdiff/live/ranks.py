@@ -30,7 +30,7 @@ or drops the part.
 
 The layout is save_pretrained's sharded one, one shard per rank:
 ``model-0000K-of-0000N.safetensors`` (K = rank + 1, N = the group's size)
-holds rank K-1's tensors in the order given, and
+holds rank K-1's tensors by name (whatever order its dict gives), and
 ``model.safetensors.index.json`` maps every tensor to its shard. Whole
 tensors in the files: a tensor split over ranks (a tensor-parallel
 slice, given its place with :class:`Slice`) is sent to the lowest rank
@@ -66,7 +66,7 @@ from ..store.checkpoint import path_sort_key, scan
 from ..store.digests import Digests
 from ..store.hashing import fingerprint, hexd
 from ._tensors import prepared
-from .layout import METADATA, SINGLE, mem_tensors
+from .layout import METADATA, SINGLE, canonical, mem_tensors
 from .publisher import Publisher, PublishResult
 
 PART = "part.wdb"
@@ -259,7 +259,7 @@ class RankPublisher:
     def _prepare(self, tensors):
         """This rank's tensors and mirror, or the error that stops it."""
         try:
-            lives = prepared(tensors)
+            lives = canonical(prepared(tensors))  # each rank's file by name, whatever its dict's order
             A = self._scanned = scan(self.mirror, reuse=self._scanned)
             return lives, A, None
         except Exception as e:  # noqa: BLE001 - told to every rank, then raised here
