@@ -399,20 +399,31 @@ def write_file_delta(w: BundleWriter, i: int, base_path: str, base_size: int, a_
 
 
 class BlockHasher:
-    """Block digests of bytes fed in order."""
+    """Block digests of bytes fed in order. Each byte is copied at most once
+    (into the partial block): joining the partial block to every piece fed
+    copied up to a block per piece, so one-byte DELTA records cost 0.25 ms
+    each, most of a reader's time per record."""
 
     def __init__(self) -> None:
         self.parts: list[bytes] = []
-        self.pending = b""
+        self.pending = bytearray()
         self.size = 0
 
-    def update(self, data: bytes) -> None:
+    def update(self, data) -> None:
         self.size += len(data)
-        data = self.pending + data if self.pending else data
-        whole = len(data) - len(data) % BLOCK_SIZE
+        mv = memoryview(data).cast("B")
+        if self.pending:
+            take = min(len(mv), BLOCK_SIZE - len(self.pending))
+            self.pending += mv[:take]
+            mv = mv[take:]
+            if len(self.pending) < BLOCK_SIZE:
+                return
+            self.parts.append(block_digests(self.pending))
+            self.pending = bytearray()
+        whole = len(mv) - len(mv) % BLOCK_SIZE
         if whole:
-            self.parts.append(block_digests(memoryview(data)[:whole]))
-        self.pending = bytes(data[whole:])
+            self.parts.append(block_digests(mv[:whole]))
+        self.pending += mv[whole:]
 
     def blocks(self) -> bytes:
         return b"".join(self.parts) + (block_digests(self.pending) if self.pending else b"")
