@@ -32,10 +32,13 @@ Cases:
   delta-tiny-xor      one-byte word-codec records every 64 bytes
   file-zeros          a companion file of --size zeros, stored whole (a FILE
                       record of a few hundred bytes)
-  header-tensors      a new tensor file of 2^17 one-element tensors (a
-                      HEADER record of a 10 MB header, then CHUNK records)
-  chunk-tiny-tensors  2^17 one-element tensors, every one changed (CHUNK
-                      records over many tiny tensors)
+  chunk-per-tensor    --tensors one-element tensors, every one changed, one
+                      RAW CHUNK record each (written by hand: per-record cost)
+  header-tensors      a new tensor file of --tensors one-element zero
+                      tensors with short names (a HEADER record, the index's
+                      tensor digests all alike: per-tensor cost)
+  chunk-tiny-tensors  --tensors one-element tensors, every one changed (what
+                      pack writes: CHUNK records over many tiny tensors)
   chunk-sparse        one fp32 tensor of --size bytes, one element changed
                       per MiB (sparse CHUNK records covering 64 MiB each)
   chunk-dense         the same tensor, every element changed (dense CHUNK
@@ -217,10 +220,24 @@ def wdiff(*args, check: bool = True) -> subprocess.CompletedProcess:
 
 DELTA_CASES = ("delta-same-window", "delta-budget", "delta-tiny-zstd", "delta-tiny-xor")
 PACK_CASES = ("file-zeros", "header-tensors", "chunk-tiny-tensors", "chunk-sparse", "chunk-dense")
-CASES = DELTA_CASES + PACK_CASES
+CASES = DELTA_CASES + ("chunk-per-tensor",) + PACK_CASES
 
 
-def build(case: str, root: Path, size: int, n: int = 20000) -> tuple[Path, Path, int]:
+def per_tensor_records(va: np.ndarray, vb: np.ndarray, file: int) -> list[Rec]:
+    """One RAW CHUNK record per one-element F32 tensor (tensor k at data
+    bytes [4k, 4k + 4)): the most records a tensor file can have."""
+    from ..codec.chunk import encode_raw  # RAW's section (byte planes, zstd; see CODECS in the spec)
+
+    out = []
+    for k in range(va.size):
+        old, new = va[k : k + 1].astype("<f4"), vb[k : k + 1].astype("<f4")
+        enc = encode_raw(new.view("<u4"), 3)
+        out.append(Rec(1, enc.codec, 4, 0, file, 4 * k, 4 * k + 4, 0, H(H(old.tobytes())), H(H(new.tobytes())),
+                       (enc.parts[0], b"", b"")))
+    return out
+
+
+def build(case: str, root: Path, size: int, n: int = 20000, tensors: int = 1 << 17) -> tuple[Path, Path, int]:
     """(A, the hostile bundle, the bytes apply writes) for ``case``."""
     rng = np.random.default_rng(33)
     bundle = root / f"{case}.wdiff"
@@ -232,14 +249,15 @@ def build(case: str, root: Path, size: int, n: int = 20000) -> tuple[Path, Path,
     b = {}
     if case == "file-zeros":
         b["zeros.bin"] = bytes(size)
-    elif case in ("header-tensors", "chunk-tiny-tensors"):
-        t = 1 << 17
-        va = rng.standard_normal(t).astype(np.float32)
-        ta = {f"layers.{k}.w": va[k : k + 1] for k in range(t)}
-        tb = {name: x + np.float32(1) for name, x in ta.items()}
-        if case == "chunk-tiny-tensors":
-            a["model.safetensors"] = safetensors(ta)
-        b["model.safetensors"] = safetensors(tb)
+    elif case == "header-tensors":
+        # short names, every tensor zero: the header and the index's tensor
+        # digests compress as well as they can
+        b["model.safetensors"] = safetensors({f"t{k}": np.zeros(1, np.float32) for k in range(tensors)})
+    elif case in ("chunk-tiny-tensors", "chunk-per-tensor"):
+        va = rng.standard_normal(tensors).astype(np.float32)
+        vb = va + np.float32(1)
+        a["model.safetensors"] = safetensors({f"layers.{k}.w": va[k : k + 1] for k in range(tensors)})
+        b["model.safetensors"] = safetensors({f"layers.{k}.w": vb[k : k + 1] for k in range(tensors)})
     else:
         va = rng.standard_normal(size // 4).astype(np.float32)
         vb = va.copy()
@@ -251,7 +269,12 @@ def build(case: str, root: Path, size: int, n: int = 20000) -> tuple[Path, Path,
         b["model.safetensors"] = safetensors({"w": vb})
     A = _write(root / "A", a)
     B = _write(root / "B", b)
-    wdiff("pack", A, B, "-o", bundle)
+    if case == "chunk-per-tensor":
+        wdiff("pack", A, B, "-o", root / "honest.wdiff")
+        index = reseal(root / "honest.wdiff", bundle, per_tensor_records(va, vb, 1))
+        assert index["target"]["files"][1]["path"] == "model.safetensors"
+    else:
+        wdiff("pack", A, B, "-o", bundle)
     out = sum(p.stat().st_size for p in B.iterdir())
     return A, bundle, out
 
@@ -295,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m wdiff.bench.hostile", description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="64MiB", help="the companion file / tensor size (default 64MiB)")
     ap.add_argument("--records", type=int, default=20000, help="records of the per-record cases (default 20000)")
+    ap.add_argument("--tensors", type=int, default=1 << 17,
+                    help="tensors of the tensor-count cases (default 131072)")
     ap.add_argument("--case", action="append", choices=CASES, help="run only these cases")
     ap.add_argument("--keep", type=Path, help="build in this directory and keep it")
     a = ap.parse_args(argv)
@@ -309,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in a.case or CASES:
         root = Path(tempfile.mkdtemp(prefix=f"wdiff-hostile-{case}-", dir=a.keep))
         try:
-            A, bundle, out = build(case, root, size, a.records)
+            A, bundle, out = build(case, root, size, a.records, a.tensors)
             rc, cpu, rss, err = measure("apply", bundle, A, "-o", root / "OUT", "--quiet")
             mb = bundle.stat().st_size / 1e6
             work = max(0.0, cpu - start)
