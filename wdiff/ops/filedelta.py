@@ -164,13 +164,13 @@ def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, lev
     found: list[Candidate] = []
     total = 0
     if index is not None:
-        groups = _located(base_fd, base_size, lo, hi, new, index.get(), where=where)
+        groups = _located(base_fd, base_size, lo, hi, new, index.get(), where=where, prev_hi=prev_hi)
         spent = 0
         for glo, ghi, (slo, shi) in groups:
             spent += shi - slo
             if spent > fd.window_budget(ghi - prev_hi):
-                # places scattered so far apart that their windows would pass
-                # the budget: the range is encoded as one record
+                # _located keeps the budget, so this does not happen; were it
+                # to, the range would be one record rather than a refused bundle
                 groups = []
                 break
         for glo, ghi, (slo, shi) in groups:
@@ -257,7 +257,7 @@ class BaseIndex:
 
 
 def _located(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, index: BaseIndex, *,
-             where: str) -> list[tuple[int, int, tuple[int, int]]]:
+             where: str, prev_hi: int = 0) -> list[tuple[int, int, tuple[int, int]]]:
     """Target [lo, hi) cut into groups (glo, ghi, (slo, shi)): the base
     window [slo, shi) its bytes come from, as found by samples of
     ``index.step`` offsets every 8 steps and at the range's end; [] when no
@@ -302,23 +302,37 @@ def _located(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, index: 
             pieces[-1][1] = c
             pieces.append([c, t.size, d])
         last = s
-    # group pieces while the union of their windows stays small
+    # group pieces while the union of their windows stays small and the
+    # windows so far keep the file's window budget (see encode_range)
     groups: list[tuple[int, int, tuple[int, int]]] = []
+    spent = 0  # window bytes of this range's groups, the open one's included
     for p in pieces:
         a, b, d = p
         if b <= a:
             continue
+        end = lo + b
         slo = max(0, min(base_size, lo + a - d - LOCATE_MARGIN))
-        shi = max(slo, min(base_size, lo + b - d + LOCATE_MARGIN))
+        shi = max(slo, min(base_size, end - d + LOCATE_MARGIN))
         if groups:
             glo, _, (plo, phi) = groups[-1]
             ulo, uhi = min(plo, slo), max(phi, shi)
-            if uhi - ulo <= GROUP_SPAN and lo + b - glo <= fd.RANGE_BYTES:
-                groups[-1] = (glo, lo + b, (ulo, uhi))
+            before = spent - (phi - plo)
+            if (uhi - ulo <= GROUP_SPAN and end - glo <= fd.RANGE_BYTES
+                    and before + uhi - ulo <= fd.window_budget(end - prev_hi)):
+                groups[-1] = (glo, end, (ulo, uhi))
+                spent = before + uhi - ulo
                 continue
-        if shi - slo > GROUP_SPAN:  # a long piece: its window is as long as it is
-            shi = slo + GROUP_SPAN
-        groups.append((lo + a, lo + b, (slo, shi)))
+        # a group of its own: its window is at most GROUP_SPAN (a long piece)
+        # and what the budget leaves, narrowed around the start of the source
+        keep = max(0, min(GROUP_SPAN, fd.window_budget(end - prev_hi) - spent))
+        if shi - slo > keep:
+            src_lo = max(0, min(base_size, lo + a - d))
+            src_hi = max(src_lo, min(base_size, end - d))
+            margin = max(0, min(LOCATE_MARGIN, (keep - (src_hi - src_lo)) // 2))
+            slo = max(0, src_lo - margin)
+            shi = min(base_size, slo + keep)
+        groups.append((lo + a, end, (slo, shi)))
+        spent += shi - slo
     return groups
 
 
