@@ -202,3 +202,15 @@ def test_pack_keeps_the_window_budget(tmp_path, shape):
     ok(wdiff("apply", tmp_path / "d.wdiff", tmp_path / "A", "-o", tmp_path / "OUT", env=env))
     assert tree(tmp_path / "OUT") == tree(tmp_path / "B")
     shutil.rmtree(tmp_path / "OUT")
+
+
+def test_the_benchmark_measures_every_case(tmp_path, capsys):
+    """``python -m wdiff.bench.hostile`` at a small size: a row per case,
+    the issue's bundle refused (4), every other one applied (0)."""
+    from wdiff.bench import hostile
+
+    assert hostile.main(["--size", "2MiB", "--records", "50", "--tensors", "64", "--keep", str(tmp_path)]) == 0
+    rows = [cells for cells in (line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines())
+            if len(cells) == 9 and cells[4].strip().isdigit()]
+    got = {r[0].strip(): int(r[4]) for r in rows}
+    assert got == {c: 4 if c == "delta-same-window" else 0 for c in hostile.CASES}, got

@@ -26,7 +26,8 @@ Cases:
                       at the first record, status 4)
   delta-budget        the most window bytes the budget allows: one-byte
                       records every 16 MiB, each naming a 64 MiB window
-                      (4 times the bytes up to it)
+                      (4 times the bytes up to it; smaller files: the whole
+                      file, every quarter of it)
   delta-tiny-zstd     one-byte ZSTD_BASE records every 64 bytes, each with
                       a 256-byte window (per-record cost)
   delta-tiny-xor      one-byte word-codec records every 64 bytes
@@ -143,11 +144,12 @@ def delta_records(case: str, base: bytes, target: bytearray, file: int, n: int) 
             target[j] = base[j] ^ 1
             out.append(zstd_base(file, j, bytes(target[j : j + 1]), base, 0, w))
     elif case == "delta-budget":
-        step = 16 * MiB
+        w = min(size, 64 * MiB)  # the largest window, every w/4 bytes: 4 x hi in all
+        step = -(-w // 4)
         for hi in range(step, size + 1, step):
             target[hi - 1] = base[hi - 1] ^ 1
-            dhi = max(min(size, 64 * MiB), hi)
-            out.append(zstd_base(file, hi - 1, bytes(target[hi - 1 : hi]), base, dhi - min(size, 64 * MiB), dhi))
+            dhi = max(w, hi)
+            out.append(zstd_base(file, hi - 1, bytes(target[hi - 1 : hi]), base, dhi - w, dhi))
     elif case == "delta-tiny-zstd":
         for j in range(4, n + 4):
             hi = 64 * j
