@@ -44,6 +44,10 @@ Cases:
                       per MiB (sparse CHUNK records covering 64 MiB each)
   chunk-dense         the same tensor, every element changed (dense CHUNK
                       records: the bundle is as large as the output)
+  codec-NAME          a --size F32 tensor, one ulp moved at 10% of its words,
+                      as 4 MiB CHUNK records of one codec each (sparse,
+                      bitmap, dense, msparse, mbitmap, mdense, csparse,
+                      cdense, rsparse; written by hand: every codec's decode)
 
 A measurement tool, not a test (tests/threat/test_record_costs.py is).
 """
@@ -100,14 +104,18 @@ def _footer_index(data: bytes) -> tuple[int, dict]:
     return offset, json.loads(raw)
 
 
-def reseal(honest: Path, out: Path, records: list[Rec]) -> dict:
+def reseal(honest: Path, out: Path, records: list[Rec], version: int | None = None) -> dict:
     """Write ``out``: ``honest``'s preamble and index with ``records`` in
-    place of its records, every digest resealed as a writer would (record
-    digests, the chain digest and the index's record summary, the index
-    digest and the footer). Returns the index."""
+    place of its records (and ``version``, when given, as the bundle's),
+    every digest resealed as a writer would (record digests, the chain
+    digest and the index's record summary, the index digest and the
+    footer). Returns the index."""
     data = honest.read_bytes()
     _, index = _footer_index(data)
     body = bytearray(data[:16])
+    if version is not None:
+        index["version"] = version
+        body[8:12] = struct.pack("<I", version)
     chain = xxhash.xxh3_128()
     for r in records:
         lens = tuple(len(p) for p in r.parts)
@@ -222,7 +230,11 @@ def wdiff(*args, check: bool = True) -> subprocess.CompletedProcess:
 
 DELTA_CASES = ("delta-same-window", "delta-budget", "delta-tiny-zstd", "delta-tiny-xor")
 PACK_CASES = ("file-zeros", "header-tensors", "chunk-tiny-tensors", "chunk-sparse", "chunk-dense")
-CASES = DELTA_CASES + ("chunk-per-tensor",) + PACK_CASES
+#: the tensor codecs, each measured on its own: (name, codec number)
+CHUNK_CODECS = (("sparse", 1), ("bitmap", 2), ("dense", 3), ("msparse", 5), ("mbitmap", 6), ("mdense", 7),
+                ("csparse", 8), ("cdense", 9), ("rsparse", 10))
+CODEC_CASES = tuple(f"codec-{c}" for c, _ in CHUNK_CODECS)
+CASES = DELTA_CASES + ("chunk-per-tensor",) + PACK_CASES + CODEC_CASES
 
 
 def per_tensor_records(va: np.ndarray, vb: np.ndarray, file: int) -> list[Rec]:
@@ -236,6 +248,34 @@ def per_tensor_records(va: np.ndarray, vb: np.ndarray, file: int) -> list[Rec]:
         enc = encode_raw(new.view("<u4"), 3)
         out.append(Rec(1, enc.codec, 4, 0, file, 4 * k, 4 * k + 4, 0, H(H(old.tobytes())), H(H(new.tobytes())),
                        (enc.parts[0], b"", b"")))
+    return out
+
+
+PIECE = 4 * MiB
+
+
+def chunk_digest(x: bytes) -> bytes:
+    """The chunk digest of a block-aligned piece of one tensor: H of its
+    block digests (blocks counted from the tensor's first byte)."""
+    return H(b"".join(H(x[i : i + MiB]) for i in range(0, len(x), MiB)))
+
+
+def codec_records(codec: int, va: np.ndarray, vb: np.ndarray, cols: int, file: int) -> list[Rec]:
+    """One tensor (F32, ``cols`` columns) as CHUNK records of ``codec``, one
+    per 4 MiB block-aligned piece (RSPARSE with the tensor's rows, CSPARSE,
+    CDENSE and RSPARSE with F32's bucket function)."""
+    from ..codec.chunk import bucket_function, encode_as, rows_of_tensor  # the codecs' sections (see CODECS)
+
+    old, new = va.astype("<f4").view("<u4"), vb.astype("<f4").view("<u4")
+    out = []
+    for lo in range(0, old.nbytes, PIECE):
+        a, b = lo // 4, min(old.size, (lo + PIECE) // 4)
+        rows = rows_of_tensor((old.size // cols, cols), 1, a) if codec == 10 else None
+        enc = encode_as(codec, old[a:b], new[a:b], 3, bucket_function("F32", 4), rows)
+        parts = tuple(enc.parts) + (b"",) * (3 - len(enc.parts))
+        ob, nb = old[a:b].tobytes(), new[a:b].tobytes()
+        out.append(Rec(1, enc.codec, 4, enc.param, file, lo, lo + len(nb), enc.count, chunk_digest(ob),
+                       chunk_digest(nb), parts))
     return out
 
 
@@ -269,9 +309,24 @@ def build(case: str, root: Path, size: int, n: int = 20000, tensors: int = 1 << 
             vb = rng.standard_normal(size // 4).astype(np.float32)
         a["model.safetensors"] = safetensors({"w": va})
         b["model.safetensors"] = safetensors({"w": vb})
+    if case in CODEC_CASES:
+        # one ulp moved at 10% of the words, at random: every codec has work in every word's bucket
+        cols = 1024
+        va = rng.standard_normal(size // 4 // cols * cols).astype(np.float32)
+        vb = va.copy()
+        idx = rng.choice(va.size, va.size // 10, replace=False)
+        vb[idx] = np.nextafter(va[idx], np.float32(np.inf))
+        a["model.safetensors"] = safetensors({"w": va.reshape(-1, cols)})
+        b["model.safetensors"] = safetensors({"w": vb.reshape(-1, cols)})
     A = _write(root / "A", a)
     B = _write(root / "B", b)
-    if case == "chunk-per-tensor":
+    if case in CODEC_CASES:
+        wdiff("pack", A, B, "-o", root / "honest.wdiff")
+        codec = dict(CHUNK_CODECS)[case.removeprefix("codec-")]
+        index = reseal(root / "honest.wdiff", bundle, codec_records(codec, va, vb, cols, 1),
+                       version=3 if codec >= 5 else None)
+        assert index["target"]["files"][1]["path"] == "model.safetensors"
+    elif case == "chunk-per-tensor":
         wdiff("pack", A, B, "-o", root / "honest.wdiff")
         index = reseal(root / "honest.wdiff", bundle, per_tensor_records(va, vb, 1))
         assert index["target"]["files"][1]["path"] == "model.safetensors"
