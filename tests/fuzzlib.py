@@ -1953,9 +1953,9 @@ def m_delta_window(ctx):
     elif c == 3:
         r.sections[0] = r.sections[0] + b"\0" * ctx.rng.choice([1, 8])
         return
-    elif c == 4:  # valid: another window, re-encoded
+    elif c == 4:  # valid: another window, re-encoded (within the window budget: 4 x the range)
         a = ctx.rng.randrange(0, bsize + 1)
-        b2 = ctx.rng.randrange(a, min(bsize, a + (4 << 20)) + 1)
+        b2 = ctx.rng.randrange(a, min(bsize, a + (4 << 20), a + 4 * (r.hi - r.lo)) + 1)
         ctx.b.records[i] = sb.delta_record(r.file, old, new, r.lo, r.hi, ctx.rng, codec=sb.ZSTD_BASE,
                                            window=(a, b2))
         return

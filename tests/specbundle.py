@@ -1397,6 +1397,9 @@ def encode_v2(codec: int, old: bytes, new: bytes, w: int, *, fn: int | None = No
 
 DELTA = 4
 ZSTD_BASE = 16
+#: DELTA records (version 3), window budget: the windows of a file's ZSTD_BASE
+#: records, up to and including any record R, sum to at most 4 x R's hi
+WINDOW_FACTOR = 4
 MAX_ZSTD_WINDOW = 1 << 28
 
 
@@ -1818,7 +1821,15 @@ def _rebuild(f: dict, bf: "FileInfo | None", recs: list) -> bytes:
     # only now, with every byte accounted for, is size bounded by the base
     # file and the records (each at most MAX_CHUNK_BYTES): allocate
     out = bytearray(bdata[:size]) + bytearray(max(0, size - len(bdata)))
+    spent = 0
     for r in recs:
+        # the window budget: a file's windows, up to any record, at most 4 x its hi
+        s0 = bytes(r.sections[0])
+        if r.codec == ZSTD_BASE and len(s0) == 16:
+            dlo, dhi = struct.unpack("<QQ", s0)
+            spent += max(0, dhi - dlo)
+            if spent > WINDOW_FACTOR * r.hi:
+                refuse(f"{f['path']}: DELTA windows pass the window budget")
         new = decode_delta(r, bdata, size)
         if H(new) != r.target:
             refuse(f"{f['path']}: DELTA target digest mismatch")
@@ -2161,7 +2172,9 @@ def delta_record(j: int, old: bytes, new: bytes, lo: int, hi: int, rng: random.R
         codec = ZSTD_BASE if hi > bsize or rng.random() < 0.4 else rng.choice(V1_CODECS)
     if codec == ZSTD_BASE:
         if window is None:
-            m = rng.choice([0, 1 << 12, 1 << 16, 1 << 20])
+            # at most 4 x (hi - lo) in all: records do not overlap, so the
+            # file's windows keep the window budget whatever the cut
+            m = min(rng.choice([0, 1 << 12, 1 << 16, 1 << 20]), 3 * (hi - lo) // 2)
             dlo = max(0, min(bsize, lo - m))
             dhi = max(dlo, min(bsize, hi + m))
             if rng.random() < 0.1:

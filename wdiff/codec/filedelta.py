@@ -49,6 +49,13 @@ WINDOW_BYTES = 4 * 1024 * 1024
 MAX_DICT_BYTES = 64 * 1024 * 1024
 #: the largest zstd window a ZSTD_BASE frame may declare (decoder memory)
 MAX_WINDOW_LOG = 28
+#: the window budget of a file: the windows of its ZSTD_BASE records, from
+#: the first record up to any record, sum to at most WINDOW_FACTOR times
+#: that record's hi. A reader reads, hashes and loads every window byte once,
+#: so this bounds its work by the file's size, whatever the record count
+#: (one-byte records each naming the same 64 MiB window cost 1,000 s of CPU
+#: per MB of bundle before)
+WINDOW_FACTOR = 4
 DICT_RANGE = struct.Struct("<QQ")
 #: the width guess looks at this many bytes of the range, in 8 runs
 SAMPLE_BYTES = 1 << 20
@@ -125,6 +132,12 @@ def dict_range(part: bytes, base_size: int, *, where: str) -> tuple[int, int]:
     if not dlo <= dhi <= base_size or dhi - dlo > MAX_DICT_BYTES:
         raise FormatError(f"{where}: file delta dictionary [{dlo}, {dhi}) lies outside the base's file")
     return dlo, dhi
+
+
+def window_budget(hi: int) -> int:
+    """The most window bytes a file's ZSTD_BASE records up to one whose
+    range ends at ``hi`` may name in all (see WINDOW_FACTOR)."""
+    return WINDOW_FACTOR * hi
 
 
 def decode_zstd_base(window: bytes, frame: bytes, size: int, *, where: str) -> bytes:
@@ -209,6 +222,7 @@ __all__ = [
     "MAX_DICT_BYTES",
     "RANGE_BYTES",
     "WINDOW_BYTES",
+    "WINDOW_FACTOR",
     "XOR_CODECS",
     "ZSTD_BASE",
     "constant_rows",
@@ -221,4 +235,5 @@ __all__ = [
     "guess_width",
     "keys_at",
     "rolling_keys",
+    "window_budget",
 ]

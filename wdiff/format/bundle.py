@@ -275,6 +275,7 @@ class BundleReader:
         pos = fmt.PREAMBLE.size
         chain = xxhash.xxh3_128()
         last: tuple[int, int, int] = (-1, -1, 0)  # file, type order, end of last chunk
+        windows = (-1, 0)  # file, window bytes its ZSTD_BASE records have named so far
         n = 0
         seen_payload: set[int] = set()
         while pos < self.records_end:
@@ -299,6 +300,8 @@ class BundleReader:
                 if fmt.record_digest(hasher, h) != h.digest:
                     raise IntegrityError(f"{where}: record is corrupt (digest mismatch)")
                 payload = tuple(parts)
+                if h.type == fmt.DELTA:
+                    windows = _check_windows(h, payload[0], windows, where)
             chain.update(h.digest)
             yield Record(h, pos, n, payload)
             pos += h.payload_len
@@ -441,6 +444,27 @@ def _check_delta(index: fmt.Index, f: fmt.TargetFile, h: fmt.RecordHeader, last,
         if h.hi > base_size or (h.hi - h.lo) % h.word:
             raise FormatError(f"{where}: file delta range lies past the base's file or splits a word")
     return (h.file, 3, h.hi)
+
+
+def _check_windows(h: fmt.RecordHeader, section0: bytes, windows: tuple[int, int], where: str):
+    """The window budget of DELTA records (version 3): the windows a file's
+    ZSTD_BASE records name, up to any of them, sum to at most
+    WINDOW_FACTOR times its hi. Checked as the records are read, so that
+    a bundle that would make a reader re-read its base without end is
+    refused before any of it is applied (FileRebuild checks it again where
+    the windows are read)."""
+    from ..codec import filedelta
+
+    spent = windows[1] if windows[0] == h.file else 0
+    if h.codec != filedelta.ZSTD_BASE:
+        return (h.file, spent)
+    dlo, dhi = filedelta.DICT_RANGE.unpack(section0)  # 16 bytes: _check_delta saw len0
+    spent += max(0, dhi - dlo)
+    if spent > filedelta.window_budget(h.hi):
+        raise FormatError(
+            f"{where}: file delta windows name {spent} base bytes up to offset {h.hi}, more than "
+            f"{filedelta.WINDOW_FACTOR} times that (records that re-read the base file without end)")
+    return (h.file, spent)
 
 
 def check_records(reader: BundleReader, reporter: Reporter = SILENT) -> None:

@@ -90,12 +90,14 @@ Candidate = tuple  # (lo, hi, word, codec, encoded, base digest)
 
 
 def _best_of(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, level: int, shifts, *, where: str,
-             word_codec: bool = True, word=None):
+             word_codec: bool = True, word=None, cap: int = fd.MAX_DICT_BYTES):
     """The smallest of: a word codec at the guessed width (when the base has
     bytes [lo, hi) and ``word_codec``), then zstd against the base window
     around [lo, hi) shifted by each of ``shifts`` in turn (a window tried
     once); the earlier on a tie. Returns (word, codec, encoded, base digest).
-    ``word``: the word codec's candidate, already encoded (it is not again)."""
+    ``word``: the word codec's candidate, already encoded (it is not again).
+    ``cap``: the most bytes a window around [lo, hi) may hold (the file's
+    window budget): its margins are cut to fit."""
     best = word
     n = hi - lo
     if word is not None:
@@ -116,8 +118,9 @@ def _best_of(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, level: 
         if isinstance(shift, tuple):  # ("at", dlo, dhi): a window found by BaseIndex
             dlo, dhi = shift[1], shift[2]
         else:
-            dlo = min(base_size, max(0, lo - shift - fd.WINDOW_BYTES))
-            dhi = min(base_size, max(dlo, hi - shift + fd.WINDOW_BYTES))
+            margin = max(0, min(fd.WINDOW_BYTES, (cap - (hi - lo)) // 2))
+            dlo = min(base_size, max(0, lo - shift - margin))
+            dhi = min(base_size, max(dlo, hi - shift + margin), dlo + cap)
         if (dlo, dhi) in tried:
             continue
         tried.add((dlo, dhi))
@@ -129,7 +132,7 @@ def _best_of(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, level: 
 
 
 def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, level: int, growth: int,
-                 *, where: str, index: BaseIndex | None = None) -> list[Candidate]:
+                 *, where: str, index: BaseIndex | None = None, prev_hi: int = 0) -> list[Candidate]:
     """The records for target bytes [lo, hi) = ``new``: one record, the
     smallest of a word codec at the guessed width (when the base has bytes
     [lo, hi)), zstd against the base window around the same offsets, and
@@ -142,17 +145,35 @@ def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, lev
     sources) into pieces, grouped into records whose windows cover the
     places found. Those records are kept when they are smaller together
     than the single record (whose zstd windows are not tried when the
-    records found take at most a quarter of the range)."""
+    records found take at most a quarter of the range).
+
+    The file's window budget (codec.filedelta.window_budget) is kept range
+    by range: ``prev_hi`` is the end of the file's previous range (0 for
+    the first), and the windows of this range's records, up to any of them,
+    name at most window_budget(its hi - prev_hi) bytes. The budget of each
+    range is thus known before any is encoded, and the bytes do not depend
+    on the order the ranges are encoded in."""
     shifts = [0] + ([growth] if abs(growth) > fd.WINDOW_BYTES else [])
     n = hi - lo
+    cap = min(fd.MAX_DICT_BYTES, fd.window_budget(hi - prev_hi))
     word = _best_of(base_fd, base_size, lo, hi, new, level, [], where=where) if hi <= base_size else None
     if word is not None and word[2].size * 4 <= n:
         # in place: the bytes did not move (zstd is tried unless the word codec left 1/32)
-        return [(lo, hi, *_best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where, word=word))]
+        return [(lo, hi, *_best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where, word=word,
+                                   cap=cap))]
     found: list[Candidate] = []
     total = 0
     if index is not None:
-        for glo, ghi, (slo, shi) in _located(base_fd, base_size, lo, hi, new, index.get(), where=where):
+        groups = _located(base_fd, base_size, lo, hi, new, index.get(), where=where, prev_hi=prev_hi)
+        spent = 0
+        for glo, ghi, (slo, shi) in groups:
+            spent += shi - slo
+            if spent > fd.window_budget(ghi - prev_hi):
+                # _located keeps the budget, so this does not happen; were it
+                # to, the range would be one record rather than a refused bundle
+                groups = []
+                break
+        for glo, ghi, (slo, shi) in groups:
             c = _best_of(base_fd, base_size, glo, ghi, new[glo - lo : ghi - lo], level, [("at", slo, shi)],
                          where=where, word_codec=False)
             found.append((glo, ghi, *c))
@@ -162,7 +183,7 @@ def encode_range(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, lev
         best = word
     else:
         best = _best_of(base_fd, base_size, lo, hi, new, level, shifts, where=where, word=word,
-                        word_codec=word is not None)
+                        word_codec=word is not None, cap=cap)
     if found and (best is None or total < best[2].size + fmt.RECORD.size):
         return found
     return [(lo, hi, *best)]
@@ -236,7 +257,7 @@ class BaseIndex:
 
 
 def _located(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, index: BaseIndex, *,
-             where: str) -> list[tuple[int, int, tuple[int, int]]]:
+             where: str, prev_hi: int = 0) -> list[tuple[int, int, tuple[int, int]]]:
     """Target [lo, hi) cut into groups (glo, ghi, (slo, shi)): the base
     window [slo, shi) its bytes come from, as found by samples of
     ``index.step`` offsets every 8 steps and at the range's end; [] when no
@@ -281,23 +302,37 @@ def _located(base_fd: int, base_size: int, lo: int, hi: int, new: bytes, index: 
             pieces[-1][1] = c
             pieces.append([c, t.size, d])
         last = s
-    # group pieces while the union of their windows stays small
+    # group pieces while the union of their windows stays small and the
+    # windows so far keep the file's window budget (see encode_range)
     groups: list[tuple[int, int, tuple[int, int]]] = []
+    spent = 0  # window bytes of this range's groups, the open one's included
     for p in pieces:
         a, b, d = p
         if b <= a:
             continue
+        end = lo + b
         slo = max(0, min(base_size, lo + a - d - LOCATE_MARGIN))
-        shi = max(slo, min(base_size, lo + b - d + LOCATE_MARGIN))
+        shi = max(slo, min(base_size, end - d + LOCATE_MARGIN))
         if groups:
             glo, _, (plo, phi) = groups[-1]
             ulo, uhi = min(plo, slo), max(phi, shi)
-            if uhi - ulo <= GROUP_SPAN and lo + b - glo <= fd.RANGE_BYTES:
-                groups[-1] = (glo, lo + b, (ulo, uhi))
+            before = spent - (phi - plo)
+            if (uhi - ulo <= GROUP_SPAN and end - glo <= fd.RANGE_BYTES
+                    and before + uhi - ulo <= fd.window_budget(end - prev_hi)):
+                groups[-1] = (glo, end, (ulo, uhi))
+                spent = before + uhi - ulo
                 continue
-        if shi - slo > GROUP_SPAN:  # a long piece: its window is as long as it is
-            shi = slo + GROUP_SPAN
-        groups.append((lo + a, lo + b, (slo, shi)))
+        # a group of its own: its window is at most GROUP_SPAN (a long piece)
+        # and what the budget leaves, narrowed around the start of the source
+        keep = max(0, min(GROUP_SPAN, fd.window_budget(end - prev_hi) - spent))
+        if shi - slo > keep:
+            src_lo = max(0, min(base_size, lo + a - d))
+            src_hi = max(src_lo, min(base_size, end - d))
+            margin = max(0, min(LOCATE_MARGIN, (keep - (src_hi - src_lo)) // 2))
+            slo = max(0, src_lo - margin)
+            shi = min(base_size, slo + keep)
+        groups.append((lo + a, end, (slo, shi)))
+        spent += shi - slo
     return groups
 
 
@@ -348,18 +383,21 @@ def write_file_delta(w: BundleWriter, i: int, base_path: str, base_size: int, a_
 
     index = BaseIndex(bfd, base_size, where=base_path) if base_size >= fd.KEY_BYTES else None
 
-    def encode(rng: tuple[int, int]):
-        lo, hi = rng
+    def encode(job: tuple[int, int, int]):
+        lo, hi, prev_hi = job
         new = pread_exact(tfd, lo, hi - lo, where=target_path)
         return [(plo, phi, word, codec, enc, base_digest, fd.digest(new[plo - lo : phi - lo]))
                 for plo, phi, word, codec, enc, base_digest in encode_range(
-                    bfd, base_size, lo, hi, new, level, target_size - base_size, where=base_path, index=index)]
+                    bfd, base_size, lo, hi, new, level, target_size - base_size, where=base_path, index=index,
+                    prev_hi=prev_hi)]
 
     n = max(1, min(threads, MAX_THREADS))
     try:
         ranges = changed_ranges(a_blocks, base_size, b_blocks, target_size)
+        # each range with the end of the one before it (its window budget)
+        jobs = [(lo, hi, ranges[k - 1][1] if k else 0) for k, (lo, hi) in enumerate(ranges)]
         for lo, hi, word, codec, enc, base_digest, target in (
-                rec for recs in ordered_map(encode, ranges, threads=n, window=n) for rec in recs):
+                rec for recs in ordered_map(encode, jobs, threads=n, window=n) for rec in recs):
             rh = w.add(fmt.RecordHeader(
                 type=fmt.DELTA, codec=codec, word=word, param=enc.param, file=i, lo=lo, hi=hi,
                 count=enc.count, lens=(0, 0, 0), base=base_digest, target=target,
@@ -375,33 +413,54 @@ def write_file_delta(w: BundleWriter, i: int, base_path: str, base_size: int, a_
 
 
 class BlockHasher:
-    """Block digests of bytes fed in order."""
+    """Block digests of bytes fed in order. Each byte is copied at most once
+    (into the partial block): joining the partial block to every piece fed
+    copied up to a block per piece, so one-byte DELTA records cost 0.25 ms
+    each, most of a reader's time per record."""
 
     def __init__(self) -> None:
         self.parts: list[bytes] = []
-        self.pending = b""
+        self.pending = bytearray()
         self.size = 0
 
-    def update(self, data: bytes) -> None:
+    def update(self, data) -> None:
         self.size += len(data)
-        data = self.pending + data if self.pending else data
-        whole = len(data) - len(data) % BLOCK_SIZE
+        mv = memoryview(data).cast("B")
+        if self.pending:
+            take = min(len(mv), BLOCK_SIZE - len(self.pending))
+            self.pending += mv[:take]
+            mv = mv[take:]
+            if len(self.pending) < BLOCK_SIZE:
+                return
+            self.parts.append(block_digests(self.pending))
+            self.pending = bytearray()
+        whole = len(mv) - len(mv) % BLOCK_SIZE
         if whole:
-            self.parts.append(block_digests(memoryview(data)[:whole]))
-        self.pending = bytes(data[whole:])
+            self.parts.append(block_digests(mv[:whole]))
+        self.pending += mv[whole:]
 
     def blocks(self) -> bytes:
         return b"".join(self.parts) + (block_digests(self.pending) if self.pending else b"")
 
 
-def decode_record(h: fmt.RecordHeader, parts, base_fd: int, base_size: int, *, where: str) -> bytes:
+def decode_record(h: fmt.RecordHeader, parts, base_fd: int, base_size: int, *, where: str,
+                  window_spent: int = 0) -> tuple[bytes, int]:
     """The target bytes [h.lo, h.hi) of a DELTA record, its base bytes and
-    its result checked against the record's digests."""
+    its result checked against the record's digests, and the window bytes
+    the file's records have named so far (``window_spent`` before this
+    one): a ZSTD_BASE record that would take them past the file's window
+    budget (codec.filedelta.window_budget) is refused before its window is
+    read."""
     n = h.hi - h.lo
     if h.codec == fd.ZSTD_BASE:
         if h.word != 1 or h.param or h.count or parts[2]:
             raise FormatError(f"{where}: malformed file delta record")
         dlo, dhi = fd.dict_range(parts[0], base_size, where=where)
+        window_spent += dhi - dlo
+        if window_spent > fd.window_budget(h.hi):
+            raise FormatError(
+                f"{where}: file delta windows name {window_spent} base bytes up to offset {h.hi}, more than "
+                f"{fd.WINDOW_FACTOR} times that (records that re-read the base file without end)")
         window = pread_exact(base_fd, dlo, dhi - dlo, where=where)
         if fd.digest(window) != h.base:
             raise BaseMismatchError(f"{where}: base bytes differ from the bundle's base")
@@ -417,7 +476,7 @@ def decode_record(h: fmt.RecordHeader, parts, base_fd: int, base_size: int, *, w
         raise FormatError(f"{where}: unknown file delta codec {h.codec}")
     if fd.digest(new) != h.target:
         raise IntegrityError(f"{where}: rebuilt bytes do not match the target digest")
-    return new
+    return new, window_spent
 
 
 class FileRebuild:
@@ -432,6 +491,8 @@ class FileRebuild:
         self.out_fd, self.where, self.reporter = out_fd, where, reporter
         self.pos = 0
         self.hasher = BlockHasher()
+        #: window bytes the file's ZSTD_BASE records have named so far
+        self.window_bytes = 0
 
     def _emit(self, data: bytes) -> None:
         if self.out_fd >= 0:
@@ -454,7 +515,9 @@ class FileRebuild:
         if h.lo < self.pos or h.hi > self.size or h.hi <= h.lo:
             raise FormatError(f"{where}: file delta range out of order or out of bounds")
         self._copy_to(h.lo)
-        self._emit(decode_record(h, parts, self.base_fd, self.base_size, where=where))
+        new, self.window_bytes = decode_record(h, parts, self.base_fd, self.base_size, where=where,
+                                               window_spent=self.window_bytes)
+        self._emit(new)
 
     def finish(self) -> bytes:
         self._copy_to(self.size)
