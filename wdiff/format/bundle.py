@@ -463,7 +463,8 @@ def _check_windows(h: fmt.RecordHeader, section0: bytes, windows: tuple[int, int
     if spent > filedelta.window_budget(h.hi):
         raise FormatError(
             f"{where}: file delta windows name {spent} base bytes up to offset {h.hi}, more than "
-            f"{filedelta.WINDOW_FACTOR} times that (records that re-read the base file without end)")
+            f"{filedelta.WINDOW_FACTOR} times that (records that re-read the base file without end; a bundle "
+            f"packed before format 3.1 can break this budget: pack it again)")
     return (h.file, spent)
 
 
