@@ -1,7 +1,14 @@
 """What the two kinds of pull share: their result, the remote's chain read
-and verified before anything is written, the downloads of a run of bundles
-into the work area (``DIR/.wdiff/pull``, kept for a resume) and the record
-of the version a directory now holds.
+and verified before anything is written, the disk a pull's plan needs
+(checked before anything is written), the downloads of a run of bundles
+into the work area (``DIR/.wdiff/pull``) and the record of the version a
+directory now holds.
+
+The work area holds one pull's worth at most: a pull first removes from it
+whatever its own run cannot reuse (a dead pull's bundles for another
+version, squash outputs, temp files), keeps its verified downloads when it
+is interrupted (killed, Ctrl-C, a network error, a full disk), so that the
+next pull resumes them, and removes the whole area once it succeeds.
 """
 
 from __future__ import annotations
@@ -9,7 +16,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import WdiffIOError
+from ..errors import WdiffError
+from ..paths import STATE_DIR
 from ..format import signature as signing
 from ..progress import Reporter
 from ..remotes import open_remote
@@ -17,7 +25,7 @@ from ..statedir import StateDir
 from ..store import record
 from ..store.hashing import hexd
 from . import trust
-from .fetch import download, read_verified
+from .fetch import download, read_verified, work_names
 from .places import refuse_remote_as_checkpoint
 from .signatures import verify_bundle_signature
 
@@ -65,9 +73,11 @@ def open_verified(remote, directory: str, purpose: str, *, token, trusted_keys, 
 
 def fetch_run(store, keys, run, work: StateDir, reporter: Reporter) -> tuple[list[str], int]:
     """Download (or find, verified, in ``work``) every bundle of ``run``,
-    checking each one's signature when keys are trusted, after saying
-    whether the staging space is there: (paths, bytes downloaded)."""
-    check_space(work, run)
+    checking each one's signature when keys are trusted: (paths, bytes
+    downloaded). The caller has checked the disk the plan needs
+    (:func:`check_space`); what the work area holds beyond this run goes
+    first."""
+    prune_work(work, run)
     paths, downloaded = [], 0
     for e in run:
         path, n = download(store, e, work, reporter)
@@ -77,26 +87,53 @@ def fetch_run(store, keys, run, work: StateDir, reporter: Reporter) -> tuple[lis
         downloaded += n
     return paths, downloaded
 
+
+def prune_work(work: StateDir, run) -> None:
+    """Remove from the work area every entry that ``run`` cannot reuse: the
+    downloads of a dead pull that went to another version, squash outputs
+    and temp files of killed runs. What is left is this run's own bundles
+    and parts, each checked again before use (fetch.download)."""
+    keep = {n for e in run for n in work_names(e)}
+    for n in work.names():
+        if n not in keep:
+            work.unlink(n)
+
+
 def pending_downloads(state: StateDir) -> bool:
     """Whether the work area holds downloads a later pull may resume."""
     with state.sub("pull", create=False) as w:
         return w is not None and bool(w.names())
 
 
-def check_space(work: StateDir, run) -> None:
-    """Say before downloading anything how much staging the pull needs."""
-    need = sum(e.size for e in run) + max(e.size for e in run)
-    try:
-        st = os.fstatvfs(work.fd)
-    except OSError:
-        return
-    free = st.f_bavail * st.f_frsize
-    if free < need:
-        raise WdiffIOError(
-            f"{work.path}: the pull needs {need} bytes of staging space and {free} are free (No space left on device)",
-            hint="free some space; nothing was changed",
-        )
+def clear_work(state: StateDir) -> None:
+    """After a pull that succeeded, nothing in its work area is needed again."""
+    state.unlink("pull")
 
+
+def tidy_state(directory: str) -> None:
+    """Remove ``directory/.wdiff`` when a pull made it and it holds nothing
+    worth keeping: an empty work area and the lock file at most (a record,
+    a journal, verified downloads stay). Every step is relative to a
+    descriptor, never through a link; errors are ignored, as the caller is
+    raising the failure that matters."""
+    try:
+        with StateDir.open(directory, create=False) as state:
+            if state is None:
+                return
+            with state.sub("pull", create=False) as w:
+                empty = w is not None and not w.names()
+            if empty:
+                state.unlink("pull")
+            if not set(state.names()) <= {"lock"}:
+                return
+            state.unlink("lock")
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.rmdir(STATE_DIR, dir_fd=fd)
+        finally:
+            os.close(fd)
+    except (OSError, WdiffError):
+        pass
 def record_target(state: StateDir, index) -> None:
     """Record in ``state`` that its directory now holds the target of the
     bundle with this ``index`` (when its listing is the whole version)."""

@@ -1,0 +1,177 @@
+"""The disk a pull needs, from the plan it will really take, checked before
+it writes anything.
+
+A pull's plan is a run of bundles and a way to apply them: *in place* (a
+run of deltas from the version DIR holds: the files whose layout changes
+are staged whole, the rest patched where they lie, with an undo log) or
+*whole* (from an anchor: into an empty DIR, over a recorded one, rebuilt
+beside DIR, or ``--atomic`` beside the link's target: every file of the
+new version is written while the old ones still stand). What it takes:
+
+* downloads: the run's bundles, less what the work area already holds
+  (a verified bundle, the parts of an interrupted download), plus the
+  largest of them once more (its parts stand beside the assembled bundle
+  until it verifies);
+* new files: the sizes the bundles' indexes give (read from the remote in
+  three small ranged reads per bundle, each checked against the bundle id
+  the verified chain names; or from a bundle the work area holds);
+* temporary space: a squash of a run of several bundles (at most the sum of
+  their sizes) and, in place, the undo log (at most twice the run's bytes:
+  it holds the old values of the words the deltas change).
+
+A store that cannot read part of an object leaves the new files unknown
+before the download; the check then runs again, exact, before the apply.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+
+from ..errors import IntegrityError, WdiffIOError
+from ..format.bundle import BundleReader, read_frame
+from ..statedir import StateDir
+from ..store.hashing import hexd
+from .apply.inplace import derive_plan
+from .fetch import work_names
+
+
+@dataclass(frozen=True)
+class Need:
+    """Bytes a pull will write, by what writes them."""
+
+    downloads: int
+    files: int  # the new version's files: staged in place, or the whole rebuilt checkpoint
+    temporary: int  # parts beside their bundle, a squash, an undo log
+    exact: bool = True  # False: the bundles' indexes were not readable, ``files`` is 0
+
+    @property
+    def total(self) -> int:
+        return self.downloads + self.files + self.temporary
+
+
+def human(n: int) -> str:
+    """Bytes in decimal units, as ``wdiff`` prints sizes everywhere."""
+    x = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(x) < 1000 or unit == "TB":
+            return f"{n} B" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1000
+    return f"{n} B"
+
+
+def need_of(store, run, work: StateDir | None, *, whole: bool) -> Need:
+    """What applying ``run`` (in place, or ``whole``) will write, given what
+    the work area ``work`` holds already (None: no work area yet)."""
+    indexes = [_index(store, e, work) for e in run]
+    remaining, partial = [], 0
+    for e in run:
+        names = work_names(e)
+        if work is not None and _size(work, names[0]) == e.size:
+            continue  # assembled already: it occupies its place on the disk
+        remaining.append(e)
+        if work is not None:
+            partial += sum(min(_size(work, n) or 0, p.size) for n, p in zip(names[1:], e.parts))
+    downloads = max(0, sum(e.size for e in remaining) - partial)
+    temporary = max((e.size for e in remaining), default=0)  # a bundle's parts beside it
+    run_bytes = sum(e.size for e in run)
+    if len(run) > 1:
+        temporary += run_bytes  # the squash of the run
+    if not whole:
+        temporary += 2 * run_bytes  # the undo log
+    if any(i is None for i in indexes):
+        return Need(downloads, 0, temporary, exact=False)
+    last = indexes[-1]
+    if whole:
+        files = sum(f.size for f in last.files)
+    else:
+        staged = {p for index in indexes for _, p in derive_plan(index).stage}
+        files = sum(f.size for f in last.files if f.path in staged)
+    return Need(downloads, files, temporary)
+
+
+def check(need: Need, *, work_at: str, files_at: str, what: str) -> None:
+    """Refuse, with nothing written, when the disks lack what ``need`` says:
+    the downloads and temporary space on the work area's file system, the
+    new files on that of ``files_at`` (the same one, but for --atomic)."""
+    want: dict[int, list] = {}
+    for path, n in ((work_at, need.downloads + need.temporary), (files_at, need.files)):
+        dev, free = _free(path)
+        got = want.setdefault(dev, [0, free, path])
+        got[0] += n
+    for total, free, path in want.values():
+        if free is not None and total > free:
+            parts = f"downloads {human(need.downloads)}, new files {human(need.files)}, " \
+                    f"temporary {human(need.temporary)}"
+            raise WdiffIOError(
+                f"{what}: a pull needs {human(total)} free on the disk of {path}, has {human(free)} "
+                f"({parts}); nothing was changed ({os.strerror(errno.ENOSPC)})",
+                hint="free some space (or pull into a directory on a larger disk), then pull again",
+            )
+
+
+def _free(path: str) -> tuple[int, int | None]:
+    """(device, bytes free to this user) of the file system that holds
+    ``path`` or, when it does not exist yet, its nearest existing parent."""
+    p = os.path.abspath(path)
+    while True:
+        try:
+            st = os.statvfs(p)
+            return os.stat(p).st_dev, st.f_bavail * st.f_frsize
+        except FileNotFoundError:
+            up = os.path.dirname(p)
+            if up == p:
+                return -1, None
+            p = up
+        except OSError:
+            return -1, None
+
+
+def _size(work: StateDir, name: str) -> int | None:
+    """The size of a regular file of the work area; None for anything else."""
+    try:
+        st = os.stat(name, dir_fd=work.fd, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def _index(store, e, work: StateDir | None):
+    """The index of ``e``'s bundle: from the work area's copy when it holds
+    one, else read from the remote in pieces; checked against the bundle id
+    (the digest of the index) that the verified chain gives. None when the
+    store cannot read part of an object."""
+    where = f"{store.url}: bundle {hexd(e.bundle)[:12]}"
+    name = work_names(e)[0]
+    if work is not None and _size(work, name) == e.size:
+        try:
+            with BundleReader(work.where(name)) as r:
+                if r.id == e.bundle:
+                    return r.index
+        except Exception:  # noqa: BLE001 - damaged: the download replaces it, the remote says
+            pass
+    starts, at = [], 0
+    for p in e.parts:
+        starts.append(at)
+        at += p.size
+
+    def read_at(offset: int, n: int) -> bytes:
+        out = []
+        for p, s in zip(e.parts, starts):
+            a, b = max(offset, s), min(offset + n, s + p.size)
+            if a < b:
+                out.append(store.fetch_range(p.path, a - s, b - a, size=p.size))
+        data = b"".join(out)
+        if len(data) != n:
+            raise IntegrityError(f"{where}: shorter than the chain says")
+        return data
+
+    try:
+        bid, index = read_frame(read_at, e.size, where=where)
+    except NotImplementedError:
+        return None
+    if bid != e.bundle:
+        raise IntegrityError(f"{where}: is not the bundle the chain names")
+    return index
