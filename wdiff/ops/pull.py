@@ -45,7 +45,8 @@ from .fetch import accept, download
 from .tracked import EMPTY_FINGERPRINT, LocalState, fingerprint_of, local_state, plan, plan_recorded
 from .pull_atomic import pull_atomic
 from .pullspace import check as check_space, need_of
-from .pullwork import PullResult, fetch_run, open_verified, prune_work, record_target, tidy_state
+from .pullwork import (PullResult, fetch_run, open_verified, prune_work, record_target, tidy_state,
+                       work_names_held)
 from .rollback import finish_interrupted, plan_back, step_back
 from .signatures import verify_bundle_signature
 from .squash import squash, squash_from
@@ -445,9 +446,9 @@ def _clear_quietly(state: StateDir, *, only_empty: bool = False) -> None:
     """The work area goes (``only_empty``: when it holds nothing); errors
     here are not the story of the failure being raised."""
     try:
-        with state.sub("pull", create=False) as w:
-            if w is None or (only_empty and w.names()):
-                return
+        held = work_names_held(state)
+        if held is None or (only_empty and held):
+            return
         state.unlink("pull")
     except WdiffError:
         pass

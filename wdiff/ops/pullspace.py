@@ -12,15 +12,21 @@ new version is written while the old ones still stand). What it takes:
   (a verified bundle, the parts of an interrupted download), plus the
   largest of them once more (its parts stand beside the assembled bundle
   until it verifies);
-* new files: the sizes the bundles' indexes give (read from the remote in
-  three small ranged reads per bundle, each checked against the bundle id
-  the verified chain names; or from a bundle the work area holds);
+* new files: the sizes the bundles' indexes give, each index checked
+  against the bundle id the verified chain names. A whole build reads
+  them before the download (from the work area's copy, else from the
+  remote in three small ranged reads per bundle: a whole checkpoint is at
+  stake, and it is a rare pull). An in-place run (the cron pull's case)
+  reads no more from the remote than its bundles: its new files (new
+  shards, changed companions) are checked once the bundles are in the
+  work area, before DIR is touched; a refusal then keeps the downloads for
+  the next pull;
 * temporary space: a squash of a run of several bundles (at most the sum of
   their sizes) and, in place, the undo log (at most twice the run's bytes:
   it holds the old values of the words the deltas change).
 
-A store that cannot read part of an object leaves the new files unknown
-before the download; the check then runs again, exact, before the apply.
+A store that cannot read part of an object leaves them unknown before the
+download too; the check after the download is always exact.
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ def human(n: int) -> str:
 def need_of(store, run, work: StateDir | None, *, whole: bool) -> Need:
     """What applying ``run`` (in place, or ``whole``) will write, given what
     the work area ``work`` holds already (None: no work area yet)."""
-    indexes = [_index(store, e, work) for e in run]
+    indexes = [_index(store, e, work, remote=whole) for e in run]
     remaining, partial = [], 0
     for e in run:
         names = work_names(e)
@@ -105,9 +111,10 @@ def check(need: Need, *, work_at: str, files_at: str, what: str) -> None:
         if free is not None and total > free:
             parts = f"downloads {human(need.downloads)}, new files {human(need.files)}, " \
                     f"temporary {human(need.temporary)}"
+            disk = "" if path == what else f", on the file system of {path}"
             raise WdiffIOError(
-                f"{what}: a pull needs {human(total)} free on the disk of {path}, has {human(free)} "
-                f"({parts}); nothing was changed ({os.strerror(errno.ENOSPC)})",
+                f"{what}: a pull needs {human(total)} free, has {human(free)} ({parts}{disk}); "
+                f"the checkpoint was left as it was ({os.strerror(errno.ENOSPC)})",
                 hint="free some space (or pull into a directory on a larger disk), then pull again",
             )
 
@@ -138,11 +145,11 @@ def _size(work: StateDir, name: str) -> int | None:
     return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
-def _index(store, e, work: StateDir | None):
+def _index(store, e, work: StateDir | None, *, remote: bool):
     """The index of ``e``'s bundle: from the work area's copy when it holds
-    one, else read from the remote in pieces; checked against the bundle id
-    (the digest of the index) that the verified chain gives. None when the
-    store cannot read part of an object."""
+    one, else (``remote``) read from the remote in pieces; checked against
+    the bundle id (the digest of the index) that the verified chain gives.
+    None when it is not read (or the store cannot read part of an object)."""
     where = f"{store.url}: bundle {hexd(e.bundle)[:12]}"
     name = work_names(e)[0]
     if work is not None and _size(work, name) == e.size:
@@ -152,6 +159,8 @@ def _index(store, e, work: StateDir | None):
                     return r.index
         except Exception:  # noqa: BLE001 - damaged: the download replaces it, the remote says
             pass
+    if not remote:
+        return None
     starts, at = [], 0
     for p in e.parts:
         starts.append(at)

@@ -99,10 +99,13 @@ def prune_work(work: StateDir, run) -> None:
             work.unlink(n)
 
 
-def pending_downloads(state: StateDir) -> bool:
-    """Whether the work area holds downloads a later pull may resume."""
-    with state.sub("pull", create=False) as w:
-        return w is not None and bool(w.names())
+def work_names_held(state: StateDir) -> list[str] | None:
+    """What the work area holds; None when there is none."""
+    w = state.sub("pull", create=False)
+    if w is None:
+        return None
+    with w:
+        return w.names()
 
 
 def clear_work(state: StateDir) -> None:
@@ -117,12 +120,11 @@ def tidy_state(directory: str) -> None:
     descriptor, never through a link; errors are ignored, as the caller is
     raising the failure that matters."""
     try:
-        with StateDir.open(directory, create=False) as state:
-            if state is None:
-                return
-            with state.sub("pull", create=False) as w:
-                empty = w is not None and not w.names()
-            if empty:
+        state = StateDir.open(directory, create=False)
+        if state is None:
+            return
+        with state:
+            if work_names_held(state) == []:
                 state.unlink("pull")
             if not set(state.names()) <= {"lock"}:
                 return
