@@ -133,7 +133,8 @@ class StopAt(wdiff.Reporter):
 
 def test_an_interrupted_pull_resumes_without_downloading_again(env, tmp_path):
     """Killed after the first of two deltas: that one stays, verified, and
-    the next pull downloads only the second; then the work area goes."""
+    the next pull downloads only the second (which status says, beforehand);
+    then the work area goes."""
     head = Head(tmp_path)
     d = tmp_path / "d"
     wdiff.pull(head.remote, d)
@@ -143,10 +144,12 @@ def test_an_interrupted_pull_resumes_without_downloading_again(env, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         wdiff.pull(head.remote, d, reporter=StopAt(2))
     kept = sorted(os.listdir(d / ".wdiff" / "pull"))
+    said = json.loads(cli("status", d, head.remote, "--json", env=env).stdout)
     res = wdiff.pull(head.remote, d)
     first, second = res.bundles
     assert kept == [f"{first.hex()}.wdb"], kept
     assert res.downloaded == size[second]
+    assert said["behind"] == 2 and said["download_bytes"] == size[second], said  # what the pull really took
     assert tree(d) == tree(cur) and not (d / ".wdiff" / "pull").exists()
 
 

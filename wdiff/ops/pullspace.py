@@ -68,10 +68,16 @@ def human(n: int) -> str:
     return f"{n} B"
 
 
-def need_of(store, run, work: StateDir | None, *, whole: bool) -> Need:
+def to_download(run, work: StateDir | None) -> int:
+    """Bytes of ``run`` a pull still downloads, given what the work area
+    ``work`` holds (an interrupted pull's bundles and parts)."""
+    return need_of(None, run, work, whole=False, indexes=False).downloads
+
+
+def need_of(store, run, work: StateDir | None, *, whole: bool, indexes: bool = True) -> Need:
     """What applying ``run`` (in place, or ``whole``) will write, given what
     the work area ``work`` holds already (None: no work area yet)."""
-    indexes = [_index(store, e, work, remote=whole) for e in run]
+    found = [_index(store, e, work, remote=whole) if indexes else None for e in run]
     remaining, partial = [], 0
     for e in run:
         names = work_names(e)
@@ -87,13 +93,13 @@ def need_of(store, run, work: StateDir | None, *, whole: bool) -> Need:
         temporary += run_bytes  # the squash of the run
     if not whole:
         temporary += 2 * run_bytes  # the undo log
-    if any(i is None for i in indexes):
+    if any(i is None for i in found):
         return Need(downloads, 0, temporary, exact=False)
-    last = indexes[-1]
+    last = found[-1]
     if whole:
         files = sum(f.size for f in last.files)
     else:
-        staged = {p for index in indexes for _, p in derive_plan(index).stage}
+        staged = {p for index in found for _, p in derive_plan(index).stage}
         files = sum(f.size for f in last.files if f.path in staged)
     return Need(downloads, files, temporary)
 
