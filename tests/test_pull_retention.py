@@ -325,3 +325,25 @@ def test_an_in_place_pull_that_lacks_disk_for_a_new_shard_refuses_before_touchin
     [delta] = [e for e in wdiff.log(remote).entries if not e.anchor]
     assert f"d/.wdiff/pull/{delta.bundle.hex()}.wdb" in second["files"], second
     print(second["stderr"])
+
+
+def test_atomic_pulls_leave_only_records_and_refusals_leave_nothing(env, tmp_path):
+    """``pull --atomic`` downloads into the old directory's .wdiff: after
+    each pull that holds no work area, the new directory holds its record
+    only; a refused --atomic pull leaves no .wdiff/ in a target that had
+    none (it left the downloads of every pull in the old directories)."""
+    head = Head(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    link = tmp_path / "current"
+    os.symlink("empty", link)
+    r = cli("pull", head.remote, link, "--atomic", "--to", "no-such-label", env=env, check=False)
+    assert r.returncode == 3 and os.listdir(empty) == [], r.stderr
+    for _ in range(3):
+        cur = head.next()
+        cli("pull", "-q", head.remote, link, "--atomic", env=env)
+        assert tree(link) == tree(cur)
+        assert sorted(os.listdir(link / ".wdiff")) == ["state.json"]
+    for d in tmp_path.iterdir():
+        if d.is_dir() and (d / ".wdiff").is_dir():
+            assert not (d / ".wdiff" / "pull").exists() and du(d / ".wdiff") <= FEW_KB, d

@@ -99,26 +99,29 @@ def pull(
     goal = chain.resolve(to)  # no versions, or no such version: refused before DIR exists
     parent, name = os.path.split(directory)
     made = _make_parents(parent)
-    created = had_state = False
     try:
         # the lock sits beside the directory: a pull may swap the directory itself
         with locked_beside(beside_lock_path(directory), what=directory):
             _sweep(parent, name, old_too=False)
             created = not os.path.lexists(directory)
             had_state = not created and os.path.lexists(os.path.join(directory, STATE_DIR))
-            if created:  # the whole of the goal will be written: say so before DIR exists
-                run, _ = plan(chain, EMPTY_FINGERPRINT, goal)
-                check_space(need_of(store, run, None, whole=True), work_at=directory, files_at=directory,
-                            what=directory)
-                try:
-                    os.mkdir(directory)
-                except OSError as e:
-                    raise io_error(directory, e) from None
-            res = _pull_locked(store, chain, keys, directory, to, threads, reporter, force, checked=created)
-            accept(store, read, records)  # after any swap: DIR/.wdiff is the new directory's
-            _sweep(parent, name, old_too=True)
+            try:
+                if created:  # the whole of the goal will be written: say so before DIR exists
+                    run, _ = plan(chain, EMPTY_FINGERPRINT, goal)
+                    check_space(need_of(store, run, None, whole=True), work_at=directory, files_at=directory,
+                                what=directory)
+                    try:
+                        os.mkdir(directory)
+                    except OSError as e:
+                        raise io_error(directory, e) from None
+                res = _pull_locked(store, chain, keys, directory, to, threads, reporter, force, checked=created)
+                accept(store, read, records)  # after any swap: DIR/.wdiff is the new directory's
+                _sweep(parent, name, old_too=True)
+            except BaseException:
+                _tidy(directory, created=created, had_state=had_state)  # still under the lock
+                raise
     except BaseException:
-        _tidy(directory, created=created, had_state=had_state, parents=made)
+        _remove_empty(list(reversed(made)))
         raise
     reporter.done()
     return res
@@ -454,13 +457,15 @@ def _clear_quietly(state: StateDir, *, only_empty: bool = False) -> None:
         pass
 
 
-def _tidy(directory: str, *, created: bool, had_state: bool, parents: list[str]) -> None:
-    """After a pull that failed: an unfinished apply's journal, a record and
-    verified downloads stay; a ``.wdiff/`` this pull made that holds nothing
-    else goes, and so do DIR and the parents it made when they are empty."""
+def _tidy(directory: str, *, created: bool, had_state: bool) -> None:
+    """After a pull that failed, under its lock: an unfinished apply's
+    journal, a record and verified downloads stay; a ``.wdiff/`` this pull
+    made that holds nothing else goes, and so does DIR when this pull made
+    it and it is empty."""
     if not had_state and os.path.isdir(directory):
         tidy_state(directory)
-    _remove_empty(([directory] if created else []) + list(reversed(parents)))
+    if created:
+        _remove_empty([directory])
 
 
 def _remove_empty(dirs: list[str]) -> None:
