@@ -284,9 +284,10 @@ def zeros(shape) -> object:
 
 def test_a_first_pull_that_lacks_disk_refuses_before_it_writes(env, tmp_path):
     """A 4 MB checkpoint whose anchor is a few kB, pulled onto a 2 MB disk:
-    refused at once with exit 9 and "needs N free, has M" in human units;
-    no DIR made, nothing written. (The pull checked only its downloads,
-    created DIR and filled the disk before it failed.)"""
+    refused with exit 9 and "needs N free, has M" in human units before a
+    file of the checkpoint is written; the DIR it made goes with its
+    download. (The pull checked only its downloads, and filled the disk
+    before it failed.)"""
     src = write_ckpt(tmp_path / "src", {"w": zeros((1024, 2048))})
     remote = tmp_path / "remote"
     wdiff.push(src, remote, anchor=True)

@@ -44,7 +44,7 @@ from .apply.inplace import apply_in_place, restorable
 from .fetch import accept, download
 from .tracked import EMPTY_FINGERPRINT, LocalState, fingerprint_of, local_state, plan, plan_recorded
 from .pull_atomic import pull_atomic
-from .pullspace import check as check_space, need_of
+from .pullspace import NoSpace, check as check_space, need_of
 from .pullwork import (PullResult, fetch_run, open_verified, prune_work, record_target, tidy_state,
                        work_names_held)
 from .rollback import finish_interrupted, plan_back, step_back
@@ -108,7 +108,7 @@ def pull(
             try:
                 if created:  # the whole of the goal will be written: say so before DIR exists
                     run, _ = plan(chain, EMPTY_FINGERPRINT, goal)
-                    check_space(need_of(store, run, None, whole=True), work_at=directory, files_at=directory,
+                    check_space(need_of(run, None, whole=True), work_at=directory, files_at=directory,
                                 what=directory)
                     try:
                         os.mkdir(directory)
@@ -159,6 +159,12 @@ def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter:
                                checked)
             finally:
                 work.close()
+        except NoSpace:
+            if checked:  # DIR is this pull's: it goes, downloads and all (tidied by the caller)
+                _clear_quietly(state)
+            else:  # the downloads stay for the next pull, once there is room
+                _clear_quietly(state, only_empty=True)
+            raise
         except (Interrupted, KeyboardInterrupt, RemoteError, WdiffIOError):
             # killed, a network error, a full disk: the verified downloads
             # stay, and the next pull resumes them; an empty area goes
@@ -239,10 +245,10 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
             hint="empty it (or pull into a new directory inside it), then pull again",
         )
     if not (checked and empty):  # a DIR this pull made was checked before it was
-        _check(store, run, work, directory, whole=from_anchor)
+        _check(run, work, directory, whole=from_anchor)
     bundles, downloaded = fetch_run(store, keys, run, work, reporter)
     downloaded += fetched
-    _check_again(store, run, work, directory, whole=from_anchor)
+    _check_again(run, work, directory, whole=from_anchor)
     if rebuild:
         with reading(bundles[-1]) as last:
             target = last.index
@@ -331,12 +337,12 @@ def _bring_local(store, chain, keys, directory: str, work: StateDir, local: Loca
             return stepped
     replace = set(local.changed)
     if not from_anchor:
-        _check(store, run, work, directory, whole=False)
+        _check(run, work, directory, whole=False)
         paths, downloaded = fetch_run(store, keys, run, work, reporter)
         with reading(paths[0]) as first:
             unrestorable = restorable(first.index, replace)
         if not unrestorable:
-            _check_again(store, run, work, directory, whole=False)
+            _check_again(run, work, directory, whole=False)
             _apply_run(directory, work, local, paths, replace, force, threads, reporter)
             return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in run), downloaded,
                               restored=tuple(sorted(replace)))
@@ -350,10 +356,10 @@ def _bring_local(store, chain, keys, directory: str, work: StateDir, local: Loca
         run = anchored
     else:
         downloaded = 0
-    _check(store, run, work, directory, whole=True)
+    _check(run, work, directory, whole=True)
     paths, n = fetch_run(store, keys, run, work, reporter)
     downloaded += n
-    _check_again(store, run, work, directory, whole=True)
+    _check_again(run, work, directory, whole=True)
     bundle = paths[0]
     if len(paths) > 1:
         bundle = work.where(f"squash-anchor-{short(goal)}.wdb")
@@ -427,22 +433,22 @@ def _stepping_back(store, chain, keys, directory: str, work: StateDir, back, run
                    reporter: Reporter):
     """Undo ``back`` through its inverses (rollback.step_back), after the
     disk check: its downloads, and an in-place apply of each inverse."""
-    _check(store, back, work, directory, whole=False)
+    _check(back, work, directory, whole=False)
     prune_work(work, back)
     return step_back(store, chain, keys, directory, work, back, budget=sum(e.size for e in run),
                      threads=threads, reporter=reporter)
 
 
-def _check(store, run, work: StateDir, directory: str, *, whole: bool) -> None:
+def _check(run, work: StateDir, directory: str, *, whole: bool) -> None:
     """Refuse before anything is downloaded when the disk lacks what the
     plan needs (pullspace). A rebuild writes beside DIR, on its disk."""
-    check_space(need_of(store, run, work, whole=whole), work_at=work.path, files_at=directory, what=directory)
+    check_space(need_of(run, work, whole=whole), work_at=work.path, files_at=directory, what=directory)
 
 
-def _check_again(store, run, work: StateDir, directory: str, *, whole: bool) -> None:
+def _check_again(run, work: StateDir, directory: str, *, whole: bool) -> None:
     """Check again once the bundles are here, before DIR is touched: exact
     where the store could not read their indexes before the download."""
-    check_space(need_of(store, run, work, whole=whole), work_at=work.path, files_at=directory, what=directory)
+    check_space(need_of(run, work, whole=whole), work_at=work.path, files_at=directory, what=directory)
 
 
 def _clear_quietly(state: StateDir, *, only_empty: bool = False) -> None:

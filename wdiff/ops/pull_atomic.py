@@ -96,9 +96,9 @@ def _build(store, keys, read, chain, goal: bytes, link: str, old: str, threads: 
         work = state.sub("pull")
         try:
             siblings = os.path.dirname(old)  # the new version is written beside the old one
-            check_space(need_of(store, run, work, whole=True), work_at=work.path, files_at=siblings, what=link)
+            check_space(need_of(run, work, whole=True), work_at=work.path, files_at=siblings, what=link)
             paths, downloaded = fetch_run(store, keys, run, work, reporter)
-            check_space(need_of(store, run, work, whole=True), work_at=work.path, files_at=siblings, what=link)
+            check_space(need_of(run, work, whole=True), work_at=work.path, files_at=siblings, what=link)
             bundle = paths[0]
             if len(paths) > 1:
                 bundle = work.where(f"squash-{short(current or b'')}-{short(goal)}.wdb")

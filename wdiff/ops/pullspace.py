@@ -13,20 +13,21 @@ new version is written while the old ones still stand). What it takes:
   largest of them once more (its parts stand beside the assembled bundle
   until it verifies);
 * new files: the sizes the bundles' indexes give, each index checked
-  against the bundle id the verified chain names. A whole build reads
-  them before the download (from the work area's copy, else from the
-  remote in three small ranged reads per bundle: a whole checkpoint is at
-  stake, and it is a rare pull). An in-place run (the cron pull's case)
-  reads no more from the remote than its bundles: its new files (new
-  shards, changed companions) are checked once the bundles are in the
-  work area, before DIR is touched; a refusal then keeps the downloads for
-  the next pull;
+  against the bundle id the verified chain names. A pull reads nothing
+  from the remote but the chain and its bundles (one URL per part, which a
+  fleet's cache serves; a ranged read of each index would be a second
+  request per part, and through a caching proxy possibly a second whole
+  read), so the indexes are read once the bundles are in the work area,
+  and the new files checked then, before DIR is touched: a pull into a DIR
+  it made removes its downloads and DIR on that refusal, one into an
+  existing DIR keeps them for the next pull. Where the work area holds the
+  bundles already (a resumed pull), the first check is exact;
 * temporary space: a squash of a run of several bundles (at most the sum of
   their sizes) and, in place, the undo log (at most twice the run's bytes:
   it holds the old values of the words the deltas change).
 
-A store that cannot read part of an object leaves them unknown before the
-download too; the check after the download is always exact.
+The check before the download counts the downloads and temporary space;
+the check after it is exact.
 """
 
 from __future__ import annotations
@@ -36,12 +37,15 @@ import os
 import stat
 from dataclasses import dataclass
 
-from ..errors import IntegrityError, WdiffIOError
-from ..format.bundle import BundleReader, read_frame
+from ..errors import WdiffIOError
+from ..format.bundle import BundleReader
 from ..statedir import StateDir
-from ..store.hashing import hexd
 from .apply.inplace import derive_plan
 from .fetch import work_names
+
+
+class NoSpace(WdiffIOError):
+    """The disk lacks what the pull's plan needs (exit status 9, as any full disk)."""
 
 
 @dataclass(frozen=True)
@@ -71,13 +75,13 @@ def human(n: int) -> str:
 def to_download(run, work: StateDir | None) -> int:
     """Bytes of ``run`` a pull still downloads, given what the work area
     ``work`` holds (an interrupted pull's bundles and parts)."""
-    return need_of(None, run, work, whole=False, indexes=False).downloads
+    return need_of(run, work, whole=False).downloads
 
 
-def need_of(store, run, work: StateDir | None, *, whole: bool, indexes: bool = True) -> Need:
+def need_of(run, work: StateDir | None, *, whole: bool) -> Need:
     """What applying ``run`` (in place, or ``whole``) will write, given what
     the work area ``work`` holds already (None: no work area yet)."""
-    found = [_index(store, e, work, remote=whole) if indexes else None for e in run]
+    found = [_index(e, work) for e in run]
     remaining, partial = [], 0
     for e in run:
         names = work_names(e)
@@ -118,7 +122,7 @@ def check(need: Need, *, work_at: str, files_at: str, what: str) -> None:
             parts = f"downloads {human(need.downloads)}, new files {human(need.files)}, " \
                     f"temporary {human(need.temporary)}"
             disk = "" if path == what else f", on the file system of {path}"
-            raise WdiffIOError(
+            raise NoSpace(
                 f"{what}: a pull needs {human(total)} free, has {human(free)} ({parts}{disk}); "
                 f"the checkpoint was left as it was ({os.strerror(errno.ENOSPC)})",
                 hint="free some space (or pull into a directory on a larger disk), then pull again",
@@ -151,42 +155,15 @@ def _size(work: StateDir, name: str) -> int | None:
     return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
-def _index(store, e, work: StateDir | None, *, remote: bool):
-    """The index of ``e``'s bundle: from the work area's copy when it holds
-    one, else (``remote``) read from the remote in pieces; checked against
-    the bundle id (the digest of the index) that the verified chain gives.
-    None when it is not read (or the store cannot read part of an object)."""
-    where = f"{store.url}: bundle {hexd(e.bundle)[:12]}"
+def _index(e, work: StateDir | None):
+    """The index of ``e``'s bundle when the work area holds it whole, checked
+    against the bundle id (the digest of the index) the verified chain
+    gives; None when it does not (or it is damaged: the download replaces it)."""
     name = work_names(e)[0]
-    if work is not None and _size(work, name) == e.size:
-        try:
-            with BundleReader(work.where(name)) as r:
-                if r.id == e.bundle:
-                    return r.index
-        except Exception:  # noqa: BLE001 - damaged: the download replaces it, the remote says
-            pass
-    if not remote:
+    if work is None or _size(work, name) != e.size:
         return None
-    starts, at = [], 0
-    for p in e.parts:
-        starts.append(at)
-        at += p.size
-
-    def read_at(offset: int, n: int) -> bytes:
-        out = []
-        for p, s in zip(e.parts, starts):
-            a, b = max(offset, s), min(offset + n, s + p.size)
-            if a < b:
-                out.append(store.fetch_range(p.path, a - s, b - a, size=p.size))
-        data = b"".join(out)
-        if len(data) != n:
-            raise IntegrityError(f"{where}: shorter than the chain says")
-        return data
-
     try:
-        bid, index = read_frame(read_at, e.size, where=where)
-    except NotImplementedError:
+        with BundleReader(work.where(name)) as r:
+            return r.index if r.id == e.bundle else None
+    except Exception:  # noqa: BLE001 - damaged: the download replaces it
         return None
-    if bid != e.bundle:
-        raise IntegrityError(f"{where}: is not the bundle the chain names")
-    return index
