@@ -246,16 +246,20 @@ def namespaces_work() -> bool:
     return r.returncode == 0
 
 
-def on_small_disk(size: str, mount: Path, steps: list[list], env: dict) -> list[dict]:
+def on_small_disk(size: str, mount: Path, steps: list[list], env: dict, fill: dict | None = None) -> list[dict]:
     """Run wdiff commands one after the other inside a user and mount
-    namespace where ``mount`` is a fresh tmpfs of ``size``: each one's exit
-    status, stderr, and what the tmpfs then holds (path -> sha256)."""
+    namespace where ``mount`` is a fresh tmpfs of ``size`` (holding a copy
+    of each directory of ``fill`` under its name): each one's exit status,
+    stderr, and what the tmpfs then holds (path -> sha256)."""
     if not namespaces_work():
         pytest.skip("this system allows no user and mount namespaces (unshare -Urm)")
     driver = (
         "import hashlib, json, os, subprocess, sys\n"
         "spec = json.loads(sys.argv[1])\n"
         "subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=' + spec['size'], 'tmpfs', spec['mount']], check=True)\n"
+        "import shutil\n"
+        "for name, src in spec['fill'].items():\n"
+        "    shutil.copytree(src, os.path.join(spec['mount'], name))\n"
         "out = []\n"
         "for argv in spec['steps']:\n"
         "    r = subprocess.run(argv, capture_output=True, text=True)\n"
@@ -268,7 +272,8 @@ def on_small_disk(size: str, mount: Path, steps: list[list], env: dict) -> list[
         "    out.append({'rc': r.returncode, 'stderr': r.stderr, 'files': files})\n"
         "print(json.dumps(out))\n"
     )
-    spec = {"size": size, "mount": str(mount), "steps": [[*WD, *map(str, s)] for s in steps]}
+    spec = {"size": size, "mount": str(mount), "steps": [[*WD, *map(str, s)] for s in steps],
+            "fill": {k: str(v) for k, v in (fill or {}).items()}}
     r = subprocess.run(["unshare", "-Urm", sys.executable, "-c", driver, json.dumps(spec)], capture_output=True,
                        text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -348,3 +353,21 @@ def test_atomic_pulls_leave_only_records_and_refusals_leave_nothing(env, tmp_pat
     for d in tmp_path.iterdir():
         if d.is_dir() and (d / ".wdiff").is_dir():
             assert not (d / ".wdiff" / "pull").exists() and du(d / ".wdiff") <= FEW_KB, d
+
+
+def test_a_rebuild_beside_that_lacks_disk_refuses_before_it_builds(env, tmp_path):
+    """DIR holds a version the remote does not know; ``pull --force`` would
+    rebuild the remote's 4 MB version beside it: on a 3 MB disk, exit 9
+    saying what it needs and has, DIR as it was (no .wdiff/ of this pull's
+    in it: it had none), no copy beside it."""
+    src = write_ckpt(tmp_path / "src", {"w": zeros((1024, 2048))})
+    remote = tmp_path / "remote"
+    wdiff.push(src, remote, anchor=True)
+    mine = write_ckpt(tmp_path / "mine", {"x": rand(np.random.default_rng(9), "F32", (64,))})
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    d = mnt / "d"
+    [got] = on_small_disk("3m", mnt, [["pull", "--force", remote, d]], env, fill={"d": mine})
+    assert got["rc"] == 9 and "needs 4.2 MB free" in got["stderr"], got
+    assert got["files"] == {"d": None, "d/model.safetensors": hashlib.sha256(
+        (Path(mine) / "model.safetensors").read_bytes()).hexdigest()}, got["files"]

@@ -114,7 +114,8 @@ def pull(
                         os.mkdir(directory)
                     except OSError as e:
                         raise io_error(directory, e) from None
-                res = _pull_locked(store, chain, keys, directory, to, threads, reporter, force, checked=created)
+                res = _pull_locked(store, chain, keys, directory, to, threads, reporter, force, checked=created,
+                                   made_state=not had_state)
                 accept(store, read, records)  # after any swap: DIR/.wdiff is the new directory's
                 _sweep(parent, name, old_too=True)
             except BaseException:
@@ -147,7 +148,7 @@ def _make_parents(parent: str) -> list[str]:
 
 
 def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter: Reporter,
-                 force: bool = False, *, checked: bool = False) -> PullResult:
+                 force: bool = False, *, checked: bool = False, made_state: bool = False) -> PullResult:
     with StateDir.open(directory) as state:
         state.sweep_temps()
         txn = Txn(state)
@@ -160,7 +161,7 @@ def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter:
             finally:
                 work.close()
         except NoSpace:
-            if checked:  # DIR is this pull's: it goes, downloads and all (tidied by the caller)
+            if made_state:  # DIR/.wdiff is this pull's: it goes, downloads and all (tidied by the caller)
                 _clear_quietly(state)
             else:  # the downloads stay for the next pull, once there is room
                 _clear_quietly(state, only_empty=True)
