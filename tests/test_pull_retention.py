@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -371,3 +372,35 @@ def test_a_rebuild_beside_that_lacks_disk_refuses_before_it_builds(env, tmp_path
     assert got["rc"] == 9 and "needs 4.2 MB free" in got["stderr"], got
     assert got["files"] == {"d": None, "d/model.safetensors": hashlib.sha256(
         (Path(mine) / "model.safetensors").read_bytes()).hexdigest()}, got["files"]
+
+
+def test_a_pull_killed_applying_the_squash_of_its_run_is_finished_by_the_next(env, tmp_path):
+    """A cron pull two versions behind squashes its run and applies that in
+    place; SIGKILLed once the apply's journal exists, the next pull finishes
+    it (the squash joins two versions of the verified chain) and reaches the
+    head, leaving no work area. (It refused with status 8 forever, "an
+    in-place apply that this pull did not start", keeping three bundles.)"""
+    rng = np.random.default_rng(7)
+    t = {f"layer.{i}.w": rand(rng, "BF16", (1024, 1024)) for i in range(8)}
+    remote, d = tmp_path / "remote", tmp_path / "d"
+    prev = write_ckpt(tmp_path / "v0", t)
+    wdiff.push(prev, remote, anchor=True)
+    wdiff.pull(remote, d)
+    for k in (1, 2):
+        t = {n: mutate(x, 0.3, rng) for n, x in t.items()}
+        cur = write_ckpt(tmp_path / f"v{k}", t)
+        wdiff.push(cur, remote, base=prev)
+        prev = cur
+    journal = d / ".wdiff" / "txn" / "journal.json"
+    p = subprocess.Popen([*WD, "pull", "-q", remote, d], env=env | {"WDIFF_THREADS": "1"})
+    while p.poll() is None and not journal.exists():
+        time.sleep(0.001)  # polling for the journal's appearance, the event waited for
+    if p.poll() is not None:
+        pytest.skip("the pull finished before its journal could be seen")
+    p.kill()
+    p.wait()
+    assert journal.exists() and any(n.startswith("squash-") for n in os.listdir(d / ".wdiff" / "pull"))
+    r = cli("pull", remote, d, env=env, check=False)
+    assert r.returncode == 0, r.stderr
+    assert tree(d) == tree(prev)
+    assert sorted(os.listdir(d / ".wdiff")) == ["lock", "state.json"]

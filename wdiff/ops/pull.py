@@ -45,7 +45,7 @@ from .fetch import accept, download
 from .tracked import EMPTY_FINGERPRINT, LocalState, fingerprint_of, local_state, plan, plan_recorded
 from .pull_atomic import pull_atomic
 from .pullspace import NoSpace, check as check_space, need_of
-from .pullwork import (PullResult, fetch_run, open_verified, prune_work, record_target, tidy_state,
+from .pullwork import (PullResult, fetch_run, finish_squash, open_verified, prune_work, record_target, tidy_state,
                        work_names_held)
 from .rollback import finish_interrupted, plan_back, step_back
 from .signatures import verify_bundle_signature
@@ -106,7 +106,7 @@ def pull(
             created = not os.path.lexists(directory)
             had_state = not created and os.path.lexists(os.path.join(directory, STATE_DIR))
             try:
-                if created:  # the whole of the goal will be written: say so before DIR exists
+                if created:  # what the pull downloads must fit before DIR exists
                     run, _ = plan(chain, EMPTY_FINGERPRINT, goal)
                     check_space(need_of(run, None, whole=True), work_at=directory, files_at=directory,
                                 what=directory)
@@ -488,10 +488,14 @@ def _finish_interrupted(store, chain, keys, journal, directory: str, work: State
                         reporter: Reporter) -> None:
     """A pull killed while applying left a journal: finish that apply first,
     but only when its bundle is one of the verified chain, checked again in
-    this run (every part's digest, the signature with trusted keys)."""
+    this run (every part's digest, the signature with trusted keys), or
+    the inverse or squash that pull built from such bundles, joining two
+    versions of the chain."""
     entry = next((e for e in chain.entries if hexd(e.bundle) == journal.bundle_id), None)
-    if entry is None and finish_interrupted(chain, journal.bundle_id, directory, work, threads=threads,
-                                            reporter=reporter):
+    if entry is None and (finish_interrupted(chain, journal.bundle_id, directory, work, threads=threads,
+                                             reporter=reporter)
+                          or finish_squash(chain, journal.bundle_id, directory, work, threads=threads,
+                                           reporter=reporter)):
         return
     if entry is None:
         raise BusyError(

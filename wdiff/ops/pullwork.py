@@ -23,7 +23,9 @@ from ..progress import Reporter
 from ..remotes import open_remote
 from ..statedir import StateDir
 from ..store import record
-from ..store.hashing import hexd
+from ..store.hashing import hexd, short
+from ..format.bundle import BundleReader
+from .apply.inplace import apply_in_place
 from . import trust
 from .fetch import download, read_verified, work_names
 from .places import refuse_remote_as_checkpoint
@@ -142,3 +144,29 @@ def record_target(state: StateDir, index) -> None:
     rec = record.of_rows((f.path, f.kind, f.size, f.digest) for f in index.files)
     if rec.version == index.target_fingerprint:
         record.write(state, rec)
+
+
+def finish_squash(chain, bundle_id: str, directory: str, work: StateDir, *, threads: int,
+                  reporter: Reporter) -> bool:
+    """A pull killed while applying the squash of its run (two versions or
+    more behind): finish that apply, when the work area holds that squash
+    and it joins two versions of the verified chain (the apply checks the
+    result against the target's digests, which its fingerprint commits to,
+    so what DIR ends as is a version of the chain, byte for byte). False:
+    not one of ours; the caller refuses."""
+    for name in work.names():
+        if not (name.startswith("squash-") and name.endswith(".wdb")) or work.kind(name) != "file":
+            continue
+        try:
+            with BundleReader(work.where(name)) as r:
+                ours = (hexd(r.id) == bundle_id and r.index.target_fingerprint in chain.versions
+                        and r.index.base_fingerprint in chain.versions | {None})
+        except Exception:  # noqa: BLE001 - a damaged file is not ours to finish
+            continue
+        if ours:
+            reporter.warn(f"finishing an interrupted pull (to {short(r.index.target_fingerprint)})")
+            apply_in_place(work.where(name), directory, abort=False, threads=threads, reporter=reporter,
+                           beside_locked=True)  # under the pull's lock
+            work.unlink(name)
+            return True
+    return False
