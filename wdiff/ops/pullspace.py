@@ -18,13 +18,15 @@ new version is written while the old ones still stand). What it takes:
   fleet's cache serves; a ranged read of each index would be a second
   request per part, and through a caching proxy possibly a second whole
   read), so the indexes are read once the bundles are in the work area,
-  and the new files checked then, before DIR is touched: a pull into a DIR
-  it made removes its downloads and DIR on that refusal, one into an
-  existing DIR keeps them for the next pull. Where the work area holds the
-  bundles already (a resumed pull), the first check is exact;
-* temporary space: a squash of a run of several bundles (at most the sum of
-  their sizes) and, in place, the undo log (at most twice the run's bytes:
-  it holds the old values of the words the deltas change).
+  and the new files checked then, before DIR is touched: a pull that made
+  DIR/.wdiff removes its downloads (and DIR, if it made it) on that
+  refusal, another keeps them for the next pull. Where the work area holds
+  the bundles already (a resumed pull), the first check is exact;
+* temporary space: a squash of a run of several bundles (counted as the
+  sum of their sizes) and, in place, the undo log (counted as twice the
+  run's bytes: it holds the positions and old values of the words the
+  deltas change, which the deltas hold as new values). Both are estimates,
+  not bounds the format enforces.
 
 The check before the download counts the downloads and temporary space;
 the check after it is exact.
@@ -55,7 +57,7 @@ class Need:
     downloads: int
     files: int  # the new version's files: staged in place, or the whole rebuilt checkpoint
     temporary: int  # parts beside their bundle, a squash, an undo log
-    exact: bool = True  # False: the bundles' indexes were not readable, ``files`` is 0
+    exact: bool = True  # False: not every bundle is in the work area yet, ``files`` is 0 (unknown)
 
     @property
     def total(self) -> int:
