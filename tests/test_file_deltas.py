@@ -457,8 +457,9 @@ def test_sigkill_while_rebuilding_file_deltas(hostile_kit, tmp_path, op):
 
 def test_pull_and_roll_back_through_file_deltas(tmp_path):
     """A remote whose bundles hold file deltas: a pull rebuilds the head, and
-    `pull --to HEAD~1` steps back through the XOR records with nothing
-    downloaded; a zstd-against-the-base step needs the older file whole, so
+    `pull --to HEAD~1` steps back through the XOR records, downloading only
+    the bundle it undoes (no anchor: a pull keeps no downloads once it
+    succeeded); a zstd-against-the-base step needs the older file whole, so
     going back over it takes it from the anchor, and comes out exact."""
     rng = np.random.default_rng(9)
     v0 = (rng.standard_normal(MiB // 2) * 0.02).astype(np.float32)
@@ -479,9 +480,11 @@ def test_pull_and_roll_back_through_file_deltas(tmp_path):
     r = cli("pull", remote, work, "-q")
     assert r.returncode == 0, r.stderr
     assert tree(work) == tree(dirs[2])
-    r = cli("pull", remote, work, "--to", "HEAD~1")
+    r = cli("pull", remote, work, "--to", "HEAD~1", "--json")
     assert r.returncode == 0, r.stderr
-    assert "0 B downloaded" in r.stdout + r.stderr
+    size = {e["bundle"]: e["size"] for e in json.loads(cli("log", remote, "--json").stdout)["entries"]}
+    doc = json.loads(r.stdout)
+    assert doc["stepped_back"] and doc["downloaded_bytes"] == sum(size[b] for b in doc["bundles"]), doc
     assert tree(work) == tree(dirs[1])
     r = cli("pull", remote, work, "--to", "HEAD~2")
     assert r.returncode == 0, r.stderr

@@ -116,7 +116,8 @@ EXIT_NOTES: dict[str, str] = {
     "push": "0 pushed (or already there); 5 the bundle's base is not the head; 8 another push "
     "won the race (run it again); 6 and 7 remote errors.",
     "pull": "0 the directory is at the version (nothing to do counts); 8 another pull holds the "
-    "directory; 4 a download was damaged (run again); 3 no such remote or version.",
+    "directory; 4 a download was damaged (run again); 3 no such remote or version; 9 the disk lacks "
+    "what the pull needs (it says how much, before it writes anything).",
     "log": "0 listed; 3 the remote does not exist.",
     "commit": "0 published (or already there); 3 a part is missing (rerun its writer); 4 a part is "
     "unsigned, untrusted, damaged or not of this remote and stage; 5 two parts hold one file, the parts are not "

@@ -136,6 +136,13 @@ def download(store, e: Entry, work, reporter: Reporter) -> tuple[str, int]:
     return final, fetched
 
 
+def work_names(e: Entry) -> list[str]:
+    """The names :func:`download` gives an entry's files in a work area:
+    the whole bundle, then each part while it is being fetched."""
+    h = hexd(e.bundle)
+    return [f"{h}.wdb"] + [f"{h}.part{k:05d}" for k in range(len(e.parts))]
+
+
 def _part_ok(work, pn: str, p) -> bool:
     """The part file ``pn`` of the work area is a regular file of the part's
     size and digest."""

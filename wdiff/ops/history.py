@@ -19,6 +19,8 @@ from ..store.hashing import hexd
 from . import trust
 from .fetch import read_verified
 from .places import refuse_checkpoint_as_remote
+from .pullspace import to_download
+from .rollback import plan_back
 from .tracked import EMPTY_FINGERPRINT, fingerprint_of, local_state, plan, plan_recorded
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ def status(directory, remote, *, to: str | None = None, trusted_keys: list | Non
         local, current, changed = None, fingerprint_of(directory, threads, reporter), ()
     try:
         run, from_anchor = plan_recorded(chain, local, goal) if local is not None else plan(chain, current, goal)
-        behind, download = len(run), sum(e.size for e in run)
+        behind, download = len(run), _download(directory, chain, current, goal, run, from_anchor, local)
     except NotFoundError:
         behind, download, from_anchor = -1, 0, True
     # a directory at a later version of the chain is ahead of the target,
@@ -123,6 +125,21 @@ def status(directory, remote, *, to: str | None = None, trusted_keys: list | Non
     return StatusResult(store.url, directory, current, current in chain.versions or current == EMPTY_FINGERPRINT,
                         goal, behind, download, from_anchor, ahead=len(back) if back else 0,
                         exists=os.path.isdir(directory), recorded=recorded is not None, changed=changed)
+
+
+def _download(directory: str, chain, current: bytes, goal: bytes, run, from_anchor: bool, local) -> int:
+    """The bytes the pull would download: along the run it takes (undoing
+    the bundles between when that costs less than the anchor, as the pull
+    does), less what an interrupted pull left verified in the work area."""
+    if run and (local is None or (from_anchor and not local.changed)):
+        run = plan_back(chain, current, goal, run) or run
+    if not os.path.isdir(directory):
+        return sum(e.size for e in run)
+    work = StateDir.open(directory, "pull", create=False)
+    if work is None:
+        return sum(e.size for e in run)
+    with work:
+        return to_download(run, work)
 
 
 def _record_of(directory: str) -> record.Record | None:

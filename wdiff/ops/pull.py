@@ -9,6 +9,15 @@ interrupted apply is finished only with a bundle of the verified chain,
 downloaded (or found) and checked again, signature included. Every writer
 of DIR holds ``PARENT/.NAME.wdiff-lock`` and, to swap DIR, ``DIR/.wdiff/lock``
 too; under them, a pull removes the debris of pulls that died.
+
+What it leaves in ``DIR/.wdiff`` is bounded over any number of runs: after
+a success, the record of the version (``state.json``) and the lock file; the
+work area is removed. A pull that is interrupted (killed, Ctrl-C, a network
+error, a full disk) keeps its verified downloads for the next one, which
+reuses them and removes whatever else is there first (pullwork.prune_work).
+The disk the plan needs is checked before anything is written
+(pullspace), and a pull that refuses leaves no ``.wdiff/`` it made, and no
+DIR or parent directory it made, behind.
 """
 
 from __future__ import annotations
@@ -35,7 +44,9 @@ from .apply.inplace import apply_in_place, restorable
 from .fetch import accept, download
 from .tracked import EMPTY_FINGERPRINT, LocalState, fingerprint_of, local_state, plan, plan_recorded
 from .pull_atomic import pull_atomic
-from .pullwork import PullResult, check_space, fetch_run, open_verified, pending_downloads, record_target
+from .pullspace import NoSpace, check as check_space, need_of
+from .pullwork import (PullResult, fetch_run, finish_squash, open_verified, prune_work, record_target, tidy_state,
+                       work_names_held)
 from .rollback import finish_interrupted, plan_back, step_back
 from .signatures import verify_bundle_signature
 from .squash import squash, squash_from
@@ -85,31 +96,59 @@ def pull(
                                                 require_signature=require_signature, max_age=max_age,
                                                 reporter=reporter)
     chain = read.chain
-    created = not os.path.exists(directory)
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as e:
-        raise io_error(directory, e) from None
-    # the lock sits beside the directory: a pull may swap the directory itself
+    goal = chain.resolve(to)  # no versions, or no such version: refused before DIR exists
     parent, name = os.path.split(directory)
+    made = _make_parents(parent)
     try:
+        # the lock sits beside the directory: a pull may swap the directory itself
         with locked_beside(beside_lock_path(directory), what=directory):
             _sweep(parent, name, old_too=False)
-            res = _pull_locked(store, chain, keys, directory, to, threads, reporter, force)
-            accept(store, read, records)  # after any swap: DIR/.wdiff is the new directory's
-            _sweep(parent, name, old_too=True)
-    except (Interrupted, KeyboardInterrupt, RemoteError):
-        raise  # DIR keeps the downloads: the next pull resumes them
+            created = not os.path.lexists(directory)
+            had_state = not created and os.path.lexists(os.path.join(directory, STATE_DIR))
+            try:
+                if created:  # what the pull downloads must fit before DIR exists
+                    run, _ = plan(chain, EMPTY_FINGERPRINT, goal)
+                    check_space(need_of(run, None, whole=True), work_at=directory, files_at=directory,
+                                what=directory)
+                    try:
+                        os.mkdir(directory)
+                    except OSError as e:
+                        raise io_error(directory, e) from None
+                res = _pull_locked(store, chain, keys, directory, to, threads, reporter, force, checked=created,
+                                   made_state=not had_state)
+                accept(store, read, records)  # after any swap: DIR/.wdiff is the new directory's
+                _sweep(parent, name, old_too=True)
+            except BaseException:
+                _tidy(directory, created=created, had_state=had_state)  # still under the lock
+                raise
     except BaseException:
-        if created:
-            _remove_if_empty(directory)
+        _remove_empty(list(reversed(made)))
         raise
     reporter.done()
     return res
 
 
+def _make_parents(parent: str) -> list[str]:
+    """Create DIR's missing parent directories; the ones made, outermost first."""
+    made: list[str] = []
+    p = parent
+    while p and not os.path.lexists(p):
+        made.append(p)
+        p = os.path.dirname(p)
+    made.reverse()
+    for d in made:
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            _remove_empty(list(reversed(made)))
+            raise io_error(d, e) from None
+    return made
+
+
 def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter: Reporter,
-                 force: bool = False) -> PullResult:
+                 force: bool = False, *, checked: bool = False, made_state: bool = False) -> PullResult:
     with StateDir.open(directory) as state:
         state.sweep_temps()
         txn = Txn(state)
@@ -117,46 +156,61 @@ def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter:
         work = state.sub("pull")
         try:
             try:
-                if journal is not None:
-                    _finish_interrupted(store, chain, keys, journal, directory, work, threads, reporter)
-                goal = chain.resolve(to)
-                recorded = record.read(state)  # strict: a planted one is refused, never obeyed
-                if recorded is not None:
-                    return _bring_recorded(store, chain, keys, directory, work, recorded, goal, force, threads,
-                                           reporter)
-                # the manifest cache's guess of DIR's version picks the bundles; it
-                # is confirmed by reading where nothing later would check it (DIR
-                # already at the goal, or at a version the remote does not know)
-                current = fingerprint_of(directory, threads, reporter, guess=True)
-                guessed = current != EMPTY_FINGERPRINT and current != goal and current in chain.versions
-                if not guessed and current != EMPTY_FINGERPRINT:
-                    current = fingerprint_of(directory, threads, reporter)
-                try:
-                    return _bring(store, chain, keys, directory, work, state, current, goal, guessed, threads, reporter,
-                                  force)
-                except BaseMismatchError:
-                    if not guessed:
-                        raise
-                    # the guess was stale (a file changed behind the cache's back):
-                    # nothing was written; plan again from what DIR holds
-                    current = fingerprint_of(directory, threads, reporter)
-                    return _bring(store, chain, keys, directory, work, state, current, goal, False, threads, reporter,
-                                  force)
+                res = _pull_in(store, chain, keys, journal, directory, work, state, to, threads, reporter, force,
+                               checked)
             finally:
                 work.close()
-        except (Interrupted, KeyboardInterrupt, RemoteError):
-            raise  # the downloads stay: the next pull resumes them
+        except NoSpace:
+            if made_state:  # DIR/.wdiff is this pull's: it goes, downloads and all (tidied by the caller)
+                _clear_quietly(state)
+            else:  # the downloads stay for the next pull, once there is room
+                _clear_quietly(state, only_empty=True)
+            raise
+        except (Interrupted, KeyboardInterrupt, RemoteError, WdiffIOError):
+            # killed, a network error, a full disk: the verified downloads
+            # stay, and the next pull resumes them; an empty area goes
+            _clear_quietly(state, only_empty=True)
+            raise
         except BaseException:
             if not txn.exists():  # an unfinished apply needs its bundle; anything else is debris now
-                state.unlink("pull")
-            raise
-        finally:
-            if not txn.exists():
                 _clear_quietly(state)
+            raise
+        _clear_quietly(state)  # done: nothing in the work area is needed again
+        return res
+
+
+def _pull_in(store, chain, keys, journal, directory: str, work: StateDir, state: StateDir, to, threads: int,
+             reporter: Reporter, force: bool, checked: bool) -> PullResult:
+    """The pull itself, under both locks, with the work area open."""
+    if journal is not None:
+        _finish_interrupted(store, chain, keys, journal, directory, work, threads, reporter)
+    goal = chain.resolve(to)
+    recorded = record.read(state)  # strict: a planted one is refused, never obeyed
+    if recorded is not None:
+        return _bring_recorded(store, chain, keys, directory, work, recorded, goal, force, threads,
+                               reporter)
+    # the manifest cache's guess of DIR's version picks the bundles; it
+    # is confirmed by reading where nothing later would check it (DIR
+    # already at the goal, or at a version the remote does not know)
+    current = fingerprint_of(directory, threads, reporter, guess=True)
+    guessed = current != EMPTY_FINGERPRINT and current != goal and current in chain.versions
+    if not guessed and current != EMPTY_FINGERPRINT:
+        current = fingerprint_of(directory, threads, reporter)
+    try:
+        return _bring(store, chain, keys, directory, work, state, current, goal, guessed, threads, reporter,
+                      force, checked)
+    except BaseMismatchError:
+        if not guessed:
+            raise
+        # the guess was stale (a file changed behind the cache's back):
+        # nothing was written; plan again from what DIR holds
+        current = fingerprint_of(directory, threads, reporter)
+        return _bring(store, chain, keys, directory, work, state, current, goal, False, threads, reporter,
+                      force)
 
 
 def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, current: bytes, goal: bytes,
-           guessed: bool, threads: int, reporter: Reporter, force: bool = False) -> PullResult:
+           guessed: bool, threads: int, reporter: Reporter, force: bool = False, checked: bool = False) -> PullResult:
     """Bring ``directory``, at version ``current``, to ``goal``. An apply
     reads and checks the whole base, so a ``guessed`` current that is wrong
     ends in a BaseMismatchError before anything is written. A directory at a
@@ -173,9 +227,7 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
         if guessed:  # the inverses are built from DIR's bytes: plan from them, not from a guess
             return _bring(store, chain, keys, directory, work, state, fingerprint_of(directory, threads, reporter),
                           goal, False, threads, reporter, force)
-        check_space(work, back)
-        got = step_back(store, chain, keys, directory, work, back, budget=sum(e.size for e in run),
-                        threads=threads, reporter=reporter)
+        got = _stepping_back(store, chain, keys, directory, work, back, run, threads, reporter)
         if got.done:
             return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in reversed(back)),
                               got.downloaded, stepped_back=True)
@@ -193,8 +245,11 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
             "which a pull cannot replace with a rebuilt copy; nothing was changed",
             hint="empty it (or pull into a new directory inside it), then pull again",
         )
+    if not (checked and empty):  # a DIR this pull made was checked before it was
+        _check(run, work, directory, whole=from_anchor)
     bundles, downloaded = fetch_run(store, keys, run, work, reporter)
     downloaded += fetched
+    _check_again(run, work, directory, whole=from_anchor)
     if rebuild:
         with reading(bundles[-1]) as last:
             target = last.index
@@ -283,10 +338,12 @@ def _bring_local(store, chain, keys, directory: str, work: StateDir, local: Loca
             return stepped
     replace = set(local.changed)
     if not from_anchor:
+        _check(run, work, directory, whole=False)
         paths, downloaded = fetch_run(store, keys, run, work, reporter)
         with reading(paths[0]) as first:
             unrestorable = restorable(first.index, replace)
         if not unrestorable:
+            _check_again(run, work, directory, whole=False)
             _apply_run(directory, work, local, paths, replace, force, threads, reporter)
             return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in run), downloaded,
                               restored=tuple(sorted(replace)))
@@ -300,9 +357,10 @@ def _bring_local(store, chain, keys, directory: str, work: StateDir, local: Loca
         run = anchored
     else:
         downloaded = 0
-    check_space(work, run)
+    _check(run, work, directory, whole=True)
     paths, n = fetch_run(store, keys, run, work, reporter)
     downloaded += n
+    _check_again(run, work, directory, whole=True)
     bundle = paths[0]
     if len(paths) > 1:
         bundle = work.where(f"squash-anchor-{short(goal)}.wdb")
@@ -325,9 +383,7 @@ def _step_back(store, chain, keys, directory: str, work: StateDir, current: byte
     back = plan_back(chain, current, goal, run)
     if not back:
         return None
-    check_space(work, back)
-    got = step_back(store, chain, keys, directory, work, back, budget=sum(e.size for e in run),
-                    threads=threads, reporter=reporter)
+    got = _stepping_back(store, chain, keys, directory, work, back, run, threads, reporter)
     if got.done:
         return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in reversed(back)),
                           got.downloaded, stepped_back=True)
@@ -374,39 +430,72 @@ def _apply_run(directory: str, work: StateDir, local: LocalState, paths: list[st
     replace.update(clashes)
 
 
-def _clear_quietly(state: StateDir) -> None:
-    """After a finished pull, the work area goes; on a failure it is
-    removed above (or kept for a resume), so errors here are not the story."""
+def _stepping_back(store, chain, keys, directory: str, work: StateDir, back, run, threads: int,
+                   reporter: Reporter):
+    """Undo ``back`` through its inverses (rollback.step_back), after the
+    disk check: its downloads, and an in-place apply of each inverse."""
+    _check(back, work, directory, whole=False)
+    prune_work(work, back)
+    return step_back(store, chain, keys, directory, work, back, budget=sum(e.size for e in run),
+                     threads=threads, reporter=reporter)
+
+
+def _check(run, work: StateDir, directory: str, *, whole: bool) -> None:
+    """Refuse before anything is downloaded when the disk lacks what the
+    plan needs (pullspace). A rebuild writes beside DIR, on its disk."""
+    check_space(need_of(run, work, whole=whole), work_at=work.path, files_at=directory, what=directory)
+
+
+def _check_again(run, work: StateDir, directory: str, *, whole: bool) -> None:
+    """Check again once the bundles are here, before DIR is touched: exact
+    where the store could not read their indexes before the download."""
+    check_space(need_of(run, work, whole=whole), work_at=work.path, files_at=directory, what=directory)
+
+
+def _clear_quietly(state: StateDir, *, only_empty: bool = False) -> None:
+    """The work area goes (``only_empty``: when it holds nothing); errors
+    here are not the story of the failure being raised."""
     try:
-        if state.kind("pull") == "dir" and not pending_downloads(state):
-            state.unlink("pull")
+        held = work_names_held(state)
+        if held is None or (only_empty and held):
+            return
+        state.unlink("pull")
     except WdiffError:
         pass
 
 
-def _remove_if_empty(directory: str) -> None:
-    """A pull that created DIR and failed leaves nothing behind."""
-    try:
-        state = os.path.join(directory, STATE_DIR)
-        if os.path.isdir(state) and not os.path.islink(state) and not _has_files(state, "txn"):
-            shutil.rmtree(state, ignore_errors=True)
-        os.rmdir(directory)
-    except OSError:
-        pass
+def _tidy(directory: str, *, created: bool, had_state: bool) -> None:
+    """After a pull that failed, under its lock: an unfinished apply's
+    journal, a record and verified downloads stay; a ``.wdiff/`` this pull
+    made that holds nothing else goes, and so does DIR when this pull made
+    it and it is empty."""
+    if not had_state and os.path.isdir(directory):
+        tidy_state(directory)
+    if created:
+        _remove_empty([directory])
 
 
-def _has_files(state: str, name: str) -> bool:
-    return os.path.lexists(os.path.join(state, name))
+def _remove_empty(dirs: list[str]) -> None:
+    """rmdir each of ``dirs`` in turn (innermost first), stopping at the first that is not empty."""
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except OSError:
+            return
 
 
 def _finish_interrupted(store, chain, keys, journal, directory: str, work: StateDir, threads: int,
                         reporter: Reporter) -> None:
     """A pull killed while applying left a journal: finish that apply first,
     but only when its bundle is one of the verified chain, checked again in
-    this run (every part's digest, the signature with trusted keys)."""
+    this run (every part's digest, the signature with trusted keys), or
+    the inverse or squash that pull built from such bundles, joining two
+    versions of the chain."""
     entry = next((e for e in chain.entries if hexd(e.bundle) == journal.bundle_id), None)
-    if entry is None and finish_interrupted(chain, journal.bundle_id, directory, work, threads=threads,
-                                            reporter=reporter):
+    if entry is None and (finish_interrupted(chain, journal.bundle_id, directory, work, threads=threads,
+                                             reporter=reporter)
+                          or finish_squash(chain, journal.bundle_id, directory, work, threads=threads,
+                                           reporter=reporter)):
         return
     if entry is None:
         raise BusyError(

@@ -15,6 +15,7 @@ import re
 from ..errors import BusyError, UsageError
 from ..format.bundle import reading
 from ..format.journal import Txn
+from ..paths import STATE_DIR
 from ..fsutil import beside_lock_path, fsync_dir, io_error, locked_beside, owner_tag
 from ..parallel import default_threads
 from ..progress import Reporter
@@ -25,7 +26,8 @@ from ..store.ignore import DEFAULT_RULES
 from . import trust
 from .apply.copy import apply_copy
 from .fetch import accept
-from .pullwork import PullResult, fetch_run, open_verified, pending_downloads, record_target
+from .pullspace import check as check_space, need_of
+from .pullwork import PullResult, clear_work, fetch_run, open_verified, record_target, tidy_state
 from .squash import squash_from
 from .tracked import EMPTY_FINGERPRINT, fingerprint_of, local_state, plan
 
@@ -54,47 +56,65 @@ def pull_atomic(remote, link: str, *, to, trusted_keys, require_signature, token
     goal = chain.resolve(to)
     # the link's own lock (two --atomic pulls), and the one every writer of the
     # old directory holds: this pull writes into its .wdiff (work area, temps)
+    return _pull_locked(store, keys, read, chain, goal, link, old, threads, reporter)
+
+
+def _pull_locked(store, keys, read, chain, goal: bytes, link: str, old: str, threads: int,
+                 reporter: Reporter) -> PullResult:
     with locked_beside(beside_lock_path(link, follow=False), what=link), \
             locked_beside(beside_lock_path(old), what=old):
-        with StateDir.open(old) as state:
-            state.sweep_temps()
-            if Txn(state).read_journal() is not None:
-                raise BusyError(f"{old}: an in-place apply was interrupted there",
-                                hint=f"finish it with wdiff pull REMOTE {old} first")
-            recorded = record.read(state)
-            if recorded is not None:
-                local = local_state(old, recorded, threads, reporter, guess=False)
-                current = local.version if not local.changed else None
-                rules = DEFAULT_RULES.tracking(recorded.paths)
-            else:
-                current, rules = fingerprint_of(old, threads, reporter), DEFAULT_RULES
-            if current == goal:
-                reporter.done()
-                return PullResult(store.url, old, current, goal, up_to_date=True, link=link)
-            run = chain.path(current, goal) if current is not None and current in chain.versions else None
-            from_anchor = run is None
-            if from_anchor:
-                run, _ = plan(chain, EMPTY_FINGERPRINT, goal)
-            work = state.sub("pull")
-            try:
-                paths, downloaded = fetch_run(store, keys, run, work, reporter)
-                bundle = paths[0]
-                if len(paths) > 1:
-                    bundle = work.where(f"squash-{short(current or b'')}-{short(goal)}.wdb")
-                    squash_from(paths, None if from_anchor else old, bundle, threads=threads, reporter=reporter,
-                                overwrite=True, check_out=False, base_fingerprint=None if from_anchor else current,
-                                rules=None if from_anchor else rules)
-                new = _new_sibling(old, chain, goal)
-                apply_copy(bundle, None if from_anchor else old, new, threads=threads, reporter=reporter,
-                           rules=rules)
-                with reading(bundle) as r, StateDir.open(new) as fresh:
-                    record_target(fresh, r.index)
-            finally:
-                work.close()
-            if not pending_downloads(state):
-                state.unlink("pull")
-        _switch_link(link, new)
-        accept(store, read, trust.places(new))
+        had_state = os.path.lexists(os.path.join(old, STATE_DIR))
+        try:
+            return _build(store, keys, read, chain, goal, link, old, threads, reporter)
+        finally:
+            if not had_state:  # a .wdiff/ this pull made in the old directory, holding nothing worth keeping
+                tidy_state(old)
+
+
+def _build(store, keys, read, chain, goal: bytes, link: str, old: str, threads: int,
+           reporter: Reporter) -> PullResult:
+    """Under both locks: build the new version beside ``old``, switch the link."""
+    with StateDir.open(old) as state:
+        state.sweep_temps()
+        if Txn(state).read_journal() is not None:
+            raise BusyError(f"{old}: an in-place apply was interrupted there",
+                            hint=f"finish it with wdiff pull REMOTE {old} first")
+        recorded = record.read(state)
+        if recorded is not None:
+            local = local_state(old, recorded, threads, reporter, guess=False)
+            current = local.version if not local.changed else None
+            rules = DEFAULT_RULES.tracking(recorded.paths)
+        else:
+            current, rules = fingerprint_of(old, threads, reporter), DEFAULT_RULES
+        if current == goal:
+            reporter.done()
+            return PullResult(store.url, old, current, goal, up_to_date=True, link=link)
+        run = chain.path(current, goal) if current is not None and current in chain.versions else None
+        from_anchor = run is None
+        if from_anchor:
+            run, _ = plan(chain, EMPTY_FINGERPRINT, goal)
+        work = state.sub("pull")
+        try:
+            siblings = os.path.dirname(old)  # the new version is written beside the old one
+            check_space(need_of(run, work, whole=True), work_at=work.path, files_at=siblings, what=link)
+            paths, downloaded = fetch_run(store, keys, run, work, reporter)
+            check_space(need_of(run, work, whole=True), work_at=work.path, files_at=siblings, what=link)
+            bundle = paths[0]
+            if len(paths) > 1:
+                bundle = work.where(f"squash-{short(current or b'')}-{short(goal)}.wdb")
+                squash_from(paths, None if from_anchor else old, bundle, threads=threads, reporter=reporter,
+                            overwrite=True, check_out=False, base_fingerprint=None if from_anchor else current,
+                            rules=None if from_anchor else rules)
+            new = _new_sibling(old, chain, goal)
+            apply_copy(bundle, None if from_anchor else old, new, threads=threads, reporter=reporter,
+                       rules=rules)
+            with reading(bundle) as r, StateDir.open(new) as fresh:
+                record_target(fresh, r.index)
+        finally:
+            work.close()
+        clear_work(state)  # done: nothing in the work area is needed again
+    _switch_link(link, new)
+    accept(store, read, trust.places(new))
     reporter.done()
     return PullResult(store.url, new, current if current in chain.versions else None, goal,
                       tuple(e.bundle for e in run), downloaded, from_anchor=from_anchor, link=link)

@@ -1,7 +1,14 @@
 """What the two kinds of pull share: their result, the remote's chain read
-and verified before anything is written, the downloads of a run of bundles
-into the work area (``DIR/.wdiff/pull``, kept for a resume) and the record
-of the version a directory now holds.
+and verified before anything is written, the disk a pull's plan needs
+(checked before anything is written), the downloads of a run of bundles
+into the work area (``DIR/.wdiff/pull``) and the record of the version a
+directory now holds.
+
+The work area holds one pull's worth at most: a pull first removes from it
+whatever its own run cannot reuse (a dead pull's bundles for another
+version, squash outputs, temp files), keeps its verified downloads when it
+is interrupted (killed, Ctrl-C, a network error, a full disk), so that the
+next pull resumes them, and removes the whole area once it succeeds.
 """
 
 from __future__ import annotations
@@ -9,15 +16,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import WdiffIOError
+from ..errors import WdiffError
+from ..paths import STATE_DIR
 from ..format import signature as signing
 from ..progress import Reporter
 from ..remotes import open_remote
 from ..statedir import StateDir
 from ..store import record
-from ..store.hashing import hexd
+from ..store.hashing import hexd, short
+from ..format.bundle import BundleReader
+from .apply.inplace import apply_in_place
 from . import trust
-from .fetch import download, read_verified
+from .fetch import download, read_verified, work_names
 from .places import refuse_remote_as_checkpoint
 from .signatures import verify_bundle_signature
 
@@ -65,9 +75,11 @@ def open_verified(remote, directory: str, purpose: str, *, token, trusted_keys, 
 
 def fetch_run(store, keys, run, work: StateDir, reporter: Reporter) -> tuple[list[str], int]:
     """Download (or find, verified, in ``work``) every bundle of ``run``,
-    checking each one's signature when keys are trusted, after saying
-    whether the staging space is there: (paths, bytes downloaded)."""
-    check_space(work, run)
+    checking each one's signature when keys are trusted: (paths, bytes
+    downloaded). The caller has checked the disk the plan needs
+    (:func:`check_space`); what the work area holds beyond this run goes
+    first."""
+    prune_work(work, run)
     paths, downloaded = [], 0
     for e in run:
         path, n = download(store, e, work, reporter)
@@ -77,29 +89,84 @@ def fetch_run(store, keys, run, work: StateDir, reporter: Reporter) -> tuple[lis
         downloaded += n
     return paths, downloaded
 
-def pending_downloads(state: StateDir) -> bool:
-    """Whether the work area holds downloads a later pull may resume."""
-    with state.sub("pull", create=False) as w:
-        return w is not None and bool(w.names())
+
+def prune_work(work: StateDir, run) -> None:
+    """Remove from the work area every entry that ``run`` cannot reuse: the
+    downloads of a dead pull that went to another version, squash outputs
+    and temp files of killed runs. What is left is this run's own bundles
+    and parts, each checked again before use (fetch.download)."""
+    keep = {n for e in run for n in work_names(e)}
+    for n in work.names():
+        if n not in keep:
+            work.unlink(n)
 
 
-def check_space(work: StateDir, run) -> None:
-    """Say before downloading anything how much staging the pull needs."""
-    need = sum(e.size for e in run) + max(e.size for e in run)
+def work_names_held(state: StateDir) -> list[str] | None:
+    """What the work area holds; None when there is none."""
+    w = state.sub("pull", create=False)
+    if w is None:
+        return None
+    with w:
+        return w.names()
+
+
+def clear_work(state: StateDir) -> None:
+    """After a pull that succeeded, nothing in its work area is needed again."""
+    state.unlink("pull")
+
+
+def tidy_state(directory: str) -> None:
+    """Remove ``directory/.wdiff`` when a pull made it and it holds nothing
+    worth keeping: an empty work area and the lock file at most (a record,
+    a journal, verified downloads stay). Every step is relative to a
+    descriptor, never through a link; errors are ignored, as the caller is
+    raising the failure that matters."""
     try:
-        st = os.fstatvfs(work.fd)
-    except OSError:
-        return
-    free = st.f_bavail * st.f_frsize
-    if free < need:
-        raise WdiffIOError(
-            f"{work.path}: the pull needs {need} bytes of staging space and {free} are free (No space left on device)",
-            hint="free some space; nothing was changed",
-        )
-
+        state = StateDir.open(directory, create=False)
+        if state is None:
+            return
+        with state:
+            if work_names_held(state) == []:
+                state.unlink("pull")
+            if not set(state.names()) <= {"lock"}:
+                return
+            state.unlink("lock")
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.rmdir(STATE_DIR, dir_fd=fd)
+        finally:
+            os.close(fd)
+    except (OSError, WdiffError):
+        pass
 def record_target(state: StateDir, index) -> None:
     """Record in ``state`` that its directory now holds the target of the
     bundle with this ``index`` (when its listing is the whole version)."""
     rec = record.of_rows((f.path, f.kind, f.size, f.digest) for f in index.files)
     if rec.version == index.target_fingerprint:
         record.write(state, rec)
+
+
+def finish_squash(chain, bundle_id: str, directory: str, work: StateDir, *, threads: int,
+                  reporter: Reporter) -> bool:
+    """A pull killed while applying the squash of its run (two versions or
+    more behind): finish that apply, when the work area holds that squash
+    and it joins two versions of the verified chain (the apply checks the
+    result against the target's digests, which its fingerprint commits to,
+    so what DIR ends as is a version of the chain, byte for byte). False:
+    not one of ours; the caller refuses."""
+    for name in work.names():
+        if not (name.startswith("squash-") and name.endswith(".wdb")) or work.kind(name) != "file":
+            continue
+        try:
+            with BundleReader(work.where(name)) as r:
+                ours = (hexd(r.id) == bundle_id and r.index.target_fingerprint in chain.versions
+                        and r.index.base_fingerprint in chain.versions | {None})
+        except Exception:  # noqa: BLE001 - a damaged file is not ours to finish
+            continue
+        if ours:
+            reporter.warn(f"finishing an interrupted pull (to {short(r.index.target_fingerprint)})")
+            apply_in_place(work.where(name), directory, abort=False, threads=threads, reporter=reporter,
+                           beside_locked=True)  # under the pull's lock
+            work.unlink(name)
+            return True
+    return False
