@@ -208,10 +208,11 @@ class LocalStore(Writer):
         return data
 
     def list(self, prefix: str = "") -> list[tuple[str, int]]:
-        """Regular files only, never through a link (a folder that is a
-        link, on the way to ``prefix`` or under it, holds nothing); names
-        starting with a dot (the lock, temp files of writes under way) are
-        not objects."""
+        """Regular files only, never through a link: a folder on the way
+        to ``prefix`` that is a link is refused (IntegrityError, as every
+        other operation refuses it), and links under it are not objects.
+        Names starting with a dot (the lock, temp files of writes under
+        way) are not objects either."""
         prefix = check_prefix(prefix)
         out: list[tuple[str, int]] = []
         try:
@@ -221,8 +222,12 @@ class LocalStore(Writer):
                     rel = todo.pop()
                     try:
                         fd = self._dir(rfd, rel.split("/") if rel else [])
-                    except (FileNotFoundError, IntegrityError):
+                    except FileNotFoundError:
                         continue
+                    except IntegrityError:
+                        if rel == prefix:
+                            raise
+                        continue  # became a link since it was listed as a folder
                     try:
                         names = os.listdir(fd)
                         for n in names:
@@ -282,8 +287,8 @@ class LocalStore(Writer):
                     st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
                 except FileNotFoundError:
                     st = None
-                if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == u.length:
-                    continue  # stored by an earlier, interrupted push; the chain digest guards it
+                if self._holds(pfd, name, st, u):
+                    continue  # stored by an earlier, interrupted push
                 if st is not None and stat.S_ISDIR(st.st_mode):
                     raise IntegrityError(f"{self._what(u.path)}: is a folder where an object belongs", hint=_HINT)
                 # a link, a FIFO or a partial object there is replaced, never written through
@@ -293,6 +298,33 @@ class LocalStore(Writer):
                 raise io_error(self._what(u.path), e) from None
             finally:
                 os.close(pfd)
+
+    @staticmethod
+    def _holds(dir_fd: int, name: str, st: os.stat_result | None, u: Upload) -> bool:
+        """Whether entry ``name`` already is upload ``u``: a regular file with
+        no other name, of its size and with its bytes. Size alone would keep
+        a file planted at the object's name (the version would then not
+        pull), and a hard link's bytes can change from outside."""
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size != u.length:
+            return False
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError:
+            return False
+        try:
+            if not _same_inode(os.fstat(fd), st):
+                return False
+            with open(u.source, "rb") as src:
+                src.seek(u.offset)
+                done = 0
+                while done < u.length:
+                    want = src.read(min(PIECE, u.length - done))
+                    if not want or os.pread(fd, len(want), done) != want:
+                        return False
+                    done += len(want)
+            return True
+        finally:
+            os.close(fd)
 
     def _replace(self, dir_fd: int, name: str, source, rel: str, reporter: Reporter) -> None:
         """Entry ``name`` of ``dir_fd`` becomes a new file holding
@@ -383,6 +415,10 @@ class LocalStore(Writer):
                         os.close(pfd)
         except FileNotFoundError:
             return
+
+
+def _same_inode(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 class _Bytes:
