@@ -35,6 +35,8 @@ from .base import CHAIN, MAX_CHAIN_OBJECT, Upload, Writer, check_deletable, chec
 
 PIECE = 8 * 1024 * 1024
 LOCK = ".lock"
+#: list() does not descend into folders this many components below the root
+LIST_DEPTH = 8
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _HINT = "wdiff did not put it there: remove it if you trust the rest of the remote, then run the command again"
 
@@ -212,7 +214,9 @@ class LocalStore(Writer):
         to ``prefix`` that is a link is refused (IntegrityError, as every
         other operation refuses it), and links under it are not objects.
         Names starting with a dot (the lock, temp files of writes under
-        way) are not objects either."""
+        way) are not objects either, nor is anything more than LIST_DEPTH
+        folders deep (wdiff's objects lie 3 deep; each folder is reached
+        from the root, so a planted deep tree would cost its depth squared)."""
         prefix = check_prefix(prefix)
         out: list[tuple[str, int]] = []
         try:
@@ -239,7 +243,8 @@ class LocalStore(Writer):
                                 continue
                             name = f"{rel}/{n}" if rel else n
                             if stat.S_ISDIR(st.st_mode):
-                                todo.append(name)
+                                if name.count("/") + 1 < LIST_DEPTH:
+                                    todo.append(name)
                             elif stat.S_ISREG(st.st_mode):
                                 out.append((name, st.st_size))
                     finally:
