@@ -361,3 +361,53 @@ def test_a_root_given_as_a_link_is_followed_once(world):
     ok(wdiff("pull", site, d, "--trusted-key", w["pub"], "-q", env=w["user"]))
     assert tree(d) == tree(w["B"])
     assert site.is_symlink()
+
+
+# -- cost: a planted tree -----------------------------------------------------------------------
+
+
+def test_a_planted_deep_tree_does_not_break_or_slow_gc(world):
+    """gc lists objects/ and signatures/: 1,500 nested folders planted there
+    cost it nothing (wdiff's objects lie 3 deep; the listing stops at 8)
+    and are left as they are."""
+    w = world
+    top = w["remote"] / "objects" / "zz"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(1500):  # deeper than Python recursion goes; made relative to the last
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        leaf = os.open("x.wdb", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(leaf, b"planted")
+        os.close(leaf)
+        run = wdiff("gc", w["remote"], "--keep-last", "1", "--grace", "0", "--sign", w["key"], "-q", env=w["user"],
+                    timeout=HANG_S * 4)
+        ok(run)
+        assert run.elapsed < HANG_S, str(run)
+        leaf = os.open("x.wdb", os.O_RDONLY, dir_fd=fd)
+        assert os.pread(leaf, 100, 0) == b"planted"
+        os.close(leaf)
+    finally:
+        os.close(fd)
+        remove_deep(top)  # pytest's own clean-up of old temporaries is recursive
+
+
+def remove_deep(top: Path) -> None:
+    """Remove a tree of nested ``d`` folders one level at a time (a
+    recursive removal, pytest's own included, stops at Python's recursion
+    limit)."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        while True:
+            try:
+                os.rename("d/d", "e", src_dir_fd=fd, dst_dir_fd=fd)
+            except FileNotFoundError:
+                break
+            os.rmdir("d", dir_fd=fd)
+            os.rename("e", "d", src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+    shutil.rmtree(top)
