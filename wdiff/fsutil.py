@@ -310,7 +310,7 @@ def open_regular_at(dir_fd: int, name: str, *, max_size: int | None = None, what
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise IntegrityError(f"{what}: is a symbolic link, not a regular file") from None
+            raise IntegrityError(f"{what}: a symbolic link, not a regular file") from None
         raise
     return _regular_file(fd, max_size, what)
 

@@ -86,7 +86,7 @@ class LocalStore(Writer):
         except OSError:
             link = False
         what = "a symbolic link; wdiff never follows links inside a remote" if link else f"not {wanted}"
-        return IntegrityError(f"{self._what(rel)}: is {what}", hint=_HINT)
+        return IntegrityError(f"{self._what(rel)} is {what}", hint=_HINT)
 
     def _dir(self, root_fd: int, parts: list[str], *, create: bool = False) -> int:
         """A new descriptor of folder ``parts`` under the root, every
@@ -295,7 +295,7 @@ class LocalStore(Writer):
                 if self._holds(pfd, name, st, u):
                     continue  # stored by an earlier, interrupted push
                 if st is not None and stat.S_ISDIR(st.st_mode):
-                    raise IntegrityError(f"{self._what(u.path)}: is a folder where an object belongs", hint=_HINT)
+                    raise IntegrityError(f"{self._what(u.path)} is a folder where an object belongs", hint=_HINT)
                 # a link, a FIFO or a partial object there is replaced, never written through
                 self._replace(pfd, name, _Range(u.source, u.offset, u.length), u.path, reporter)
                 os.fsync(pfd)
@@ -390,7 +390,7 @@ class LocalStore(Writer):
     def _lock_refused(self, st: os.stat_result) -> IntegrityError:
         what = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file" if not stat.S_ISREG(st.st_mode)
                 else f"a file with {st.st_nlink} names (a hard link)")
-        return IntegrityError(f"{self._what(LOCK)}: is {what}; wdiff locks the remote with a plain file of its own",
+        return IntegrityError(f"{self._what(LOCK)} is {what}; wdiff locks the remote with a plain file of its own",
                               hint=f"remove {os.path.join(self.root, LOCK)} if no push is running, then run the command again")
 
     def delete(self, paths: list[str]) -> None:
