@@ -49,7 +49,9 @@ class LocalStore(Writer):
     # -- reaching paths inside the remote ------------------------------------------------
 
     def _what(self, rel: str) -> str:
-        return f"{self.url}: {printable(rel)}"
+        # built for every object opened, used only in errors: escape only what needs it
+        plain = rel.isascii() and rel.isprintable() and "\\" not in rel
+        return f"{self.url}: {rel if plain else printable(rel)}"
 
     def _parts(self, rel: str) -> list[str]:
         """The components of ``rel``, a path inside the remote (it may come
@@ -278,6 +280,7 @@ class LocalStore(Writer):
             self._store(rfd, uploads, reporter)
 
     def _store(self, rfd: int, uploads: list[Upload], reporter: Reporter) -> None:
+        touched: set[tuple[str, ...]] = set()
         for u in uploads:
             if u.path == CHAIN:
                 raise ValueError("the chain index is written by publish only")
@@ -298,11 +301,23 @@ class LocalStore(Writer):
                     raise IntegrityError(f"{self._what(u.path)} is a folder where an object belongs", hint=_HINT)
                 # a link, a FIFO or a partial object there is replaced, never written through
                 self._replace(pfd, name, _Range(u.source, u.offset, u.length), u.path, reporter)
-                os.fsync(pfd)
+                touched.update(tuple(parts[:k]) for k in range(1, len(parts)))
             except OSError as e:
                 raise io_error(self._what(u.path), e) from None
             finally:
                 os.close(pfd)
+        # each folder once, deepest first: the renames, and the folders made on their way, are durable
+        for folder in sorted(touched, key=len, reverse=True):
+            try:
+                fd = self._dir(rfd, list(folder))
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                raise io_error(self._what("/".join(folder)), e) from None
+        if touched:
+            os.fsync(rfd)
 
     @staticmethod
     def _holds(dir_fd: int, name: str, st: os.stat_result | None, u: Upload) -> bool:
