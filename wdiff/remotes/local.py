@@ -406,7 +406,8 @@ class LocalStore(Writer):
         what = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file" if not stat.S_ISREG(st.st_mode)
                 else f"a file with {st.st_nlink} names (a hard link)")
         return IntegrityError(f"{self._what(LOCK)} is {what}; wdiff locks the remote with a plain file of its own",
-                              hint=f"remove {os.path.join(self.root, LOCK)} if no push is running, then run the command again")
+                              hint=f"remove {os.path.join(self.root, LOCK)} if no push is running, "
+                                   "then run the command again")
 
     def delete(self, paths: list[str]) -> None:
         """Remove objects, each relative to its folder's descriptor: a
