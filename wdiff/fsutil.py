@@ -50,21 +50,44 @@ def clear_dead_temps(final: str, tag: str = "tmp") -> None:
     another PID namespace) costs that writer its run, never data: its
     rename into place then fails."""
     head, tail = os.path.split(os.path.abspath(final))
-    pat = re.compile(rf"\.{re.escape(tail)}\.wdiff-{re.escape(tag)}-(\d+)-(\d+)-[0-9a-f]{{8}}")
     try:
         names = os.listdir(head)
     except OSError:
         return
-    for n in names:
-        m = pat.fullmatch(n)
-        if m is None or owner_alive(int(m.group(1)), int(m.group(2))):
-            continue
+    for n in _dead_temps(names, tail, tag):
         p = os.path.join(head, n)
         with contextlib.suppress(OSError):
             if stat.S_ISDIR(os.lstat(p).st_mode):
                 shutil.rmtree(p)
             else:
                 os.unlink(p)
+
+
+def _dead_temps(names, tail: str, tag: str):
+    """The names among ``names`` that :func:`temp_name` made for ``tail`` and
+    whose owner no longer runs."""
+    pat = re.compile(rf"\.{re.escape(tail)}\.wdiff-{re.escape(tag)}-(\d+)-(\d+)-[0-9a-f]{{8}}")
+    for n in names:
+        m = pat.fullmatch(n)
+        if m is not None and not owner_alive(int(m.group(1)), int(m.group(2))):
+            yield n
+
+
+def clear_dead_temps_at(dir_fd: int, name: str, tag: str = "tmp") -> None:
+    """:func:`clear_dead_temps` for entry ``name`` of the open directory
+    ``dir_fd``: listed and removed relative to the descriptor, never through
+    a link (a planted link is removed itself; a planted folder is removed
+    with a walk that does not follow links either)."""
+    try:
+        names = os.listdir(dir_fd)
+    except OSError:
+        return
+    for n in _dead_temps(names, name, tag):
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.stat(n, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                shutil.rmtree(n, dir_fd=dir_fd)
+            else:
+                os.unlink(n, dir_fd=dir_fd)
 
 
 def write_all(fd: int, data, offset: int) -> None:
@@ -272,12 +295,31 @@ def open_regular(path: str, *, max_size: int | None = None, what: str | None = N
     writer forever. Callers still read at most ``max_size + 1`` bytes, since
     a file may grow after the check. FileNotFoundError and other OSErrors
     reach the caller, who knows what a missing file means there."""
-    import stat
-
-    from .errors import IntegrityError
-
     what = what or path
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    return _regular_file(fd, max_size, what)
+
+
+def open_regular_at(dir_fd: int, name: str, *, max_size: int | None = None, what: str):
+    """:func:`open_regular` for entry ``name`` of the open directory
+    ``dir_fd``, which is never followed when it is a link: a link there is
+    refused (IntegrityError) like any other file that is not a regular one."""
+    from .errors import IntegrityError
+
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise IntegrityError(f"{what}: a symbolic link, not a regular file") from None
+        raise
+    return _regular_file(fd, max_size, what)
+
+
+def _regular_file(fd: int, max_size: int | None, what: str):
+    """``fd`` as a file object, if it is a regular file of at most
+    ``max_size`` bytes; otherwise closed, and IntegrityError."""
+    from .errors import IntegrityError
+
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
