@@ -11,6 +11,7 @@ import re
 import secrets
 import shutil
 import stat
+import tempfile
 
 from .errors import BusyError, WdiffIOError
 
@@ -66,7 +67,13 @@ def clear_dead_temps(final: str, tag: str = "tmp") -> None:
 def _dead_temps(names, tail: str, tag: str):
     """The names among ``names`` that :func:`temp_name` made for ``tail`` and
     whose owner no longer runs."""
-    pat = re.compile(rf"\.{re.escape(tail)}\.wdiff-{re.escape(tag)}-(\d+)-(\d+)-[0-9a-f]{{8}}")
+    return _dead_owners(names, re.compile(rf"\.{re.escape(tail)}\.wdiff-{re.escape(tag)}-(\d+)-(\d+)-[0-9a-f]{{8}}"))
+
+
+def _dead_owners(names, pat: re.Pattern):
+    """The names among ``names`` that ``pat`` matches (its groups: the
+    owner's PID and start, as :func:`owner_tag` writes them) and whose owner
+    no longer runs."""
     for n in names:
         m = pat.fullmatch(n)
         if m is not None and not owner_alive(int(m.group(1)), int(m.group(2))):
@@ -89,6 +96,41 @@ def clear_dead_temps_at(dir_fd: int, name: str, tag: str = "tmp") -> None:
             else:
                 os.unlink(n, dir_fd=dir_fd)
 
+
+
+@contextlib.contextmanager
+def scratch_dir(what: str):
+    """A private work folder in the system's temporary directory, named
+    ``wdiff-WHAT-PID-START-RANDOM`` and removed on the way out. A run
+    killed before it could remove its own (a commit's downloaded parts, the
+    bundles gc re-packs, a squash of a pushed run: gigabytes each) leaves
+    one, and the next run that asks for a ``WHAT`` scratch removes those
+    whose owner is gone, so that a job killed from cron again and again does
+    not fill the disk. The folder is shared (anyone may plant a name there):
+    only this user's entries go, links are removed as links (never
+    followed), and a folder is removed by a walk that follows no link."""
+    base = tempfile.gettempdir()
+    pat = re.compile(rf"wdiff-{re.escape(what)}-(\d+)-(\d+)-[0-9a-f]{{8}}")
+    with contextlib.suppress(OSError):
+        for n in _dead_owners(os.listdir(base), pat):
+            p = os.path.join(base, n)
+            with contextlib.suppress(OSError):
+                st = os.lstat(p)
+                if st.st_uid != os.geteuid():
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(p)
+                else:
+                    os.unlink(p)
+    path = os.path.join(base, f"wdiff-{what}-{owner_tag()}-{secrets.token_hex(4)}")
+    try:
+        os.mkdir(path, 0o700)
+    except OSError as e:
+        raise io_error(path, e) from None
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 def write_all(fd: int, data, offset: int) -> None:
     mv = memoryview(data).cast("B")
@@ -225,18 +267,25 @@ _OWN_START: dict = {}
 
 
 def _start_time(pid: int) -> int:
+    return _proc_stat(pid)[1]
+
+
+def _proc_stat(pid: int) -> tuple[bytes, int]:
+    """The state letter and start time of process ``pid`` (``b"", 0`` where
+    /proc does not say)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-        return int(data[data.rindex(b")") + 2 :].split()[19])
+        fields = data[data.rindex(b")") + 2 :].split()
+        return fields[0], int(fields[19])
     except (OSError, ValueError, IndexError):
-        return 0
+        return b"", 0
 
 
 def owner_alive(pid: int, start: int | None) -> bool:
     """Whether the process that made an artefact tagged ``pid[-start]`` still runs.
     A tag that names no process (0, which ``kill`` reads as this process
-    group, or a number past any PID) has no live owner."""
+    group, or a number past any PID) has no live owner, nor has a zombie."""
     if not 0 < pid < 1 << 31:
         return False
     try:
@@ -245,7 +294,11 @@ def owner_alive(pid: int, start: int | None) -> bool:
         return False
     except PermissionError:
         pass
-    return start is not None and _start_time(pid) == start
+    if start is None:
+        return False
+    state, started = _proc_stat(pid)
+    # a zombie (killed, not yet reaped: its parent died with it) runs no more
+    return started == start and state not in (b"Z", b"X")
 
 
 def beside_lock_path(directory: str, *, follow: bool = True) -> str:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import ConflictError, IntegrityError, NotFoundError, UsageError
 from ..format import signature as signing
 from ..format.chain import GC_FOLDERS, Chain, Entry, Garbage
+from ..fsutil import scratch_dir
 from ..progress import SILENT, Reporter
 from ..remotes import open_remote
 from ..store.hashing import hexd, short
@@ -226,7 +227,7 @@ def gc(
                              published=_now_text(time.time()), signer=key.public_key.id_hex if key else None)
         encoded = new.encode()
         uploads = []
-        with tempfile.TemporaryDirectory(prefix="wdiff-gc-sig-") as tmp:
+        with scratch_dir("gc-sig") as tmp:
             if key is not None:
                 from .signatures import chain_signature
 
@@ -300,7 +301,7 @@ def _build_bridges(store, chain: Chain, bridges: list[Bridge], sign_key, work: s
 
     done: list[Bridge] = []
     with contextlib.ExitStack() as stack:
-        base_dir = work or stack.enter_context(tempfile.TemporaryDirectory(prefix="wdiff-gc-"))
+        base_dir = work or stack.enter_context(scratch_dir("gc"))
         os.makedirs(base_dir, exist_ok=True)
         ckpt = os.path.join(base_dir, "checkpoint")
         scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="wdiff-gc-bundles-", dir=base_dir))

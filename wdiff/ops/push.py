@@ -17,6 +17,7 @@ from ..errors import BaseMismatchError, IntegrityError, NotFoundError, UsageErro
 from ..format import signature as signing
 from ..format.bundle import BundleReader, check_records
 from ..format.chain import Chain, Entry, Part, part_paths
+from ..fsutil import scratch_dir
 from ..parallel import default_threads
 from ..progress import SILENT, Reporter
 from ..remotes import Upload, open_remote, parse_remote
@@ -388,7 +389,7 @@ def squash_remote(
                          hint="or squash from nothing to make an anchor")
     if len(run) == 1:
         return PushResult(store.url, run[0].bundle, goal, origin, len(run[0].parts), run[0].size, False, run[0].label)
-    with tempfile.TemporaryDirectory(prefix="wdiff-squash-") as work:
+    with scratch_dir("squash") as work:
         bundles = [download(store, e, work, reporter)[0] for e in run]
         out = os.path.join(work, "squash.wdb")
         squash(bundles, base, out, threads=threads, reporter=reporter)

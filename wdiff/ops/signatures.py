@@ -16,7 +16,7 @@ from ..errors import IntegrityError, NotFoundError
 from ..format import signature as signing
 from ..format.bundle import BundleReader, check_records
 from ..format.chain import Chain, Entry, chain_digest
-from ..fsutil import check_output
+from ..fsutil import check_output, scratch_dir
 from ..progress import SILENT, Reporter
 from ..remotes import Upload
 from ..store.hashing import hexd
@@ -98,7 +98,7 @@ class ChainTrust:
 
 def has_chain_signature(store, raw: bytes) -> bool:
     """Whether the remote holds a signature object for these chain bytes."""
-    with tempfile.TemporaryDirectory(prefix="wdiff-sig-") as tmp:
+    with scratch_dir("sig") as tmp:
         try:
             store.fetch(chain_signature_path(raw), os.path.join(tmp, "chain.minisig"), max_size=SIG_MAX)
         except NotFoundError:
@@ -115,7 +115,7 @@ def verify_chain(store, raw: bytes, chain: Chain, keys: list, *, max_age: float 
     (a downgraded signature) or ``max_age`` is asked for. With ``max_age``
     (seconds), a chain published longer ago than that is refused: a frozen
     remote."""
-    with tempfile.TemporaryDirectory(prefix="wdiff-sig-") as tmp:
+    with scratch_dir("sig") as tmp:
         chain_file = os.path.join(tmp, "chain.json")
         with open(chain_file, "wb") as f:
             f.write(raw)

@@ -35,7 +35,7 @@ from ..errors import BaseMismatchError, IntegrityError, NotFoundError, UsageErro
 from ..format import signature as signing
 from ..format.bundle import BundleReader
 from ..format.chain import Chain
-from ..fsutil import atomic_write_bytes
+from ..fsutil import atomic_write_bytes, scratch_dir
 from ..paths import printable
 from ..progress import SILENT, Reporter
 from ..remotes import Upload, open_remote
@@ -269,7 +269,7 @@ def commit(remote, *, stage: str, expect: int, label: str | None = None, sign_ke
     chain = Chain.decode(raw, where=store.url)
     remote_id = chain.lineage.remote if chain.lineage is not None else None
     where = f"{store.url}: stage {stage}"
-    with tempfile.TemporaryDirectory(prefix="wdiff-commit-") as work:
+    with scratch_dir("commit") as work:
         parts = _read_parts(store, prefix, stage, work, keys)
         check_parts(parts, where=where, stage=stage, remote=remote_id)
         if len(parts) != expect:

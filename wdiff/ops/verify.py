@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..format.bundle import BundleReader
+from ..fsutil import scratch_dir
 from ..parallel import default_threads
 from ..progress import SILENT, Reporter
 from ..store import manifest
@@ -108,8 +109,6 @@ def verify(directory, *, bundle=None, remote=None, version: str | None = None,
 def _files_of(store, chain, version: bytes, reporter: Reporter) -> dict:
     """The target file list of a version: from the index of a bundle that
     leads to it (the smallest one), fetched and checked like a pull does."""
-    import tempfile
-
     from .fetch import download
 
     entries = sorted((e for e in chain.entries if e.version == version), key=lambda e: e.size)
@@ -117,7 +116,7 @@ def _files_of(store, chain, version: bytes, reporter: Reporter) -> dict:
         from ..errors import NotFoundError
 
         raise NotFoundError(f"{store.url}: no bundle leads to version {hexd(version)[:12]}")
-    with tempfile.TemporaryDirectory(prefix="wdiff-verify-") as work:
+    with scratch_dir("verify") as work:
         path, _ = download(store, entries[0], work, reporter)
         with BundleReader(path) as r:
             return {f.path: f for f in r.index.files}

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 
 import xxhash
 
 from ...errors import ConflictError, IntegrityError, NotFoundError
+from ...fsutil import scratch_dir
 from ...progress import SILENT, Reporter
 from ..base import CHAIN, Upload, Writer, check_deletable, check_fetch_args, check_prefix, read_chain_file
 from .transfer import (
@@ -57,7 +57,7 @@ class BucketStore(Writer):
         if CHAIN not in have:
             return None, b""
         _refuse_large_chain(self.url, have[CHAIN])
-        with tempfile.TemporaryDirectory(prefix="wdiff-chain-") as tmp:
+        with scratch_dir("chain") as tmp:
             dest = os.path.join(tmp, CHAIN)
             with hub_errors(self.url, CHAIN):
                 self.api.download_bucket_files(self.bucket_id, [(self._remote(CHAIN), dest)], raise_on_missing_files=True)
