@@ -1,0 +1,301 @@
+"""pull --atomic --keep N: the version directories that pull --atomic made
+beside a link, and the removal of the oldest beyond N once the link has
+been switched (a cron job would otherwise grow the disk by one whole
+checkpoint per pull, for ever).
+
+Only directories this mechanism made for this link are ever removed. They
+are listed, oldest first, in ``PARENT/.LINK.wdiff-versions`` (written temp
++ fsync + rename under the link's lock), each by name and by the device and
+inode it had when it was made. The list is input: whoever can write the
+parent can write it. A name in it is removed only if it is a plain name
+(the pattern pull --atomic names versions with), is a plain directory
+directly in the parent (reached relative to the parent's descriptor, never
+through a link), is still the directory that was made (same device and
+inode: a directory the user made or renamed there is not), holds a
+``.wdiff/state.json`` recording a version of the remote being pulled, is
+not where the link points, and no other wdiff holds its lock. Anything else
+is dropped from the list and left where it is.
+
+A removal is crash-safe: the list first names the directory's temporary
+name (``.LINK.wdiff-old-HEX``), the directory is renamed to it (so a
+half-removed tree never looks like a version), removed, and then dropped
+from the list; the next pull finishes what a killed one left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import stat
+from dataclasses import dataclass
+
+from ..errors import BusyError, WdiffError
+from ..fsutil import beside_lock_path, io_error, locked_beside, owner_tag, write_all
+from ..paths import STATE_DIR
+from ..statedir import StateDir
+from ..store import record
+
+SCHEMA = "wdiff-atomic-versions/1"
+#: default --keep: the version the link points to and the one before it, for a rollback
+DEFAULT_KEEP = 2
+#: far more than any list of versions needs; a bigger file is not one wdiff wrote
+LIMIT = 1024 * 1024
+MAX_ENTRIES = 10_000
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str  # the version's directory, or (in ``removing``) its temporary name
+    dev: int
+    ino: int
+    origin: str = ""  # in ``removing``: the name it had as a version
+
+    def to_json(self) -> dict:
+        doc = {"name": self.name, "dev": self.dev, "ino": self.ino}
+        return doc | ({"origin": self.origin} if self.origin else {})
+
+
+def list_name(link_name: str) -> str:
+    return f".{link_name}.wdiff-versions"
+
+
+class Versions:
+    """The list of the versions made beside one link, opened relative to the
+    link's parent directory. Use under the link's lock."""
+
+    def __init__(self, link: str) -> None:
+        self.parent, self.link_name = os.path.split(os.path.abspath(link))
+        self.name = list_name(self.link_name)
+        self._trash = re.compile(rf"\.{re.escape(self.link_name)}\.wdiff-old-[0-9a-f]{{16}}")
+        try:
+            self.fd = os.open(self.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise io_error(self.parent, e) from None
+        self.versions: list[Entry] = []
+        self.removing: list[Entry] = []
+        self._sweep()
+        self._load()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Versions:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the list ----------------------------------------------------------------------
+
+    def _sweep(self) -> None:
+        """Under the link's lock no other writer of the list runs: its
+        temporaries left by a killed pull are debris."""
+        head = f"{self.name}-tmp-"
+        with contextlib.suppress(OSError):
+            for n in os.listdir(self.fd):
+                if n.startswith(head):
+                    with contextlib.suppress(OSError):
+                        os.unlink(n, dir_fd=self.fd)
+
+    def _load(self) -> None:
+        """Read the list; a file that is not one wdiff wrote counts as an
+        empty list (nothing is removed because of it; it is rewritten)."""
+        try:
+            fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError:
+            return
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
+            raw = os.read(fd, LIMIT + 1)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        try:
+            doc = json.loads(raw.decode("utf-8")) if len(raw) <= LIMIT else None
+        except (UnicodeDecodeError, ValueError):
+            doc = None
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("link") != self.link_name:
+            return
+        self.versions = _entries(doc.get("versions"), SAFE_NAME)
+        self.removing = [e for e in _entries(doc.get("removing"), self._trash)
+                         if SAFE_NAME.fullmatch(e.origin)]
+
+    def save(self) -> None:
+        doc = {"schema": SCHEMA, "link": self.link_name, "versions": [e.to_json() for e in self.versions],
+               "removing": [e.to_json() for e in self.removing]}
+        data = json.dumps(doc, indent=1).encode("utf-8") + b"\n"
+        tmp = f"{self.name}-tmp-{owner_tag()}-{secrets.token_hex(4)}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                         dir_fd=self.fd)
+            try:
+                write_all(fd, data, 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            os.fsync(self.fd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self.fd)
+            raise io_error(os.path.join(self.parent, self.name), e) from None
+
+    def add(self, path: str) -> None:
+        """Record ``path`` (a directory just made beside the link) as the newest version."""
+        name = os.path.basename(path)
+        st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        self.versions = [e for e in self.versions if e.name != name] + [Entry(name, st.st_dev, st.st_ino)]
+        self.save()
+
+    # -- removal -----------------------------------------------------------------------
+
+    def _is(self, e: Entry) -> bool:
+        """Whether ``e.name`` is still the plain directory that was recorded."""
+        try:
+            st = os.stat(e.name, dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == (e.dev, e.ino)
+
+    def finish(self) -> list[str]:
+        """Finish the removals a killed pull left: remove the temporary
+        directories still there; a version not yet renamed goes back to the
+        front of the list (it is judged again like the others)."""
+        done, back = [], []
+        for e in self.removing:
+            if self._is(e):
+                self._remove_tree(e.name)
+                done.append(os.path.join(self.parent, e.origin))
+            elif self._is(Entry(e.origin, e.dev, e.ino)):
+                back.append(Entry(e.origin, e.dev, e.ino))
+        if self.removing:
+            self.versions = back + [v for v in self.versions if v.name not in {b.name for b in back}]
+            self.removing = []
+            self.save()
+        return done
+
+    def prune(self, keep: int, *, target: str, known, reporter) -> list[str]:
+        """Remove the oldest recorded versions beyond ``keep`` (counting the
+        one the link points to, ``target``; 0 keeps all), each only if it
+        passes every check in the module's docstring; ``known``: the
+        versions of the remote. The paths removed, oldest first. The pull
+        has succeeded by now: a removal that fails is a warning, and the
+        next pull tries again."""
+        try:
+            removed = self.finish()
+        except WdiffError as e:
+            reporter.warn(f"{e} (an old version is left for the next pull to remove)")
+            return []
+        try:
+            t = os.stat(target, follow_symlinks=True)
+            here = (t.st_dev, t.st_ino)
+        except OSError:
+            here = None
+        valid = [e for e in self.versions if self._is(e)]
+        others = [e for e in valid if (e.dev, e.ino) != here]
+        victims = others[: max(0, len(others) - (keep - 1))] if keep > 0 else []
+        if len(valid) != len(self.versions):
+            self.versions = valid
+            self.save()
+        for e in victims:
+            ok = self._version_of(e, known)
+            if ok is False:  # not a version of this remote (any more): not ours to remove
+                self.versions = [v for v in self.versions if v != e]
+                self.save()
+            elif ok:
+                try:
+                    if self._remove(e):
+                        removed.append(os.path.join(self.parent, e.name))
+                except WdiffError as err:
+                    reporter.warn(f"{err} (an old version is left for the next pull to remove)")
+        return removed
+
+    def _version_of(self, e: Entry, known) -> bool | None:
+        """Whether ``e`` holds a record of a version in ``known``; None when
+        that cannot be told now (another wdiff holds it)."""
+        try:
+            fd = os.open(e.name, _DIR_FLAGS, dir_fd=self.fd)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (e.dev, e.ino):
+                return False
+            top = StateDir(fd, os.path.join(self.parent, e.name), st.st_uid)
+            fd = -1
+            with top:
+                state = top.sub(STATE_DIR, create=False)
+                if state is None:
+                    return False
+                with state:
+                    rec = record.read(state)
+            return rec is not None and rec.version in known
+        except WdiffError:
+            return False
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _remove(self, e: Entry) -> bool:
+        """Rename ``e`` to a temporary name, then remove it, under its own
+        lock (a pull or apply into that directory holds it: then it stays)."""
+        path = os.path.join(self.parent, e.name)
+        trash = Entry(f".{self.link_name}.wdiff-old-{secrets.token_hex(8)}", e.dev, e.ino, origin=e.name)
+        try:
+            with locked_beside(beside_lock_path(path), what=path):
+                if not self._is(e):
+                    return False
+                self.removing.append(trash)
+                self.versions = [v for v in self.versions if v != e]
+                self.save()
+                try:
+                    os.rename(e.name, trash.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                    os.fsync(self.fd)
+                except OSError as err:
+                    raise io_error(path, err) from None
+        except BusyError:
+            return False
+        self._remove_tree(trash.name)
+        self.removing = [r for r in self.removing if r != trash]
+        self.save()
+        return True
+
+    def _remove_tree(self, name: str) -> None:
+        # relative to the parent's descriptor; shutil.rmtree never follows a
+        # link inside the tree; one put in the place of the top (a race) is
+        # removed itself, never followed
+        try:
+            if not stat.S_ISDIR(os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mode):
+                os.unlink(name, dir_fd=self.fd)
+                return
+            shutil.rmtree(name, dir_fd=self.fd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise io_error(os.path.join(self.parent, name), e) from None
+
+
+def _entries(raw, pattern: re.Pattern) -> list[Entry]:
+    """The well-formed entries of a list read from disk (others are dropped)."""
+    out: list[Entry] = []
+    if not isinstance(raw, list):
+        return out
+    for item in raw[:MAX_ENTRIES]:
+        if not isinstance(item, dict):
+            continue
+        name, dev, ino, origin = item.get("name"), item.get("dev"), item.get("ino"), item.get("origin", "")
+        if (isinstance(name, str) and pattern.fullmatch(name) and isinstance(origin, str)
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (dev, ino))
+                and all(x.name != name for x in out)):
+            out.append(Entry(name, dev, ino, origin))
+    return out
