@@ -11,10 +11,14 @@ parent can write it. A name in it is removed only if it is a plain name
 (the pattern pull --atomic names versions with), is a plain directory
 directly in the parent (reached relative to the parent's descriptor, never
 through a link), is still the directory that was made (same device and
-inode: a directory the user made or renamed there is not), holds a
-``.wdiff/state.json`` recording a version of the remote being pulled, is
-not where the link points, and no other wdiff holds its lock. Anything else
-is dropped from the list and left where it is.
+inode: a directory the user made or renamed there is not), the entry
+carries a valid MAC (HMAC-SHA256, under a key kept in this user's state
+directory, over the parent's device and inode, the link's name, the
+version's name, device and inode: whoever can write the parent cannot list
+a directory of theirs or the user's, nor copy a list from elsewhere), the
+directory holds a ``.wdiff/state.json`` recording a version of the remote
+being pulled, is not where the link points, and no other wdiff holds its
+lock. Anything else is dropped from the list and left where it is.
 
 A removal is crash-safe: the list first names the directory's temporary
 name (``.LINK.wdiff-old-HEX``), the directory is renamed to it (so a
@@ -25,6 +29,8 @@ from the list; the next pull finishes what a killed one left.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -33,11 +39,13 @@ import shutil
 import stat
 from dataclasses import dataclass
 
-from ..errors import BusyError, WdiffError
-from ..fsutil import beside_lock_path, io_error, locked_beside, owner_tag, write_all
+from ..errors import BusyError, IntegrityError, WdiffError
+from ..fsutil import (beside_lock_path, fsync_dir, io_error, locked_beside, open_regular, owner_tag, temp_name,
+                      write_all)
 from ..paths import STATE_DIR
 from ..statedir import StateDir
 from ..store import record
+from .trust import user_state_dir
 
 SCHEMA = "wdiff-atomic-versions/1"
 #: default --keep: the version the link points to and the one before it, for a rollback
@@ -46,19 +54,22 @@ DEFAULT_KEEP = 2
 LIMIT = 1024 * 1024
 MAX_ENTRIES = 10_000
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+KEY_FILE = "atomic-versions.key"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
 class Entry:
-    name: str  # the version's directory, or (in ``removing``) its temporary name
+    name: str  # the version's directory, as pull --atomic named it
     dev: int
     ino: int
-    origin: str = ""  # in ``removing``: the name it had as a version
+    mac: str  # binds name, device and inode to this link's parent and this user's key
+    trash: str = ""  # in ``removing``: the temporary name it is renamed to before removal
 
     def to_json(self) -> dict:
-        doc = {"name": self.name, "dev": self.dev, "ino": self.ino}
-        return doc | ({"origin": self.origin} if self.origin else {})
+        doc = {"name": self.name, "dev": self.dev, "ino": self.ino, "mac": self.mac}
+        return doc | ({"trash": self.trash} if self.trash else {})
 
 
 def list_name(link_name: str) -> str:
@@ -79,8 +90,19 @@ class Versions:
             raise io_error(self.parent, e) from None
         self.versions: list[Entry] = []
         self.removing: list[Entry] = []
-        self._sweep()
-        self._load()
+        try:
+            st = os.fstat(self.fd)
+            self._where = f"{SCHEMA}\0{st.st_dev}\0{st.st_ino}\0{self.link_name}\0".encode()
+            self._sweep()
+            try:
+                self._key, self._no_key = user_key(), None
+            except WdiffError as e:  # no list can be trusted, or written: nothing is removed
+                self._key, self._no_key = b"", e
+            else:
+                self._load()
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -95,6 +117,9 @@ class Versions:
 
     # -- the list ----------------------------------------------------------------------
 
+    def _mac(self, name: str, dev: int, ino: int) -> str:
+        return hmac.new(self._key, self._where + f"{name}\0{dev}\0{ino}".encode(), hashlib.sha256).hexdigest()
+
     def _sweep(self) -> None:
         """Under the link's lock no other writer of the list runs: its
         temporaries left by a killed pull are debris."""
@@ -106,14 +131,17 @@ class Versions:
                         os.unlink(n, dir_fd=self.fd)
 
     def _load(self) -> None:
-        """Read the list; a file that is not one wdiff wrote counts as an
-        empty list (nothing is removed because of it; it is rewritten)."""
+        """Read the list; a file that is not one wdiff wrote (not a regular
+        file, too large, not this link's, another user's) counts as an empty
+        list, and an entry whose MAC does not hold is dropped: nothing is
+        removed because of them. The list is rewritten by the next save."""
         try:
             fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd)
         except OSError:
             return
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
                 return
             raw = os.read(fd, LIMIT + 1)
         except OSError:
@@ -122,13 +150,14 @@ class Versions:
             os.close(fd)
         try:
             doc = json.loads(raw.decode("utf-8")) if len(raw) <= LIMIT else None
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
             doc = None
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("link") != self.link_name:
             return
-        self.versions = _entries(doc.get("versions"), SAFE_NAME)
-        self.removing = [e for e in _entries(doc.get("removing"), self._trash)
-                         if SAFE_NAME.fullmatch(e.origin)]
+        ok = [e for e in _entries(doc.get("versions")) + _entries(doc.get("removing"))
+              if hmac.compare_digest(e.mac, self._mac(e.name, e.dev, e.ino))]
+        self.versions = [e for e in ok if not e.trash]
+        self.removing = [e for e in ok if e.trash and self._trash.fullmatch(e.trash)]
 
     def save(self) -> None:
         doc = {"schema": SCHEMA, "link": self.link_name, "versions": [e.to_json() for e in self.versions],
@@ -150,19 +179,27 @@ class Versions:
                 os.unlink(tmp, dir_fd=self.fd)
             raise io_error(os.path.join(self.parent, self.name), e) from None
 
-    def add(self, path: str) -> None:
-        """Record ``path`` (a directory just made beside the link) as the newest version."""
+    def add(self, path: str, reporter) -> None:
+        """Record ``path`` (a directory just made beside the link) as the
+        newest version. The version is whole already: a list that cannot be
+        written costs a warning (that directory is never removed), not the pull."""
         name = os.path.basename(path)
-        st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
-        self.versions = [e for e in self.versions if e.name != name] + [Entry(name, st.st_dev, st.st_ino)]
-        self.save()
+        if self._no_key:
+            return
+        try:
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+            entry = Entry(name, st.st_dev, st.st_ino, self._mac(name, st.st_dev, st.st_ino))
+            self.versions = [e for e in self.versions if e.name != name] + [entry]
+            self.save()
+        except (WdiffError, OSError) as e:
+            reporter.warn(f"{e} ({path} is not listed: pull --atomic will never remove it)")
 
     # -- removal -----------------------------------------------------------------------
 
-    def _is(self, e: Entry) -> bool:
-        """Whether ``e.name`` is still the plain directory that was recorded."""
+    def _is(self, name: str, e: Entry) -> bool:
+        """Whether ``name`` is (still) the plain directory ``e`` recorded."""
         try:
-            st = os.stat(e.name, dir_fd=self.fd, follow_symlinks=False)
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
         except OSError:
             return False
         return stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == (e.dev, e.ino)
@@ -173,13 +210,14 @@ class Versions:
         front of the list (it is judged again like the others)."""
         done, back = [], []
         for e in self.removing:
-            if self._is(e):
-                self._remove_tree(e.name)
-                done.append(os.path.join(self.parent, e.origin))
-            elif self._is(Entry(e.origin, e.dev, e.ino)):
-                back.append(Entry(e.origin, e.dev, e.ino))
+            if self._is(e.trash, e):
+                self._remove_tree(e.trash)
+                done.append(os.path.join(self.parent, e.name))
+            elif self._is(e.name, e):
+                back.append(Entry(e.name, e.dev, e.ino, e.mac))
         if self.removing:
-            self.versions = back + [v for v in self.versions if v.name not in {b.name for b in back}]
+            names = {b.name for b in back}
+            self.versions = back + [v for v in self.versions if v.name not in names]
             self.removing = []
             self.save()
         return done
@@ -191,38 +229,37 @@ class Versions:
         versions of the remote. The paths removed, oldest first. The pull
         has succeeded by now: a removal that fails is a warning, and the
         next pull tries again."""
-        try:
-            removed = self.finish()
-        except WdiffError as e:
-            reporter.warn(f"{e} (an old version is left for the next pull to remove)")
+        if self._no_key:
+            reporter.warn(f"{self._no_key} (no old version is removed)")
             return []
         try:
+            removed = self.finish()
             t = os.stat(target, follow_symlinks=True)
             here = (t.st_dev, t.st_ino)
-        except OSError:
-            here = None
-        valid = [e for e in self.versions if self._is(e)]
+            valid = [e for e in self.versions if self._is(e.name, e)]
+            if len(valid) != len(self.versions):  # gone, or no longer the directory that was made
+                self.versions = valid
+                self.save()
+        except (WdiffError, OSError) as e:
+            reporter.warn(f"{e} (old versions are left for the next pull to remove)")
+            return []
         others = [e for e in valid if (e.dev, e.ino) != here]
         victims = others[: max(0, len(others) - (keep - 1))] if keep > 0 else []
-        if len(valid) != len(self.versions):
-            self.versions = valid
-            self.save()
         for e in victims:
-            ok = self._version_of(e, known)
-            if ok is False:  # not a version of this remote (any more): not ours to remove
-                self.versions = [v for v in self.versions if v != e]
-                self.save()
-            elif ok:
-                try:
-                    if self._remove(e):
-                        removed.append(os.path.join(self.parent, e.name))
-                except WdiffError as err:
-                    reporter.warn(f"{err} (an old version is left for the next pull to remove)")
+            try:
+                ok = self._version_of(e, known)
+                if ok is False:  # not a version of this remote (any more): not ours to remove
+                    self.versions = [v for v in self.versions if v != e]
+                    self.save()
+                elif ok and self._remove(e):
+                    removed.append(os.path.join(self.parent, e.name))
+            except WdiffError as err:
+                reporter.warn(f"{err} (an old version is left for the next pull to remove)")
         return removed
 
-    def _version_of(self, e: Entry, known) -> bool | None:
-        """Whether ``e`` holds a record of a version in ``known``; None when
-        that cannot be told now (another wdiff holds it)."""
+    def _version_of(self, e: Entry, known) -> bool:
+        """Whether ``e`` holds a record of a version in ``known``, reached
+        without following a link."""
         try:
             fd = os.open(e.name, _DIR_FLAGS, dir_fd=self.fd)
         except OSError:
@@ -250,23 +287,23 @@ class Versions:
         """Rename ``e`` to a temporary name, then remove it, under its own
         lock (a pull or apply into that directory holds it: then it stays)."""
         path = os.path.join(self.parent, e.name)
-        trash = Entry(f".{self.link_name}.wdiff-old-{secrets.token_hex(8)}", e.dev, e.ino, origin=e.name)
+        gone = Entry(e.name, e.dev, e.ino, e.mac, trash=f".{self.link_name}.wdiff-old-{secrets.token_hex(8)}")
         try:
             with locked_beside(beside_lock_path(path), what=path):
-                if not self._is(e):
+                if not self._is(e.name, e):
                     return False
-                self.removing.append(trash)
+                self.removing.append(gone)
                 self.versions = [v for v in self.versions if v != e]
                 self.save()
                 try:
-                    os.rename(e.name, trash.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                    os.rename(e.name, gone.trash, src_dir_fd=self.fd, dst_dir_fd=self.fd)
                     os.fsync(self.fd)
                 except OSError as err:
                     raise io_error(path, err) from None
         except BusyError:
             return False
-        self._remove_tree(trash.name)
-        self.removing = [r for r in self.removing if r != trash]
+        self._remove_tree(gone.trash)
+        self.removing = [r for r in self.removing if r != gone]
         self.save()
         return True
 
@@ -285,7 +322,45 @@ class Versions:
             raise io_error(os.path.join(self.parent, name), e) from None
 
 
-def _entries(raw, pattern: re.Pattern) -> list[Entry]:
+def user_key() -> bytes:
+    """This user's key for the lists' MACs (``$WDIFF_STATE_DIR/atomic-versions.key``,
+    32 random bytes made on first use). A key file that is not one wdiff
+    made is an error: a MAC under a key someone else chose binds nothing."""
+    d = user_state_dir()
+    path = os.path.join(d, KEY_FILE)
+    for _ in range(2):
+        try:
+            with open_regular(path, max_size=32) as f:
+                key, owner = f.read(33), os.fstat(f.fileno()).st_uid
+            if len(key) != 32 or owner != os.geteuid():
+                raise IntegrityError(f"{path}: not a key wdiff made")
+            return key
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise io_error(path, e) from None
+        try:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            tmp = temp_name(path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                write_all(fd, secrets.token_bytes(32), 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)  # never over a key another process made first
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp)
+            fsync_dir(d)
+        except OSError as e:
+            raise io_error(path, e) from None
+    raise IntegrityError(f"{path}: vanished while being made")
+
+
+def _entries(raw) -> list[Entry]:
     """The well-formed entries of a list read from disk (others are dropped)."""
     out: list[Entry] = []
     if not isinstance(raw, list):
@@ -293,9 +368,11 @@ def _entries(raw, pattern: re.Pattern) -> list[Entry]:
     for item in raw[:MAX_ENTRIES]:
         if not isinstance(item, dict):
             continue
-        name, dev, ino, origin = item.get("name"), item.get("dev"), item.get("ino"), item.get("origin", "")
-        if (isinstance(name, str) and pattern.fullmatch(name) and isinstance(origin, str)
+        name, dev, ino, mac, trash = (item.get(k) for k in ("name", "dev", "ino", "mac", "trash"))
+        trash = "" if trash is None else trash
+        if (isinstance(name, str) and SAFE_NAME.fullmatch(name) and isinstance(trash, str)
+                and isinstance(mac, str) and _HEX64.fullmatch(mac)
                 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (dev, ino))
                 and all(x.name != name for x in out)):
-            out.append(Entry(name, dev, ino, origin))
+            out.append(Entry(name, dev, ino, mac, trash))
     return out
