@@ -23,11 +23,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from factory import mutate, rand, tree, write_ckpt
+from schemacheck import errors
 
 import wdiff
 
 WD = [sys.executable, "-m", "wdiff"]
 LIST = ".current.wdiff-versions"
+SCHEMA = json.loads((Path(__file__).parent.parent / "wdiff" / "cli" / "schemas" / "pull.json").read_text())
 
 
 @pytest.fixture
@@ -102,7 +104,8 @@ def test_cron_pulls_keep_the_target_and_the_one_before_it(env, tmp_path):
         assert os.listdir(site / "start") == []  # the user's own directory, untouched
         gone = [str(site / n) for n in made[-3:-2]]
         if k % 2:
-            assert json.loads(r.stdout)["removed"] == gone
+            doc = json.loads(r.stdout)
+            assert doc["removed"] == gone and errors(SCHEMA, doc) == [], doc
         else:
             assert [ln for ln in r.stdout.splitlines() if ln.startswith("removed")] == \
                 [f"removed the old version {g}" for g in gone]

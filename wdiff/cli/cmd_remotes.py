@@ -158,6 +158,11 @@ def pull(
     (status 5), and replaced with --force. A
     symbolic link DIR is followed and its target updated; with --atomic the
     new version is built beside the target and the link switched to it.
+    Then the oldest version directories that --atomic made for this link
+    are removed beyond --keep N (default 2: the one the link points to and
+    the one before it, for a rollback; 0 keeps all); a directory it did not
+    make (the one the link first pointed to, one you renamed) is never
+    removed.
     """
     from ..ops.pull import pull as run_pull
 
