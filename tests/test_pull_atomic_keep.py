@@ -127,6 +127,25 @@ def test_keep_counts_the_target(env, tmp_path, keep, stays):
     assert versions_beside(site) == set(made[-stays:])
 
 
+def test_the_version_kept_for_a_rollback_is_the_one_the_link_left(env, tmp_path):
+    """The user points the link back at the version before (a rollback by
+    hand); the next pull builds the head from there and keeps that one, the
+    directory it just replaced, and removes the newer one it had left."""
+    head = Head(tmp_path)
+    site, link = site_of(tmp_path)
+    made = []
+    for _ in range(3):
+        made.append(head.next())
+        cli("pull", "-q", head.remote, link, "--atomic", env=env)
+    os.symlink(made[1], site / "rollback")
+    os.replace(site / "rollback", link)
+    made.append(head.next())
+    r = cli("pull", "--json", head.remote, link, "--atomic", env=env)
+    assert json.loads(r.stdout)["removed"] == [str(site / made[2])]
+    assert versions_beside(site) == {made[1], made[3]} and tree(link) == head.trees[made[3]]
+    assert tree(site / made[1]) == head.trees[made[1]]
+
+
 def test_keep_is_refused_without_atomic_or_below_zero(env, tmp_path):
     head = Head(tmp_path)
     site, link = site_of(tmp_path)

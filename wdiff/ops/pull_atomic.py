@@ -76,7 +76,7 @@ def _pull_locked(store, keys, read, chain, goal: bytes, link: str, old: str, thr
         # only now may what it pointed to before go (old's lock is released,
         # so the removal takes it again, as it takes every victim's)
         with Versions(link) as versions:
-            removed = versions.prune(keep, target=res.directory, known=chain.versions, reporter=reporter)
+            removed = versions.prune(keep, known=chain.versions, reporter=reporter)
     reporter.done()
     return dataclasses.replace(res, removed=tuple(removed))
 
@@ -120,7 +120,7 @@ def _build(store, keys, read, chain, goal: bytes, link: str, old: str, threads: 
             with reading(bundle) as r, StateDir.open(new) as fresh:
                 record_target(fresh, r.index)
             with Versions(link) as versions:  # listed before the switch: never a version we did not list
-                versions.add(new, reporter)
+                versions.add(new, old, reporter)
         finally:
             work.close()
         clear_work(state)  # done: nothing in the work area is needed again

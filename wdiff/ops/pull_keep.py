@@ -179,9 +179,12 @@ class Versions:
                 os.unlink(tmp, dir_fd=self.fd)
             raise io_error(os.path.join(self.parent, self.name), e) from None
 
-    def add(self, path: str, reporter) -> None:
+    def add(self, path: str, previous: str, reporter) -> None:
         """Record ``path`` (a directory just made beside the link) as the
-        newest version. The version is whole already: a list that cannot be
+        newest version, and ``previous`` (the link's target until now, when
+        listed) as the one before it: the version kept for a rollback is
+        the one the link left, even when the user had pointed it back at an
+        older one. The version is whole already: a list that cannot be
         written costs a warning (that directory is never removed), not the pull."""
         name = os.path.basename(path)
         if self._no_key:
@@ -189,7 +192,13 @@ class Versions:
         try:
             st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
             entry = Entry(name, st.st_dev, st.st_ino, self._mac(name, st.st_dev, st.st_ino))
-            self.versions = [e for e in self.versions if e.name != name] + [entry]
+            try:
+                was = os.stat(previous, follow_symlinks=False)
+                left = [e for e in self.versions if (e.dev, e.ino) == (was.st_dev, was.st_ino)]
+            except OSError:
+                left = []
+            rest = [e for e in self.versions if e.name != name and e not in left]
+            self.versions = rest + left + [entry]
             self.save()
         except (WdiffError, OSError) as e:
             reporter.warn(f"{e} ({path} is not listed: pull --atomic will never remove it)")
@@ -222,9 +231,9 @@ class Versions:
             self.save()
         return done
 
-    def prune(self, keep: int, *, target: str, known, reporter) -> list[str]:
+    def prune(self, keep: int, *, known, reporter) -> list[str]:
         """Remove the oldest recorded versions beyond ``keep`` (counting the
-        one the link points to, ``target``; 0 keeps all), each only if it
+        one the link points to; 0 keeps all), each only if it
         passes every check in the module's docstring; ``known``: the
         versions of the remote. The paths removed, oldest first. The pull
         has succeeded by now: a removal that fails is a warning, and the
@@ -234,8 +243,7 @@ class Versions:
             return []
         try:
             removed = self.finish()
-            t = os.stat(target, follow_symlinks=True)
-            here = (t.st_dev, t.st_ino)
+            here = self._target()
             valid = [e for e in self.versions if self._is(e.name, e)]
             if len(valid) != len(self.versions):  # gone, or no longer the directory that was made
                 self.versions = valid
@@ -256,6 +264,14 @@ class Versions:
             except WdiffError as err:
                 reporter.warn(f"{err} (an old version is left for the next pull to remove)")
         return removed
+
+    def _target(self) -> tuple[int, int] | None:
+        """(device, inode) of the directory the link points to now."""
+        try:
+            st = os.stat(self.link_name, dir_fd=self.fd, follow_symlinks=True)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
 
     def _version_of(self, e: Entry, known) -> bool:
         """Whether ``e`` holds a record of a version in ``known``, reached
@@ -290,8 +306,8 @@ class Versions:
         gone = Entry(e.name, e.dev, e.ino, e.mac, trash=f".{self.link_name}.wdiff-old-{secrets.token_hex(8)}")
         try:
             with locked_beside(beside_lock_path(path), what=path):
-                if not self._is(e.name, e):
-                    return False
+                if not self._is(e.name, e) or self._target() in (None, (e.dev, e.ino)):
+                    return False  # gone, replaced, or where the link points (now, whoever moved it)
                 self.removing.append(gone)
                 self.versions = [v for v in self.versions if v != e]
                 self.save()
