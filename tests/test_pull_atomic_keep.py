@@ -12,6 +12,7 @@ version, and the next pull finishes the removal. Real command line only."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -144,6 +145,29 @@ def test_the_version_kept_for_a_rollback_is_the_one_the_link_left(env, tmp_path)
     assert json.loads(r.stdout)["removed"] == [str(site / made[2])]
     assert versions_beside(site) == {made[1], made[3]} and tree(link) == head.trees[made[3]]
     assert tree(site / made[1]) == head.trees[made[1]]
+
+
+def test_a_version_another_wdiff_is_writing_stays_until_the_next_pull(env, tmp_path):
+    """An old version whose lock another process holds (as a pull or an
+    in-place apply into it does) is not removed under it: the pull succeeds
+    and the next one, the lock released, removes it."""
+    head = Head(tmp_path)
+    site, link = site_of(tmp_path)
+    made = []
+    for _ in range(2):
+        made.append(head.next())
+        cli("pull", "-q", head.remote, link, "--atomic", env=env)
+    fd = os.open(site / f".{made[0]}.wdiff-lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        made.append(head.next())
+        r = cli("pull", "--json", head.remote, link, "--atomic", env=env)
+        assert json.loads(r.stdout)["removed"] == [] and versions_beside(site) == set(made)
+        assert tree(site / made[0]) == head.trees[made[0]]
+    finally:
+        os.close(fd)
+    r = cli("pull", "--json", head.remote, link, "--atomic", env=env)
+    assert json.loads(r.stdout)["removed"] == [str(site / made[0])] and versions_beside(site) == set(made[1:])
 
 
 def test_keep_is_refused_without_atomic_or_below_zero(env, tmp_path):

@@ -305,7 +305,10 @@ class Versions:
         path = os.path.join(self.parent, e.name)
         gone = Entry(e.name, e.dev, e.ino, e.mac, trash=f".{self.link_name}.wdiff-old-{secrets.token_hex(8)}")
         try:
-            with locked_beside(beside_lock_path(path), what=path):
+            # the lock a pull or apply of that directory takes (beside its real
+            # path), found without following the name itself: it may be a link by now
+            lock = beside_lock_path(os.path.join(os.path.realpath(self.parent), e.name), follow=False)
+            with locked_beside(lock, what=path):
                 if not self._is(e.name, e) or self._target() in (None, (e.dev, e.ino)):
                     return False  # gone, replaced, or where the link points (now, whoever moved it)
                 self.removing.append(gone)
