@@ -170,6 +170,22 @@ def test_a_version_another_wdiff_is_writing_stays_until_the_next_pull(env, tmp_p
     assert json.loads(r.stdout)["removed"] == [str(site / made[0])] and versions_beside(site) == set(made[1:])
 
 
+def test_versions_the_remote_gc_dropped_are_still_removed(env, tmp_path):
+    """The remote's gc forgets old versions; the directories pull --atomic
+    built for them still hold the version it listed them with, and go."""
+    head = Head(tmp_path)
+    site, link = site_of(tmp_path)
+    made = []
+    for _ in range(3):
+        made.append(head.next())
+        cli("pull", "-q", head.remote, link, "--atomic", "--keep", "0", env=env)
+    cli("gc", "-q", head.remote, "--keep-last", "1", "--grace", "0", env=env)
+    made.append(head.next())
+    r = cli("pull", "--json", head.remote, link, "--atomic", env=env)
+    assert json.loads(r.stdout)["removed"] == [str(site / n) for n in made[:2]]
+    assert versions_beside(site) == set(made[2:]) and tree(link) == head.trees[made[-1]]
+
+
 def test_keep_is_refused_without_atomic_or_below_zero(env, tmp_path):
     head = Head(tmp_path)
     site, link = site_of(tmp_path)
@@ -181,7 +197,7 @@ def test_keep_is_refused_without_atomic_or_below_zero(env, tmp_path):
 
 
 def _entry(name: str, st: os.stat_result, mac: str, **extra) -> dict:
-    return {"name": name, "dev": st.st_dev, "ino": st.st_ino, "mac": mac} | extra
+    return {"name": name, "dev": st.st_dev, "ino": st.st_ino, "version": "0" * 32, "mac": mac} | extra
 
 
 def test_planted_list_entries_never_remove_what_is_not_ours(env, tmp_path):

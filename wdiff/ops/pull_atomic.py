@@ -120,7 +120,7 @@ def _build(store, keys, read, chain, goal: bytes, link: str, old: str, threads: 
             with reading(bundle) as r, StateDir.open(new) as fresh:
                 record_target(fresh, r.index)
             with Versions(link) as versions:  # listed before the switch: never a version we did not list
-                versions.add(new, old, reporter)
+                versions.add(new, goal, old, reporter)
         finally:
             work.close()
         clear_work(state)  # done: nothing in the work area is needed again

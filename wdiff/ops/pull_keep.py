@@ -55,6 +55,7 @@ LIMIT = 1024 * 1024
 MAX_ENTRIES = 10_000
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX32 = re.compile(r"[0-9a-f]{32}")
 KEY_FILE = "atomic-versions.key"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -64,11 +65,12 @@ class Entry:
     name: str  # the version's directory, as pull --atomic named it
     dev: int
     ino: int
-    mac: str  # binds name, device and inode to this link's parent and this user's key
+    version: str  # hex fingerprint of the version built there
+    mac: str  # binds the above to this link's parent and this user's key
     trash: str = ""  # in ``removing``: the temporary name it is renamed to before removal
 
     def to_json(self) -> dict:
-        doc = {"name": self.name, "dev": self.dev, "ino": self.ino, "mac": self.mac}
+        doc = {"name": self.name, "dev": self.dev, "ino": self.ino, "version": self.version, "mac": self.mac}
         return doc | ({"trash": self.trash} if self.trash else {})
 
 
@@ -117,8 +119,9 @@ class Versions:
 
     # -- the list ----------------------------------------------------------------------
 
-    def _mac(self, name: str, dev: int, ino: int) -> str:
-        return hmac.new(self._key, self._where + f"{name}\0{dev}\0{ino}".encode(), hashlib.sha256).hexdigest()
+    def _mac(self, name: str, dev: int, ino: int, version: str) -> str:
+        return hmac.new(self._key, self._where + f"{name}\0{dev}\0{ino}\0{version}".encode(),
+                        hashlib.sha256).hexdigest()
 
     def _sweep(self) -> None:
         """Under the link's lock no other writer of the list runs: its
@@ -155,7 +158,7 @@ class Versions:
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("link") != self.link_name:
             return
         ok = [e for e in _entries(doc.get("versions")) + _entries(doc.get("removing"))
-              if hmac.compare_digest(e.mac, self._mac(e.name, e.dev, e.ino))]
+              if hmac.compare_digest(e.mac, self._mac(e.name, e.dev, e.ino, e.version))]
         self.versions = [e for e in ok if not e.trash]
         self.removing = [e for e in ok if e.trash and self._trash.fullmatch(e.trash)]
 
@@ -179,7 +182,7 @@ class Versions:
                 os.unlink(tmp, dir_fd=self.fd)
             raise io_error(os.path.join(self.parent, self.name), e) from None
 
-    def add(self, path: str, previous: str, reporter) -> None:
+    def add(self, path: str, version: bytes, previous: str, reporter) -> None:
         """Record ``path`` (a directory just made beside the link) as the
         newest version, and ``previous`` (the link's target until now, when
         listed) as the one before it: the version kept for a rollback is
@@ -191,7 +194,8 @@ class Versions:
             return
         try:
             st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
-            entry = Entry(name, st.st_dev, st.st_ino, self._mac(name, st.st_dev, st.st_ino))
+            v = version.hex()
+            entry = Entry(name, st.st_dev, st.st_ino, v, self._mac(name, st.st_dev, st.st_ino, v))
             try:
                 was = os.stat(previous, follow_symlinks=False)
                 left = [e for e in self.versions if (e.dev, e.ino) == (was.st_dev, was.st_ino)]
@@ -223,7 +227,7 @@ class Versions:
                 self._remove_tree(e.trash)
                 done.append(os.path.join(self.parent, e.name))
             elif self._is(e.name, e):
-                back.append(Entry(e.name, e.dev, e.ino, e.mac))
+                back.append(Entry(e.name, e.dev, e.ino, e.version, e.mac))
         if self.removing:
             names = {b.name for b in back}
             self.versions = back + [v for v in self.versions if v.name not in names]
@@ -274,8 +278,9 @@ class Versions:
         return st.st_dev, st.st_ino
 
     def _version_of(self, e: Entry, known) -> bool:
-        """Whether ``e`` holds a record of a version in ``known``, reached
-        without following a link."""
+        """Whether ``e`` holds a record of a version in ``known`` (the
+        remote's chain) or of the version built there (one the remote's gc
+        may have dropped since), reached without following a link."""
         try:
             fd = os.open(e.name, _DIR_FLAGS, dir_fd=self.fd)
         except OSError:
@@ -292,7 +297,7 @@ class Versions:
                     return False
                 with state:
                     rec = record.read(state)
-            return rec is not None and rec.version in known
+            return rec is not None and (rec.version in known or rec.version.hex() == e.version)
         except WdiffError:
             return False
         finally:
@@ -303,7 +308,7 @@ class Versions:
         """Rename ``e`` to a temporary name, then remove it, under its own
         lock (a pull or apply into that directory holds it: then it stays)."""
         path = os.path.join(self.parent, e.name)
-        gone = Entry(e.name, e.dev, e.ino, e.mac, trash=f".{self.link_name}.wdiff-old-{secrets.token_hex(8)}")
+        gone = Entry(e.name, e.dev, e.ino, e.version, e.mac, trash=f".{self.link_name}.wdiff-old-{secrets.token_hex(8)}")
         try:
             # the lock a pull or apply of that directory takes (beside its real
             # path), found without following the name itself: it may be a link by now
@@ -387,11 +392,12 @@ def _entries(raw) -> list[Entry]:
     for item in raw[:MAX_ENTRIES]:
         if not isinstance(item, dict):
             continue
-        name, dev, ino, mac, trash = (item.get(k) for k in ("name", "dev", "ino", "mac", "trash"))
+        name, dev, ino, version, mac, trash = (item.get(k) for k in ("name", "dev", "ino", "version", "mac", "trash"))
         trash = "" if trash is None else trash
         if (isinstance(name, str) and SAFE_NAME.fullmatch(name) and isinstance(trash, str)
+                and isinstance(version, str) and _HEX32.fullmatch(version)
                 and isinstance(mac, str) and _HEX64.fullmatch(mac)
                 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (dev, ino))
                 and all(x.name != name for x in out)):
-            out.append(Entry(name, dev, ino, mac, trash))
+            out.append(Entry(name, dev, ino, version, mac, trash))
     return out
