@@ -14,11 +14,12 @@ through a link), is still the directory that was made (same device and
 inode: a directory the user made or renamed there is not), the entry
 carries a valid MAC (HMAC-SHA256, under a key kept in this user's state
 directory, over the parent's device and inode, the link's name, the
-version's name, device and inode: whoever can write the parent cannot list
-a directory of theirs or the user's, nor copy a list from elsewhere), the
-directory holds a ``.wdiff/state.json`` recording a version of the remote
-being pulled, is not where the link points, and no other wdiff holds its
-lock. Anything else is dropped from the list and left where it is.
+directory's name, device and inode and the version built there: whoever
+can write the parent cannot list a directory of theirs or the user's, nor
+copy a list from elsewhere), the directory holds a ``.wdiff/state.json``
+recording that version or another of the remote being pulled (the
+remote's gc may have dropped the first), is not where the link points, and
+no other wdiff holds its lock. Anything else is dropped from the list and left where it is.
 
 A removal is crash-safe: the list first names the directory's temporary
 name (``.LINK.wdiff-old-HEX``), the directory is renamed to it (so a
