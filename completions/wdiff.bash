@@ -62,10 +62,10 @@ _wdiff() {
             ;;
         pull)
             case "$prev" in
-                --to|--trusted-key|--token|--max-age|-j|--threads) return ;;
+                --to|--trusted-key|--token|--max-age|--keep|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--to --trusted-key --require-signature --token --max-age --force --atomic --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--to --trusted-key --require-signature --token --max-age --force --atomic --keep --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

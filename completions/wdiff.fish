@@ -89,6 +89,7 @@ complete -c wdiff -n '__fish_seen_subcommand_from pull' -l token -x -d 'Hugging 
 complete -c wdiff -n '__fish_seen_subcommand_from pull' -l max-age -x -d 'Refuse a signed chain published longer ago than this (90s, 10m, 2h, 7d): a frozen remote'
 complete -c wdiff -n '__fish_seen_subcommand_from pull' -l force -d 'Discard local changes to the checkpoints own files (restored from the remote); files that are not part of it are kept'
 complete -c wdiff -n '__fish_seen_subcommand_from pull' -l atomic -d 'DIR is a symbolic link: build the new version beside its target, then switch the link to it in one rename'
+complete -c wdiff -n '__fish_seen_subcommand_from pull' -l keep -x -d 'With --atomic: how many version directories that --atomic made for this link stay beside it, counting the one it points to; the oldest beyond N are removed after the switch'
 complete -c wdiff -n '__fish_seen_subcommand_from pull' -l json -d 'Print exactly one JSON document on stdout'
 complete -c wdiff -n '__fish_seen_subcommand_from pull' -s q -l quiet -d 'Print nothing on success'
 complete -c wdiff -n '__fish_seen_subcommand_from pull' -s v -l verbose -d 'More detail (repeatable)'

@@ -121,7 +121,7 @@ def test_atomic_needs_a_link_and_keeps_the_old_target(chain):
     assert os.readlink(site / "current") == "v2"  # relative stays relative, named after the label
     assert weights_tree(site / "current") == tree(chain.B)
     assert tree(site / "v1") == old  # the old version is kept, untouched
-    assert set(os.listdir(site)) == {"current", "v1", "v2"}
+    assert set(os.listdir(site)) == {"current", "v1", "v2", ".current.wdiff-versions"}  # v1 is not --atomic's: kept
     r = wdiff("pull", "--atomic", chain.R, site / "current")
     assert r.rc == 0 and "already" in r.out, r
 

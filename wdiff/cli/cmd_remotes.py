@@ -133,6 +133,7 @@ def pull(
     max_age: MaxAge = None,
     force: Annotated[bool, typer.Option("--force", help="Discard local changes to the checkpoint's own files (restored from the remote); files that are not part of it are kept. A DIR with no record, at a version the remote does not know, is replaced (its .git/ and .cache/ are kept).")] = False,
     atomic: Annotated[bool, typer.Option("--atomic", help="DIR is a symbolic link: build the new version beside its target, then switch the link to it in one rename.")] = False,
+    keep: Annotated[Optional[int], typer.Option("--keep", metavar="N", min=0, help="With --atomic: how many version directories that --atomic made for this link stay beside it, counting the one it points to; the oldest beyond N are removed after the switch. 0 keeps all. [default: 2]", show_default=False)] = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -157,13 +158,18 @@ def pull(
     (status 5), and replaced with --force. A
     symbolic link DIR is followed and its target updated; with --atomic the
     new version is built beside the target and the link switched to it.
+    Then the oldest version directories that --atomic made for this link
+    are removed beyond --keep N (default 2: the one the link points to and
+    the one before it, for a rollback; 0 keeps all); a directory it did not
+    make (the one the link first pointed to, one you renamed) is never
+    removed.
     """
     from ..ops.pull import pull as run_pull
 
     out = _setup(json_mode, quiet, verbose)
     res = run_pull(remote, directory, to=to, trusted_keys=trusted_key, require_signature=require_signature,
                    token=token, threads=threads, max_age=_age_arg(max_age), force=force, atomic=atomic,
-                   reporter=out.reporter())
+                   keep=keep, reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return
@@ -173,9 +179,11 @@ def pull(
         out.result(f"switched {o.name(res.link)} to {o.name(res.directory)}: "
                    f"{res.before.hex()[:12] if res.before else 'an anchor'} -> {res.after.hex()[:12]} with "
                    f"{len(res.bundles)} bundle{'s' if len(res.bundles) != 1 else ''}, {o.size(res.downloaded)} downloaded")
-        return
-    if res.up_to_date:
+    elif res.up_to_date:
         out.result(f"{o.name(res.directory)} is already at {res.after.hex()[:12]}")
+    for path in res.removed:  # --atomic: beyond --keep
+        out.result(f"removed the old version {o.name(path)}")
+    if res.link or res.up_to_date:
         return
     start = "an anchor" if res.from_anchor else res.before.hex()[:12] if res.before else "empty"
     how = "undoing" if res.stepped_back else "with"

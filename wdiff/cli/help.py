@@ -49,6 +49,8 @@ EXAMPLES: dict[str, list[str]] = {
         "wdiff pull /mnt/shared/deltas /models/policy --to step-200",
         "# crontab: follow the head every 5 minutes, silent unless it fails",
         "*/5 * * * * wdiff pull -q hf://acme/policy /models/policy",
+        "# /srv/policy/current -> step-17: build each version beside it, switch the link, keep 2",
+        "*/5 * * * * wdiff pull -q --atomic --keep 2 hf://acme/policy /srv/policy/current",
     ],
     "log": [
         "wdiff log hf://acme/policy",

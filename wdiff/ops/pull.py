@@ -44,6 +44,7 @@ from .apply.inplace import apply_in_place, restorable
 from .fetch import accept, download
 from .tracked import EMPTY_FINGERPRINT, LocalState, fingerprint_of, local_state, plan, plan_recorded
 from .pull_atomic import pull_atomic
+from .pull_keep import DEFAULT_KEEP
 from .pullspace import NoSpace, check as check_space, need_of
 from .pullwork import (PullResult, fetch_run, finish_squash, open_verified, prune_work, record_target, tidy_state,
                        work_names_held)
@@ -64,6 +65,7 @@ def pull(
     max_age: float | None = None,
     force: bool = False,
     atomic: bool = False,
+    keep: int | None = None,
     reporter: Reporter = SILENT,
 ) -> PullResult:
     """Bring ``directory`` to version ``to`` (default: the head) of ``remote``.
@@ -80,11 +82,19 @@ def pull(
     unless ``force``, which restores them (from the deltas when they carry
     them whole, else from an anchor). ``atomic``: DIR is a symbolic link; the
     new version is built in a new directory beside the link's target and
-    the link is then switched to it in one rename, the old one kept."""
+    the link is then switched to it in one rename. ``keep`` (with
+    ``atomic`` only; default 2): how many of the version directories that
+    atomic pulls made for this link stay beside it, counting the one it
+    points to (0: all); the oldest beyond that are removed after the
+    switch."""
     given = os.path.abspath(os.fspath(directory))
+    if keep is not None and not atomic:
+        raise UsageError("--keep counts the versions kept beside the link of pull --atomic",
+                         hint="add --atomic, or drop --keep")
     if atomic:
         return pull_atomic(remote, given, to=to, trusted_keys=trusted_keys, require_signature=require_signature,
-                           token=token, threads=threads, max_age=max_age, reporter=reporter)
+                           token=token, threads=threads, max_age=max_age, reporter=reporter,
+                           keep=DEFAULT_KEEP if keep is None else keep)
     directory = os.path.realpath(given)
     if os.path.lexists(directory) and not os.path.isdir(directory):
         raise UsageError(f"{given}: exists and is not a directory", hint="pull into a directory (it is created if missing)")

@@ -9,8 +9,8 @@ directory's (whose ``.wdiff`` holds the downloads) are held throughout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-import re
 
 from ..errors import BusyError, UsageError
 from ..format.bundle import reading
@@ -26,20 +26,23 @@ from ..store.ignore import DEFAULT_RULES
 from . import trust
 from .apply.copy import apply_copy
 from .fetch import accept
+from .pull_keep import DEFAULT_KEEP, SAFE_NAME as _SAFE_NAME, Versions
 from .pullspace import check as check_space, need_of
 from .pullwork import PullResult, clear_work, fetch_run, open_verified, record_target, tidy_state
 from .squash import squash_from
 from .tracked import EMPTY_FINGERPRINT, fingerprint_of, local_state, plan
 
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 
 
 def pull_atomic(remote, link: str, *, to, trusted_keys, require_signature, token, threads, max_age,
-                reporter: Reporter) -> PullResult:
+                reporter: Reporter, keep: int = DEFAULT_KEEP) -> PullResult:
     """pull --atomic: ``link`` is a symbolic link to a directory; the version
     ``to`` is built in a new directory beside that one (the old one is its
     base and is left as it was), then the link is switched to it in one
-    rename."""
+    rename. Then the oldest version directories that pull --atomic made
+    for this link are removed, beyond ``keep`` (0: keep all; see pull_keep)."""
+    if keep < 0:
+        raise UsageError(f"--keep {keep}: a number of versions to keep, 0 for all")
     if not os.path.islink(link):
         raise UsageError(f"{link}: --atomic switches a symbolic link, and this is not one",
                          hint="make DIR a symbolic link to a versioned directory (current -> v17), or drop --atomic")
@@ -56,19 +59,26 @@ def pull_atomic(remote, link: str, *, to, trusted_keys, require_signature, token
     goal = chain.resolve(to)
     # the link's own lock (two --atomic pulls), and the one every writer of the
     # old directory holds: this pull writes into its .wdiff (work area, temps)
-    return _pull_locked(store, keys, read, chain, goal, link, old, threads, reporter)
+    return _pull_locked(store, keys, read, chain, goal, link, old, threads, reporter, keep)
 
 
 def _pull_locked(store, keys, read, chain, goal: bytes, link: str, old: str, threads: int,
-                 reporter: Reporter) -> PullResult:
-    with locked_beside(beside_lock_path(link, follow=False), what=link), \
-            locked_beside(beside_lock_path(old), what=old):
-        had_state = os.path.lexists(os.path.join(old, STATE_DIR))
-        try:
-            return _build(store, keys, read, chain, goal, link, old, threads, reporter)
-        finally:
-            if not had_state:  # a .wdiff/ this pull made in the old directory, holding nothing worth keeping
-                tidy_state(old)
+                 reporter: Reporter, keep: int) -> PullResult:
+    with locked_beside(beside_lock_path(link, follow=False), what=link):
+        with locked_beside(beside_lock_path(old), what=old):
+            had_state = os.path.lexists(os.path.join(old, STATE_DIR))
+            try:
+                res = _build(store, keys, read, chain, goal, link, old, threads, reporter)
+            finally:
+                if not had_state:  # a .wdiff/ this pull made in the old directory, holding nothing worth keeping
+                    tidy_state(old)
+        # the link now points at a complete version, its switch on the disk:
+        # only now may what it pointed to before go (old's lock is released,
+        # so the removal takes it again, as it takes every victim's)
+        with Versions(link) as versions:
+            removed = versions.prune(keep, known=chain.versions, reporter=reporter)
+    reporter.done()
+    return dataclasses.replace(res, removed=tuple(removed))
 
 
 def _build(store, keys, read, chain, goal: bytes, link: str, old: str, threads: int,
@@ -87,7 +97,6 @@ def _build(store, keys, read, chain, goal: bytes, link: str, old: str, threads: 
         else:
             current, rules = fingerprint_of(old, threads, reporter), DEFAULT_RULES
         if current == goal:
-            reporter.done()
             return PullResult(store.url, old, current, goal, up_to_date=True, link=link)
         run = chain.path(current, goal) if current is not None and current in chain.versions else None
         from_anchor = run is None
@@ -110,12 +119,13 @@ def _build(store, keys, read, chain, goal: bytes, link: str, old: str, threads: 
                        rules=rules)
             with reading(bundle) as r, StateDir.open(new) as fresh:
                 record_target(fresh, r.index)
+            with Versions(link) as versions:  # listed before the switch: never a version we did not list
+                versions.add(new, goal, old, reporter)
         finally:
             work.close()
         clear_work(state)  # done: nothing in the work area is needed again
     _switch_link(link, new)
     accept(store, read, trust.places(new))
-    reporter.done()
     return PullResult(store.url, new, current if current in chain.versions else None, goal,
                       tuple(e.bundle for e in run), downloaded, from_anchor=from_anchor, link=link)
 

@@ -6,7 +6,9 @@ run of deltas from the version DIR holds: the files whose layout changes
 are staged whole, the rest patched where they lie, with an undo log) or
 *whole* (from an anchor: into an empty DIR, over a recorded one, rebuilt
 beside DIR, or ``--atomic`` beside the link's target: every file of the
-new version is written while the old ones still stand). What it takes:
+new version is written while the old ones still stand; ``--atomic
+--keep`` removes old versions only after the link is switched, so the
+space that frees is never counted as free here). What it takes:
 
 * downloads: the run's bundles, less what the work area already holds
   (a verified bundle, the parts of an interrupted download), plus the

@@ -45,6 +45,7 @@ class PullResult:
     restored: tuple[str, ...] = ()  # files whose local changes --force discarded
     link: str | None = None  # --atomic: the link that now points at ``directory``
     stepped_back: bool = False  # undid ``bundles`` (newest first) through their inverses
+    removed: tuple[str, ...] = ()  # --atomic: old version directories removed beyond --keep
 
     def to_json(self) -> dict:
         return {
@@ -60,7 +61,7 @@ class PullResult:
             "downloaded_bytes": self.downloaded,
             "restored": list(self.restored),
             "link": self.link,
-        }
+        } | ({"removed": list(self.removed)} if self.link else {})
 
 def open_verified(remote, directory: str, purpose: str, *, token, trusted_keys, require_signature, max_age,
                    reporter: Reporter):

@@ -1,0 +1,404 @@
+"""pull --atomic --keep N: the version directories that pull --atomic made
+beside a link, and the removal of the oldest beyond N once the link has
+been switched (a cron job would otherwise grow the disk by one whole
+checkpoint per pull, for ever).
+
+Only directories this mechanism made for this link are ever removed. They
+are listed, oldest first, in ``PARENT/.LINK.wdiff-versions`` (written temp
++ fsync + rename under the link's lock), each by name and by the device and
+inode it had when it was made. The list is input: whoever can write the
+parent can write it. A name in it is removed only if it is a plain name
+(the pattern pull --atomic names versions with), is a plain directory
+directly in the parent (reached relative to the parent's descriptor, never
+through a link), is still the directory that was made (same device and
+inode: a directory the user made or renamed there is not), the entry
+carries a valid MAC (HMAC-SHA256, under a key kept in this user's state
+directory, over the parent's device and inode, the link's name, the
+directory's name, device and inode and the version built there: whoever
+can write the parent cannot list a directory of theirs or the user's, nor
+copy a list from elsewhere), the directory holds a ``.wdiff/state.json``
+recording that version or another of the remote being pulled (the
+remote's gc may have dropped the first), is not where the link points, and
+no other wdiff holds its lock. Anything else is dropped from the list and left where it is.
+
+A removal is crash-safe: the list first names the directory's temporary
+name (``.LINK.wdiff-old-HEX``), the directory is renamed to it (so a
+half-removed tree never looks like a version), removed, and then dropped
+from the list; the next pull finishes what a killed one left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import shutil
+import stat
+from dataclasses import dataclass
+
+from ..errors import BusyError, IntegrityError, WdiffError
+from ..fsutil import (beside_lock_path, fsync_dir, io_error, locked_beside, open_regular, owner_tag, temp_name,
+                      write_all)
+from ..paths import STATE_DIR
+from ..statedir import StateDir
+from ..store import record
+from .trust import user_state_dir
+
+SCHEMA = "wdiff-atomic-versions/1"
+#: default --keep: the version the link points to and the one before it, for a rollback
+DEFAULT_KEEP = 2
+#: far more than any list of versions needs; a bigger file is not one wdiff wrote
+LIMIT = 1024 * 1024
+MAX_ENTRIES = 10_000
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+KEY_FILE = "atomic-versions.key"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str  # the version's directory, as pull --atomic named it
+    dev: int
+    ino: int
+    version: str  # hex fingerprint of the version built there
+    mac: str  # binds the above to this link's parent and this user's key
+    trash: str = ""  # in ``removing``: the temporary name it is renamed to before removal
+
+    def to_json(self) -> dict:
+        doc = {"name": self.name, "dev": self.dev, "ino": self.ino, "version": self.version, "mac": self.mac}
+        return doc | ({"trash": self.trash} if self.trash else {})
+
+
+def list_name(link_name: str) -> str:
+    return f".{link_name}.wdiff-versions"
+
+
+class Versions:
+    """The list of the versions made beside one link, opened relative to the
+    link's parent directory. Use under the link's lock."""
+
+    def __init__(self, link: str) -> None:
+        self.parent, self.link_name = os.path.split(os.path.abspath(link))
+        self.name = list_name(self.link_name)
+        self._trash = re.compile(rf"\.{re.escape(self.link_name)}\.wdiff-old-[0-9a-f]{{16}}")
+        try:
+            self.fd = os.open(self.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise io_error(self.parent, e) from None
+        self.versions: list[Entry] = []
+        self.removing: list[Entry] = []
+        try:
+            st = os.fstat(self.fd)
+            self._where = f"{SCHEMA}\0{st.st_dev}\0{st.st_ino}\0{self.link_name}\0".encode()
+            self._sweep()
+            try:
+                self._key, self._no_key = user_key(), None
+            except WdiffError as e:  # no list can be trusted, or written: nothing is removed
+                self._key, self._no_key = b"", e
+            else:
+                self._load()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Versions:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the list ----------------------------------------------------------------------
+
+    def _mac(self, name: str, dev: int, ino: int, version: str) -> str:
+        return hmac.new(self._key, self._where + f"{name}\0{dev}\0{ino}\0{version}".encode(),
+                        hashlib.sha256).hexdigest()
+
+    def _sweep(self) -> None:
+        """Under the link's lock no other writer of the list runs: its
+        temporaries left by a killed pull are debris."""
+        head = f"{self.name}-tmp-"
+        with contextlib.suppress(OSError):
+            for n in os.listdir(self.fd):
+                if n.startswith(head):
+                    with contextlib.suppress(OSError):
+                        os.unlink(n, dir_fd=self.fd)
+
+    def _load(self) -> None:
+        """Read the list; a file that is not one wdiff wrote (not a regular
+        file, too large, not this link's, another user's) counts as an empty
+        list, and an entry whose MAC does not hold is dropped: nothing is
+        removed because of them. The list is rewritten by the next save."""
+        try:
+            fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                return
+            raw = os.read(fd, LIMIT + 1)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        try:
+            doc = json.loads(raw.decode("utf-8")) if len(raw) <= LIMIT else None
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            doc = None
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("link") != self.link_name:
+            return
+        ok = [e for e in _entries(doc.get("versions")) + _entries(doc.get("removing"))
+              if hmac.compare_digest(e.mac, self._mac(e.name, e.dev, e.ino, e.version))]
+        self.versions = [e for e in ok if not e.trash]
+        self.removing = [e for e in ok if e.trash and self._trash.fullmatch(e.trash)]
+
+    def save(self) -> None:
+        doc = {"schema": SCHEMA, "link": self.link_name, "versions": [e.to_json() for e in self.versions],
+               "removing": [e.to_json() for e in self.removing]}
+        data = json.dumps(doc, indent=1).encode("utf-8") + b"\n"
+        tmp = f"{self.name}-tmp-{owner_tag()}-{secrets.token_hex(4)}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                         dir_fd=self.fd)
+            try:
+                write_all(fd, data, 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            os.fsync(self.fd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self.fd)
+            raise io_error(os.path.join(self.parent, self.name), e) from None
+
+    def add(self, path: str, version: bytes, previous: str, reporter) -> None:
+        """Record ``path`` (a directory just made beside the link) as the
+        newest version, and ``previous`` (the link's target until now, when
+        listed) as the one before it: the version kept for a rollback is
+        the one the link left, even when the user had pointed it back at an
+        older one. The version is whole already: a list that cannot be
+        written costs a warning (that directory is never removed), not the pull."""
+        name = os.path.basename(path)
+        if self._no_key:
+            return
+        try:
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+            v = version.hex()
+            entry = Entry(name, st.st_dev, st.st_ino, v, self._mac(name, st.st_dev, st.st_ino, v))
+            try:
+                was = os.stat(previous, follow_symlinks=False)
+                left = [e for e in self.versions if (e.dev, e.ino) == (was.st_dev, was.st_ino)]
+            except OSError:
+                left = []
+            rest = [e for e in self.versions if e.name != name and e not in left]
+            self.versions = rest + left + [entry]
+            self.save()
+        except (WdiffError, OSError) as e:
+            reporter.warn(f"{e} ({path} is not listed: pull --atomic will never remove it)")
+
+    # -- removal -----------------------------------------------------------------------
+
+    def _is(self, name: str, e: Entry) -> bool:
+        """Whether ``name`` is (still) the plain directory ``e`` recorded."""
+        try:
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == (e.dev, e.ino)
+
+    def finish(self) -> list[str]:
+        """Finish the removals a killed pull left: remove the temporary
+        directories still there; a version not yet renamed goes back to the
+        front of the list (it is judged again like the others)."""
+        done, back = [], []
+        for e in self.removing:
+            if self._is(e.trash, e):
+                self._remove_tree(e.trash)
+                done.append(os.path.join(self.parent, e.name))
+            elif self._is(e.name, e):
+                back.append(Entry(e.name, e.dev, e.ino, e.version, e.mac))
+        if self.removing:
+            names = {b.name for b in back}
+            self.versions = back + [v for v in self.versions if v.name not in names]
+            self.removing = []
+            self.save()
+        return done
+
+    def prune(self, keep: int, *, known, reporter) -> list[str]:
+        """Remove the oldest recorded versions beyond ``keep`` (counting the
+        one the link points to; 0 keeps all), each only if it
+        passes every check in the module's docstring; ``known``: the
+        versions of the remote. The paths removed, oldest first. The pull
+        has succeeded by now: a removal that fails is a warning, and the
+        next pull tries again."""
+        if self._no_key:
+            reporter.warn(f"{self._no_key} (no old version is removed)")
+            return []
+        try:
+            removed = self.finish()
+            here = self._target()
+            valid = [e for e in self.versions if self._is(e.name, e)]
+            if len(valid) != len(self.versions):  # gone, or no longer the directory that was made
+                self.versions = valid
+                self.save()
+        except (WdiffError, OSError) as e:
+            reporter.warn(f"{e} (old versions are left for the next pull to remove)")
+            return []
+        others = [e for e in valid if (e.dev, e.ino) != here]
+        victims = others[: max(0, len(others) - (keep - 1))] if keep > 0 else []
+        for e in victims:
+            try:
+                ok = self._version_of(e, known)
+                if ok is False:  # not a version of this remote (any more): not ours to remove
+                    self.versions = [v for v in self.versions if v != e]
+                    self.save()
+                elif ok and self._remove(e):
+                    removed.append(os.path.join(self.parent, e.name))
+            except WdiffError as err:
+                reporter.warn(f"{err} (an old version is left for the next pull to remove)")
+        return removed
+
+    def _target(self) -> tuple[int, int] | None:
+        """(device, inode) of the directory the link points to now."""
+        try:
+            st = os.stat(self.link_name, dir_fd=self.fd, follow_symlinks=True)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _version_of(self, e: Entry, known) -> bool:
+        """Whether ``e`` holds a record of a version in ``known`` (the
+        remote's chain) or of the version built there (one the remote's gc
+        may have dropped since), reached without following a link."""
+        try:
+            fd = os.open(e.name, _DIR_FLAGS, dir_fd=self.fd)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (e.dev, e.ino):
+                return False
+            top = StateDir(fd, os.path.join(self.parent, e.name), st.st_uid)
+            fd = -1
+            with top:
+                state = top.sub(STATE_DIR, create=False)
+                if state is None:
+                    return False
+                with state:
+                    rec = record.read(state)
+            return rec is not None and (rec.version in known or rec.version.hex() == e.version)
+        except WdiffError:
+            return False
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _remove(self, e: Entry) -> bool:
+        """Rename ``e`` to a temporary name, then remove it, under its own
+        lock (a pull or apply into that directory holds it: then it stays)."""
+        path = os.path.join(self.parent, e.name)
+        gone = Entry(e.name, e.dev, e.ino, e.version, e.mac, trash=f".{self.link_name}.wdiff-old-{secrets.token_hex(8)}")
+        try:
+            # the lock a pull or apply of that directory takes (beside its real
+            # path), found without following the name itself: it may be a link by now
+            lock = beside_lock_path(os.path.join(os.path.realpath(self.parent), e.name), follow=False)
+            with locked_beside(lock, what=path):
+                if not self._is(e.name, e) or self._target() in (None, (e.dev, e.ino)):
+                    return False  # gone, replaced, or where the link points (now, whoever moved it)
+                self.removing.append(gone)
+                self.versions = [v for v in self.versions if v != e]
+                self.save()
+                try:
+                    os.rename(e.name, gone.trash, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                    os.fsync(self.fd)
+                except OSError as err:
+                    raise io_error(path, err) from None
+        except BusyError:
+            return False
+        self._remove_tree(gone.trash)
+        self.removing = [r for r in self.removing if r != gone]
+        self.save()
+        return True
+
+    def _remove_tree(self, name: str) -> None:
+        # relative to the parent's descriptor; shutil.rmtree never follows a
+        # link inside the tree; one put in the place of the top (a race) is
+        # removed itself, never followed
+        try:
+            if not stat.S_ISDIR(os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mode):
+                os.unlink(name, dir_fd=self.fd)
+                return
+            shutil.rmtree(name, dir_fd=self.fd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise io_error(os.path.join(self.parent, name), e) from None
+
+
+def user_key() -> bytes:
+    """This user's key for the lists' MACs (``$WDIFF_STATE_DIR/atomic-versions.key``,
+    32 random bytes made on first use). A key file that is not one wdiff
+    made is an error: a MAC under a key someone else chose binds nothing."""
+    d = user_state_dir()
+    path = os.path.join(d, KEY_FILE)
+    for _ in range(2):
+        try:
+            with open_regular(path, max_size=32) as f:
+                key, owner = f.read(33), os.fstat(f.fileno()).st_uid
+            if len(key) != 32 or owner != os.geteuid():
+                raise IntegrityError(f"{path}: not a key wdiff made")
+            return key
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise io_error(path, e) from None
+        try:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            tmp = temp_name(path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                write_all(fd, secrets.token_bytes(32), 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)  # never over a key another process made first
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp)
+            fsync_dir(d)
+        except OSError as e:
+            raise io_error(path, e) from None
+    raise IntegrityError(f"{path}: vanished while being made")
+
+
+def _entries(raw) -> list[Entry]:
+    """The well-formed entries of a list read from disk (others are dropped)."""
+    out: list[Entry] = []
+    if not isinstance(raw, list):
+        return out
+    for item in raw[:MAX_ENTRIES]:
+        if not isinstance(item, dict):
+            continue
+        name, dev, ino, version, mac, trash = (item.get(k) for k in ("name", "dev", "ino", "version", "mac", "trash"))
+        trash = "" if trash is None else trash
+        if (isinstance(name, str) and SAFE_NAME.fullmatch(name) and isinstance(trash, str)
+                and isinstance(version, str) and _HEX32.fullmatch(version)
+                and isinstance(mac, str) and _HEX64.fullmatch(mac)
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (dev, ino))
+                and all(x.name != name for x in out)):
+            out.append(Entry(name, dev, ino, version, mac, trash))
+    return out
