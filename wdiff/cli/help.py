@@ -33,10 +33,12 @@ EXAMPLES: dict[str, list[str]] = {
         'wdiff push "ckpt/$STEP" "$REMOTE" --base "ckpt/$PREV" --anchor-every 10',
     ],
     "commit": [
-        "# on each of 8 hosts, for the shards it holds:",
-        'wdiff push ckpt/102 "$REMOTE" --base ckpt/101 --only "$MINE" --stage s102 --sign host.key',
+        "# on each of 8 hosts, for the shards it holds, signed with its key:",
+        'wdiff push ckpt/102 "$R" --base ckpt/101 --only "$MINE" --stage s102 \\',
+        '    --sign host.key',
         "# then once, on any host, trusting the writers' keys:",
-        'wdiff commit "$REMOTE" --stage s102 --expect 8 --label step-102 --sign release.key --trusted-key host.key.pub',
+        'wdiff commit "$R" --stage s102 --expect 8 --label step-102 \\',
+        '    --sign release.key --trusted-key host.key.pub',
     ],
     "gc": [
         "wdiff gc hf://acme/policy --keep-last 20 --keep step-1000 --dry-run",
@@ -49,8 +51,9 @@ EXAMPLES: dict[str, list[str]] = {
         "wdiff pull /mnt/shared/deltas /models/policy --to step-200",
         "# crontab: follow the head every 5 minutes, silent unless it fails",
         "*/5 * * * * wdiff pull -q hf://acme/policy /models/policy",
-        "# /srv/policy/current -> step-17: build each version beside it, switch the link, keep 2",
-        "*/5 * * * * wdiff pull -q --atomic --keep 2 hf://acme/policy /srv/policy/current",
+        "# current -> step-17: build each version beside it, switch the link,",
+        "# keep the newest 3 version directories",
+        "*/5 * * * * wdiff pull -q --atomic --keep 3 hf://acme/p /srv/p/current",
     ],
     "log": [
         "wdiff log hf://acme/policy",
