@@ -292,6 +292,7 @@ def pull(
     max_age: float | None = None,
     force: bool = False,
     atomic: bool = False,
+    keep: int | None = None,
     reporter: Reporter = SILENT,
 ) -> PullResult:
     """Bring ``directory`` to version ``to`` (default: the head) of ``remote``:
@@ -307,11 +308,15 @@ def pull(
     does not have) are kept; changed files of that version are refused
     (:class:`~wdiff.errors.LocalChangesError`) unless ``force``. ``atomic``:
     ``directory`` is a symbolic link, switched to a new directory built
-    beside its target."""
+    beside its target; ``keep`` (with ``atomic`` only; default 2): how many
+    of the version directories that atomic pulls made for this link stay
+    beside it, counting the one it points to (0: all), the oldest beyond
+    that removed after the switch."""
     from .ops.pull import pull as _pull
 
     return _pull(remote, directory, to=to, trusted_keys=trusted_keys, require_signature=require_signature,
-                 token=token, threads=threads, max_age=max_age, force=force, atomic=atomic, reporter=reporter)
+                 token=token, threads=threads, max_age=max_age, force=force, atomic=atomic, keep=keep,
+                 reporter=reporter)
 
 
 def status(
