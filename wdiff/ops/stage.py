@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 
 from ..defaults import DEFAULT_LEVEL, DEFAULT_PART_SIZE
@@ -119,13 +117,15 @@ def push_part(source, remote, *, base, only: list[str], stage: str, level: int =
     pair, tensors = part_pair(base, source, only, _OwnFilesOnly(reporter))
     if not pair.B.files:
         raise NotFoundError(f"{source}: no file matches {', '.join(printable(p) for p in only)}")
-    work = tempfile.mkdtemp(prefix=".wdiff-stage-", dir=os.path.dirname(os.path.abspath(source)))
-    try:
+    # the part is packed in a scratch folder of the system's temporary
+    # directory, never beside the user's checkpoint: a writer killed mid-pack
+    # (a host that dies, a cron job's timeout) leaves it there, and the next
+    # staged push removes what dead runs left, so a fleet's reruns do not
+    # fill the disk one partial bundle at a time
+    with scratch_dir("stage") as work:
         out = os.path.join(work, "part.wdb")
         pack_pair(pair, out, level=level, threads=threads, reporter=_OwnFilesOnly(reporter))
         return store_part(out, store, stage=stage, head=chain.head, reporter=reporter, sign_key=key, tensors=tensors)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def part_pair(base, source, only: list[str], reporter: Reporter) -> tuple[Pair, tuple]:
@@ -178,8 +178,7 @@ def store_part(bundle, store, *, stage: str, head: bytes | None, reporter: Repor
     raw, _ = store.read_chain()
     chain = Chain.decode(raw, where=store.url)
     remote_id = chain.lineage.remote if chain.lineage is not None else None
-    work = tempfile.mkdtemp(prefix=".wdiff-stage-", dir=os.path.dirname(os.path.abspath(out)))
-    try:
+    with scratch_dir("stage") as work:
         bundle_path = f"{prefix}/{hexd(bundle_id)}.wdb"
         manifest = encode_manifest(
             stage=stage, remote=remote_id, head=head, bundle=bundle_id, path=bundle_path, size=size,
@@ -201,8 +200,6 @@ def store_part(bundle, store, *, stage: str, head: bytes | None, reporter: Repor
         reporter.done()
         return StagedPart(store.url, stage, bundle_id, size, len(ix.files), head or b"", uploaded,
                           range_digest(mpath, 0, len(manifest)), key is not None)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 class _OwnFilesOnly(Reporter):
