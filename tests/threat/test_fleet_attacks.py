@@ -226,3 +226,45 @@ def test_a_hub_chain_over_the_cap_is_refused_by_the_bounded_get(hub, tmp_path):
         r = cli(*args, want=None)
         assert r.returncode == 4 and "larger than" in r.stderr, (args, r.returncode, r.stderr)
     assert not (tmp_path / "p").exists()
+
+
+# -- class 7 and 8: a writer killed mid-pack -----------------------------------------------------
+
+
+def test_a_staged_push_killed_mid_pack_leaves_nothing_beside_the_checkpoint(tmp_path):
+    """Class 7/8: a writer host dies (or cron kills it) while it packs its
+    part. Before the fix the partial bundle stayed in a hidden
+    ``.wdiff-stage-*`` folder beside the user's checkpoint for ever, one
+    more per killed run; now it is packed in a scratch folder of TMPDIR that
+    the next staged push removes once its owner is gone."""
+    import signal
+    import time
+
+    from threatlib import finish, ok, start, user_env, wdiff
+
+    env = user_env(tmp_path / "user")
+    tmp = Path(env["TMPDIR"])
+    A, B = pair(tmp_path / "data", "fp32")
+    remote = tmp_path / "r"
+    ok(wdiff("push", "--anchor", A, remote, "-q", env=env))
+    parent = B.parent
+
+    def debris() -> list[str]:
+        beside = [n for n in os.listdir(parent) if n.startswith(".wdiff-stage-")]
+        return beside + [n for n in os.listdir(tmp) if n.startswith("wdiff-stage-")]
+
+    args = ["push", B, remote, "--base", A, "--only", "*.safetensors", "--stage", "s1", "--level", "19", "-q"]
+    t0 = time.monotonic()
+    p = start(args, env)
+    while not debris() and p.poll() is None and time.monotonic() < t0 + 60:
+        time.sleep(0.001)
+    caught = p.poll() is None and bool(debris())
+    if caught:
+        os.killpg(p.pid, signal.SIGKILL)
+    finish(p, args, t0, 60)
+    assert caught, "the staged push ended before it was caught packing"
+    assert not [n for n in os.listdir(parent) if n.startswith(".")], os.listdir(parent)  # nothing beside B
+    # the rerun removes the dead run's scratch and stores the part
+    ok(wdiff("push", B, remote, "--base", A, "--only", "*.safetensors", "--stage", "s1", "-q", env=env))
+    assert debris() == []
+    assert len(list((remote / "stage" / "s1").glob("part-*.json"))) == 1
