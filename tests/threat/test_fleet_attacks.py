@@ -18,10 +18,8 @@ from pathlib import Path
 import pytest
 from factory import tree
 from test_gc import cli
-from test_stage_fleet import committed, keys, other_checkpoint, pair, shard, stage_all  # noqa: F401 - keys: fixture
+from test_stage_fleet import committed, keys, pair, stage_all  # noqa: F401 - keys: a fixture
 from threatlib import OnOpen
-
-from wdiff.format.chain import Chain
 
 HUB_URL = "hf://acme/fleet-attacks"
 
