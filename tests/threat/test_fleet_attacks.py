@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from factory import tree
 from test_gc import cli
-from test_stage_fleet import committed, keys, pair, stage_all  # noqa: F401 - keys: a fixture
+from test_stage_fleet import committed, pair, stage_all
 from threatlib import OnOpen
 
 HUB_URL = "hf://acme/fleet-attacks"
@@ -76,6 +76,15 @@ def test_a_part_stored_while_a_commit_runs_is_not_deleted_by_it(tmp_path):
 
 
 # -- class 2: what a part's signature binds ------------------------------------------------------
+
+
+@pytest.fixture
+def keys(tmp_path):
+    out = {}
+    for name in ("writer", "release"):
+        cli("keygen", tmp_path / f"{name}.key", "-q")
+        out[name] = tmp_path / f"{name}.key"
+    return out
 
 
 def test_a_signed_part_cannot_be_reused_for_another_parts_bundle_or_name(tmp_path, keys):
