@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from factory import tree
 from test_gc import cli
-from test_stage_fleet import committed, pair, stage_all
+from test_stage_fleet import committed, pair, shard, stage_all
 from threatlib import OnOpen
 
 HUB_URL = "hf://acme/fleet-attacks"
@@ -275,3 +275,32 @@ def test_a_staged_push_killed_mid_pack_leaves_nothing_beside_the_checkpoint(tmp_
     ok(wdiff("push", B, remote, "--base", A, "--only", "*.safetensors", "--stage", "s1", "-q", env=env))
     assert debris() == []
     assert len(list((remote / "stage" / "s1").glob("part-*.json"))) == 1
+
+
+# -- class 6: a part as if it were the whole; two parts that disagree on a base file -------------------
+
+
+def test_one_part_is_never_the_whole_version_and_parts_must_agree_on_their_base(tmp_path):
+    """Class 6: a stage holding one writer's part, committed with
+    ``--expect 1``, is refused (its bases are not the head): a part never
+    publishes as the version. Two writers that hold the same base file
+    (the old shard of a tensor that moved) with different bytes are
+    refused, never merged under either's row."""
+    A, B = pair(tmp_path, "moved")
+    remote = tmp_path / "r"
+    cli("push", "--anchor", A, remote, "-q")
+    before = (remote / "chain.json").read_bytes()
+    cli("push", B, remote, "--base", A, "--only", shard(1), "--stage", "one", "-q")
+    r = cli("commit", remote, "--stage", "one", "--expect", 1, want=5)
+    assert "not the head" in r.stderr, r.stderr
+    # the writer of shard 2 holds shard 1 of the base too (a.s moved), but another copy of it
+    other = tmp_path / "A-other"
+    shutil.copytree(A, other)
+    raw = bytearray((other / shard(0)).read_bytes())
+    raw[-1] ^= 0xFF  # one byte of the shard's data: same name and size, other bytes
+    (other / shard(0)).write_bytes(bytes(raw))
+    bases = [(B, A), (B, other), (B, A), (B, A)]
+    stage_all(B, A, remote, "two", bases=bases)
+    r = cli("commit", remote, "--stage", "two", "--expect", 4, want=5)
+    assert "different base files" in r.stderr, r.stderr
+    assert (remote / "chain.json").read_bytes() == before
