@@ -17,8 +17,9 @@ they are, renumbered by file; one index over all files): the bundle a
 single host would pack, byte for byte. It publishes that with one
 conditional chain write as a push does, so a reader sees the version whole
 or not at all. A writer that dies leaves only objects under stage/ (a
-rerun of it stores the same part again); the commit deletes the stage once
-the version is published, and gc removes stale stages after its grace
+rerun of it stores the same part again); the commit deletes the objects of
+the stage it listed once the version is published (a part stored since is
+not in the version, and stays), and gc removes stale stages after its grace
 period.
 """
 
@@ -26,8 +27,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 
 from ..defaults import DEFAULT_LEVEL, DEFAULT_PART_SIZE
@@ -118,13 +117,15 @@ def push_part(source, remote, *, base, only: list[str], stage: str, level: int =
     pair, tensors = part_pair(base, source, only, _OwnFilesOnly(reporter))
     if not pair.B.files:
         raise NotFoundError(f"{source}: no file matches {', '.join(printable(p) for p in only)}")
-    work = tempfile.mkdtemp(prefix=".wdiff-stage-", dir=os.path.dirname(os.path.abspath(source)))
-    try:
+    # the part is packed in a scratch folder of the system's temporary
+    # directory, never beside the user's checkpoint: a writer killed mid-pack
+    # (a host that dies, a cron job's timeout) leaves it there, and the next
+    # staged push removes what dead runs left, so a fleet's reruns do not
+    # fill the disk one partial bundle at a time
+    with scratch_dir("stage") as work:
         out = os.path.join(work, "part.wdb")
         pack_pair(pair, out, level=level, threads=threads, reporter=_OwnFilesOnly(reporter))
         return store_part(out, store, stage=stage, head=chain.head, reporter=reporter, sign_key=key, tensors=tensors)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def part_pair(base, source, only: list[str], reporter: Reporter) -> tuple[Pair, tuple]:
@@ -177,8 +178,7 @@ def store_part(bundle, store, *, stage: str, head: bytes | None, reporter: Repor
     raw, _ = store.read_chain()
     chain = Chain.decode(raw, where=store.url)
     remote_id = chain.lineage.remote if chain.lineage is not None else None
-    work = tempfile.mkdtemp(prefix=".wdiff-stage-", dir=os.path.dirname(os.path.abspath(out)))
-    try:
+    with scratch_dir("stage") as work:
         bundle_path = f"{prefix}/{hexd(bundle_id)}.wdb"
         manifest = encode_manifest(
             stage=stage, remote=remote_id, head=head, bundle=bundle_id, path=bundle_path, size=size,
@@ -200,8 +200,6 @@ def store_part(bundle, store, *, stage: str, head: bytes | None, reporter: Repor
         reporter.done()
         return StagedPart(store.url, stage, bundle_id, size, len(ix.files), head or b"", uploaded,
                           range_digest(mpath, 0, len(manifest)), key is not None)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 class _OwnFilesOnly(Reporter):
@@ -250,7 +248,7 @@ def commit(remote, *, stage: str, expect: int, label: str | None = None, sign_ke
     checked (signatures, remote, stage and head of each part, count,
     disjoint files, bases that together are the head, every bundle as its
     manifest says), merged into one bundle and pushed onto the head with one
-    conditional chain write; then the stage is deleted.
+    conditional chain write; then the stage's objects it listed are deleted.
 
     Parts are authenticated by their writers' signatures (``push --stage
     --sign``): with ``sign_key`` (the commit signs the version) or trusted
@@ -270,7 +268,8 @@ def commit(remote, *, stage: str, expect: int, label: str | None = None, sign_ke
     remote_id = chain.lineage.remote if chain.lineage is not None else None
     where = f"{store.url}: stage {stage}"
     with scratch_dir("commit") as work:
-        parts = _read_parts(store, prefix, stage, work, keys)
+        listing = dict(store.list(prefix))
+        parts = _read_parts(store, prefix, stage, work, keys, listing)
         check_parts(parts, where=where, stage=stage, remote=remote_id)
         if len(parts) != expect:
             raise NotFoundError(f"{where} holds {len(parts)} part(s), not the {expect} expected",
@@ -298,16 +297,18 @@ def commit(remote, *, stage: str, expect: int, label: str | None = None, sign_ke
                      "deletes too); stage again against the head (with a new stage name)")
         res = push_bundle(out, store.url, label=label, part_size=part_size, fork=False, sign_key=sign_key,
                           reporter=reporter, token=token)
-    # published (or it was already): the stage has done its work
-    store.delete([p for p, _ in store.list(prefix)])
+    # published (or it was already): the stage has done its work. Only what
+    # this commit listed goes: a part a writer stored since (a late or extra
+    # writer) is not in this version, and stays for the next commit or gc
+    store.delete(sorted(listing))
     return CommitResult(res, stage, len(parts))
 
 
-def _read_parts(store, prefix: str, stage: str, work: str, keys: list) -> list[Manifest]:
-    """Every part manifest of the stage, in path order; with ``keys``, each
-    one's signature checked first (an unsigned or untrusted part is refused,
-    never skipped: what storage planted is reported)."""
-    listing = dict(store.list(prefix))
+def _read_parts(store, prefix: str, stage: str, work: str, keys: list, listing: dict) -> list[Manifest]:
+    """Every part manifest of the stage's ``listing`` ({path: size}), in
+    path order; with ``keys``, each one's signature checked first (an
+    unsigned or untrusted part is refused, never skipped: what storage
+    planted is reported)."""
     parts = []
     for path in sorted(listing):
         found = PART_NAME.fullmatch(path.rsplit("/", 1)[-1])
