@@ -261,10 +261,13 @@ class Versions:
         for e in victims:
             try:
                 ok = self._version_of(e, known)
-                if ok is False:  # not a version of this remote (any more): not ours to remove
+                if ok is not True:  # not a version of this remote (any more), or holds the user's work
                     self.versions = [v for v in self.versions if v != e]
                     self.save()
-                elif ok and self._remove(e):
+                    if isinstance(ok, str):
+                        reporter.warn(f"{os.path.join(self.parent, e.name)} holds {ok}, which is not the version's: "
+                                      "it is left in place, and no pull will remove it")
+                elif self._remove(e):
                     removed.append(os.path.join(self.parent, e.name))
             except WdiffError as err:
                 reporter.warn(f"{err} (an old version is left for the next pull to remove)")
@@ -278,10 +281,13 @@ class Versions:
             return None
         return st.st_dev, st.st_ino
 
-    def _version_of(self, e: Entry, known) -> bool:
+    def _version_of(self, e: Entry, known) -> bool | str:
         """Whether ``e`` holds a record of a version in ``known`` (the
         remote's chain) or of the version built there (one the remote's gc
-        may have dropped since), reached without following a link."""
+        may have dropped since), reached without following a link, and
+        nothing else: the first path in it that is not a file of that
+        version as the pull wrote it (a file the user added, a file changed
+        since, a link) is returned instead, and the directory stays."""
         try:
             fd = os.open(e.name, _DIR_FLAGS, dir_fd=self.fd)
         except OSError:
@@ -298,9 +304,14 @@ class Versions:
                     return False
                 with state:
                     rec = record.read(state)
-            return rec is not None and (rec.version in known or rec.version.hex() == e.version)
+                    if rec is None or not (rec.version in known or rec.version.hex() == e.version):
+                        return False
+                    stamp = os.stat(record.NAME, dir_fd=state.fd, follow_symlinks=False).st_mtime_ns
+                return _foreign(top.fd, rec, stamp) or True
         except WdiffError:
             return False
+        except OSError as err:
+            raise io_error(os.path.join(self.parent, e.name), err) from None
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -345,6 +356,39 @@ class Versions:
             pass
         except OSError as e:
             raise io_error(os.path.join(self.parent, name), e) from None
+
+
+def _foreign(fd: int, rec: record.Record, stamp: int) -> str | None:
+    """The first entry of the version directory open at ``fd`` that is not a
+    file of ``rec`` as the pull left it (listed, a regular file of its size,
+    not modified after the record, stamped ``stamp``, was written), or a
+    folder none of them needs; None when there is none. ``.wdiff/`` is
+    wdiff's own. The walk follows no link and stops at the first foreign
+    entry, so it costs at most one entry more than the version has."""
+    sizes = {r.path: r.size for r in rec.files}
+    folders = {p.rsplit("/", k)[0] for p in sizes for k in range(1, p.count("/") + 1)}
+    todo = [(os.dup(fd), "")]
+    try:
+        while todo:
+            dfd, prefix = todo.pop()
+            try:
+                with os.scandir(dfd) as it:
+                    for d in it:
+                        rel = prefix + d.name
+                        if rel == STATE_DIR:
+                            continue
+                        st = d.stat(follow_symlinks=False)
+                        if stat.S_ISDIR(st.st_mode) and rel in folders:
+                            todo.append((os.open(d.name, _DIR_FLAGS, dir_fd=dfd), rel + "/"))
+                        elif not (stat.S_ISREG(st.st_mode) and sizes.get(rel) == st.st_size
+                                  and st.st_mtime_ns <= stamp):
+                            return rel + ("/" if stat.S_ISDIR(st.st_mode) else "")
+            finally:
+                os.close(dfd)
+    finally:
+        for dfd, _ in todo:
+            os.close(dfd)
+    return None
 
 
 def user_key() -> bytes:

@@ -1,0 +1,43 @@
+"""Attacks from outside on the fleet surfaces of issue 33 (review round 2):
+pull --atomic --keep, the live library's apply_into, the directory remote's
+write paths and the scratch folders. Each test drives the real command line
+or the public API and plants what an attacker (or a careless user) would."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+
+from test_pull_atomic_keep import Head, cli, env, site_of, versions_beside  # noqa: E402,F401
+
+
+def test_keep_never_removes_a_version_holding_the_users_files(env, tmp_path):
+    """A user writes eval results into an old version directory (or edits a
+    file of it) after the pull. The README promises the only files a pull
+    removes are files it lists: --keep leaves such a directory (and says
+    so) instead of deleting the user's work with it."""
+    head = Head(tmp_path)
+    site, link = site_of(tmp_path)
+    made = [head.next()]
+    cli("pull", "-q", head.remote, link, "--atomic", env=env)
+    made.append(head.next())
+    cli("pull", "-q", head.remote, link, "--atomic", env=env)
+    (site / made[0] / "eval").mkdir()
+    (site / made[0] / "eval" / "results.json").write_text('{"acc": 0.9}')
+    edited = sorted(p for p in os.listdir(site / made[1]) if p.endswith(".json"))[0]
+    with open(site / made[1] / edited, "a") as f:
+        f.write(" ")  # a local change to a file of the version
+    made.append(head.next())
+    r = cli("pull", head.remote, link, "--atomic", env=env)
+    made.append(head.next())
+    r2 = cli("pull", head.remote, link, "--atomic", env=env)
+    assert (site / made[0] / "eval" / "results.json").read_text() == '{"acc": 0.9}'
+    assert (site / made[1] / edited).read_text().endswith(" ")
+    assert "not the version's" in r.stderr + r2.stderr, r.stderr + r2.stderr
+    # the next pulls still remove the versions nobody touched
+    made.append(head.next())
+    cli("pull", "-q", head.remote, link, "--atomic", env=env)
+    assert versions_beside(site) == {made[0], made[1], made[-2], made[-1]}
