@@ -41,3 +41,76 @@ def test_keep_never_removes_a_version_holding_the_users_files(env, tmp_path):
     made.append(head.next())
     cli("pull", "-q", head.remote, link, "--atomic", env=env)
     assert versions_beside(site) == {made[0], made[1], made[-2], made[-1]}
+
+
+def _race_keep(monkeypatch, site: Path, victim: str, swap) -> None:
+    """Run ``swap()`` (what whoever can write the link's parent does) at the
+    instant the removal of ``victim`` renames it away: the worst moment
+    between the checks and the removal."""
+    real = os.rename
+
+    def rename(src, dst, *a, **kw):
+        if src == victim and str(dst).startswith(".current.wdiff-old-"):
+            monkeypatch.setattr(os, "rename", real)
+            swap()
+        return real(src, dst, *a, **kw)
+
+    monkeypatch.setattr(os, "rename", rename)
+
+
+def test_keep_never_removes_a_directory_swapped_in_after_the_checks(env, tmp_path, monkeypatch):
+    """Between the checks of an old version and its removal, whoever can
+    write the link's parent renames it away and renames the user's own
+    directory (the one the link pointed to first) into its place: the
+    user's files stay, under their own name or the version's."""
+    import wdiff
+
+    head = Head(tmp_path)
+    site, link = site_of(tmp_path)
+    (site / "start" / "weights.bin").write_bytes(b"user's own work")
+    made = []
+    for _ in range(2):
+        made.append(head.next())
+        wdiff.pull(head.remote, link, atomic=True)
+
+    def swap():
+        os.rename(site / made[0], site / "moved-away")
+        os.rename(site / "start", site / made[0])
+
+    _race_keep(monkeypatch, site, made[0], swap)
+    made.append(head.next())
+    wdiff.pull(head.remote, link, atomic=True)
+    monkeypatch.undo()
+    survivors = [p for p in site.rglob("weights.bin")]
+    assert [p.read_bytes() for p in survivors] == [b"user's own work"], sorted(os.listdir(site))
+
+
+def test_keep_empties_nothing_put_at_the_temporary_name(env, tmp_path, monkeypatch):
+    """The same race one step later: the old version is renamed to its
+    temporary name (which the list, readable by all, names) and the user's
+    directory is put there before the tree is deleted."""
+    import wdiff
+
+    head = Head(tmp_path)
+    site, link = site_of(tmp_path)
+    (site / "start" / "weights.bin").write_bytes(b"user's own work")
+    made = []
+    for _ in range(2):
+        made.append(head.next())
+        wdiff.pull(head.remote, link, atomic=True)
+    real = os.rename
+
+    def rename(src, dst, *a, **kw):
+        r = real(src, dst, *a, **kw)
+        if src == made[0] and str(dst).startswith(".current.wdiff-old-"):
+            monkeypatch.setattr(os, "rename", real)
+            real(site / dst, site / "moved-away")
+            real(site / "start", site / dst)
+        return r
+
+    monkeypatch.setattr(os, "rename", rename)
+    made.append(head.next())
+    wdiff.pull(head.remote, link, atomic=True)
+    monkeypatch.undo()
+    survivors = [p for p in site.rglob("weights.bin")]
+    assert [p.read_bytes() for p in survivors] == [b"user's own work"], sorted(os.listdir(site))

@@ -30,13 +30,13 @@ from the list; the next pull finishes what a killed one left.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
 import json
 import os
 import re
 import secrets
-import shutil
 import stat
 from dataclasses import dataclass
 
@@ -225,8 +225,8 @@ class Versions:
         done, back = [], []
         for e in self.removing:
             if self._is(e.trash, e):
-                self._remove_tree(e.trash)
-                done.append(os.path.join(self.parent, e.name))
+                if self._remove_tree(e.trash, e):
+                    done.append(os.path.join(self.parent, e.name))
             elif self._is(e.name, e):
                 back.append(Entry(e.name, e.dev, e.ino, e.version, e.mac))
         if self.removing:
@@ -336,26 +336,74 @@ class Versions:
                     os.fsync(self.fd)
                 except OSError as err:
                     raise io_error(path, err) from None
+                if not self._is(gone.trash, e):
+                    # whoever can write the parent put another directory in its
+                    # place between the check and the rename: give it its name back
+                    with contextlib.suppress(OSError):
+                        if not os.path.lexists(os.path.join(self.parent, e.name)):
+                            os.rename(gone.trash, e.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                    self.removing = [r for r in self.removing if r != gone]
+                    self.save()
+                    raise IntegrityError(f"{path} was replaced while it was being removed; it is left in place")
         except BusyError:
             return False
-        self._remove_tree(gone.trash)
+        done = self._remove_tree(gone.trash, e)
         self.removing = [r for r in self.removing if r != gone]
         self.save()
+        return done
+
+    def _remove_tree(self, name: str, e: Entry) -> bool:
+        """Remove the directory ``e`` recorded, now at ``name``: opened
+        relative to the parent's descriptor without following a link, checked
+        to be that directory (same device and inode), emptied through that
+        descriptor only (a link inside is removed, never followed), and its
+        then empty name removed. Whatever is put at ``name`` meanwhile (a
+        race by whoever can write the parent) is never emptied: only an
+        empty directory could be removed by that name. False where ``name``
+        is not (or no longer) that directory: it is left."""
+        where = os.path.join(self.parent, name)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd)
+        except FileNotFoundError:
+            return False
+        except OSError as err:
+            if err.errno in (errno.ELOOP, errno.ENOTDIR):
+                return False  # a link or a file at its name now: not the directory made
+            raise io_error(where, err) from None
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (e.dev, e.ino):
+                return False
+            _empty(fd, 0)
+            os.rmdir(name, dir_fd=self.fd)
+        except OSError as err:
+            raise io_error(where, err) from None
+        finally:
+            os.close(fd)
         return True
 
-    def _remove_tree(self, name: str) -> None:
-        # relative to the parent's descriptor; shutil.rmtree never follows a
-        # link inside the tree; one put in the place of the top (a race) is
-        # removed itself, never followed
+
+#: deeper than any checkpoint's folders; a deeper tree is left (and reported)
+MAX_DEPTH = 128
+
+
+def _empty(fd: int, depth: int) -> None:
+    """Remove everything in the directory open at ``fd``, through
+    descriptors only, following no link."""
+    if depth > MAX_DEPTH:
+        raise OSError(errno.ELOOP, f"folders nested deeper than {MAX_DEPTH}")
+    with os.scandir(fd) as it:
+        names = [(d.name, d.is_dir(follow_symlinks=False)) for d in it]
+    for name, folder in names:
+        if not folder:
+            os.unlink(name, dir_fd=fd)
+            continue
+        sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
         try:
-            if not stat.S_ISDIR(os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mode):
-                os.unlink(name, dir_fd=self.fd)
-                return
-            shutil.rmtree(name, dir_fd=self.fd)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise io_error(os.path.join(self.parent, name), e) from None
+            _empty(sub, depth + 1)
+        finally:
+            os.close(sub)
+        os.rmdir(name, dir_fd=fd)
 
 
 def _foreign(fd: int, rec: record.Record, stamp: int) -> str | None:
