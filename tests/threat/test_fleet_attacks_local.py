@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
 from test_pull_atomic_keep import Head, cli, env, site_of, versions_beside  # noqa: E402,F401
@@ -114,3 +116,44 @@ def test_keep_empties_nothing_put_at_the_temporary_name(env, tmp_path, monkeypat
     monkeypatch.undo()
     survivors = [p for p in site.rglob("weights.bin")]
     assert [p.read_bytes() for p in survivors] == [b"user's own work"], sorted(os.listdir(site))
+
+
+def _pack(tmp_path: Path, a: dict, b: dict) -> Path:
+    import subprocess
+
+    from safetensors.torch import save_file
+
+    for name, sd in (("A", a), ("B", b)):
+        (tmp_path / name).mkdir()
+        save_file({k: v.contiguous().clone() for k, v in sd.items()}, str(tmp_path / name / "model.safetensors"))
+    out = tmp_path / "ab.wdiff"
+    subprocess.run([sys.executable, "-m", "wdiff", "pack", tmp_path / "A", tmp_path / "B", "-o", out],
+                   check=True, capture_output=True)
+    return out
+
+
+@pytest.mark.parametrize("second", ["flat view", "shifted view", "dtype view"])
+def test_apply_into_refuses_two_names_over_overlapping_memory(env, tmp_path, second):
+    """A dict holding one memory under two names that are not the same
+    tensor (a reshaped view, an overlapping slice, the same bytes read as
+    another dtype). The checkpoint has them as two tensors; patching one
+    changes the other, so the result would be no version at all. It is
+    refused before a byte is written; a true tied alias (the same tensor)
+    still applies."""
+    import torch
+
+    from wdiff.errors import WdiffError
+    from wdiff.live import apply_into
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(64, 64, generator=g).to(torch.bfloat16)
+    views = {"flat view": lambda t: t.view(-1), "shifted view": lambda t: t.view(-1)[64:4160],
+             "dtype view": lambda t: t.view(torch.int16)}
+    a = {"w": w, "x": views[second](w)}
+    b = {"w": w.clone(), "x": a["x"].clone()}
+    b["w"][0, :8] += 1  # the target changes w only
+    bundle = _pack(tmp_path, a, b)
+    before = w.clone()
+    with pytest.raises(WdiffError, match="share memory"):
+        apply_into(bundle, a)
+    assert torch.equal(w, before)
