@@ -157,3 +157,33 @@ def test_apply_into_refuses_two_names_over_overlapping_memory(env, tmp_path, sec
     with pytest.raises(WdiffError, match="share memory"):
         apply_into(bundle, a)
     assert torch.equal(w, before)
+
+
+@pytest.mark.parametrize("order", [">", "="])
+def test_apply_into_refuses_a_byte_order_the_bundle_does_not_have(env, tmp_path, order):
+    """A numpy array in big-endian order ('>f4') is float32 by name but not
+    by its bytes: an anchor written into it byte for byte gives other
+    numbers than the version it returns. It is refused, nothing written; a
+    native-order array applies."""
+    import subprocess
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from wdiff.errors import WdiffError
+    from wdiff.live import apply_into
+
+    w = np.arange(64 * 64, dtype=np.float32).reshape(64, 64) / 7
+    (tmp_path / "B").mkdir()
+    save_file({"w": w}, str(tmp_path / "B" / "model.safetensors"))
+    anchor = tmp_path / "b.anchor.wdb"
+    subprocess.run([sys.executable, "-m", "wdiff", "pack", "--anchor", tmp_path / "B", "-o", anchor],
+                   check=True, capture_output=True)
+    live = {"w": np.zeros((64, 64), dtype=np.dtype(f"{order}f4"))}
+    if order == "=":
+        apply_into(anchor, live)
+        assert np.array_equal(live["w"], w)
+        return
+    with pytest.raises(WdiffError, match="byte order"):
+        apply_into(anchor, live)
+    assert not live["w"].any()

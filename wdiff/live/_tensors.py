@@ -75,6 +75,11 @@ class Live:
             dt = _NP_BY_DTYPE.get(obj.dtype) or _NUMPY.get(obj.dtype.name)
             if dt is None:
                 raise UsageError(f"tensor {printable(name)}: dtype {obj.dtype} has no safetensors name")
+            if obj.dtype.byteorder == ">" or (obj.dtype.byteorder == "=" and sys.byteorder == "big"):
+                # its name is the dtype's, its bytes are not: patched byte for byte it would hold other numbers
+                raise UsageError(f"tensor {printable(name)}: dtype {obj.dtype.str} is big-endian, and a bundle's "
+                                 "bytes are in safetensors' byte order (little-endian); nothing was written",
+                                 hint="give the array in little-endian order: a.astype(a.dtype.newbyteorder('<'))")
             self.shape = tuple(int(d) for d in obj.shape)
             self.word = obj.dtype.itemsize
             self.nbytes = obj.nbytes
