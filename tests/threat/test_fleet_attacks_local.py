@@ -187,3 +187,25 @@ def test_apply_into_refuses_a_byte_order_the_bundle_does_not_have(env, tmp_path,
     with pytest.raises(WdiffError, match="byte order"):
         apply_into(anchor, live)
     assert not live["w"].any()
+
+
+def test_apply_into_a_non_contiguous_tensor_changes_nothing(env, tmp_path):
+    """A transposed (non-contiguous) tensor among contiguous ones, the
+    bundle changing both: refused, and no tensor holds a byte of the new
+    version (not the contiguous one patched before it either)."""
+    import torch
+
+    from wdiff.errors import WdiffError
+    from wdiff.live import apply_into
+
+    g = torch.Generator().manual_seed(5)
+    a = {"a.first": torch.randn(64, 64, generator=g), "z.last": torch.randn(64, 64, generator=g)}
+    b = {k: v.clone() for k, v in a.items()}
+    for v in b.values():
+        v[3, :9] += 1
+    bundle = _pack(tmp_path, a, b)
+    live = {"a.first": a["a.first"].clone(), "z.last": a["z.last"].t().contiguous().t()}
+    before = {k: v.clone() for k, v in live.items()}
+    with pytest.raises(WdiffError):
+        apply_into(bundle, live)
+    assert all(torch.equal(live[k], before[k]) for k in live)
