@@ -209,3 +209,28 @@ def test_apply_into_a_non_contiguous_tensor_changes_nothing(env, tmp_path):
     with pytest.raises(WdiffError):
         apply_into(bundle, live)
     assert all(torch.equal(live[k], before[k]) for k in live)
+
+
+def test_a_pull_killed_between_its_build_and_its_listing_leaks_no_version(env, tmp_path):
+    """SIGKILL after the new version directory is in place and before the
+    pull lists it (the audit hook kills at the list's write once the
+    directory exists): the next pulls still know it as theirs and remove it
+    beyond --keep, instead of leaving a whole checkpoint for ever."""
+    import subprocess
+
+    from test_pull_atomic_keep import KILLER
+
+    hook = ('if at == "list" and event == "open" and ".wdiff-versions-tmp-" in str(args[0]) '
+            'and os.path.isdir(os.environ["KEEP_BUILT"]):')
+    kill = KILLER.replace('if at == "rename" and event == "os.rename" and ".wdiff-old-" in str(args[1]):', hook)
+    assert kill != KILLER
+    head = Head(tmp_path)
+    site, link = site_of(tmp_path)
+    made = []
+    for k in range(4):
+        made.append(head.next())
+        p = subprocess.run([sys.executable, "-c", kill, "pull", "-q", str(head.remote), str(link), "--atomic"],
+                           env=env | {"KEEP_KILL_AT": "list" if k == 1 else "-", "KEEP_BUILT": str(site / made[-1])},
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == (-9 if k == 1 else 0), p.stderr
+    assert versions_beside(site) == set(made[-2:]), sorted(os.listdir(site))

@@ -24,7 +24,11 @@ no other wdiff holds its lock. Anything else is dropped from the list and left w
 A removal is crash-safe: the list first names the directory's temporary
 name (``.LINK.wdiff-old-HEX``), the directory is renamed to it (so a
 half-removed tree never looks like a version), removed, and then dropped
-from the list; the next pull finishes what a killed one left.
+from the list; the next pull finishes what a killed one left. A new
+version is listed as pending (no device and inode yet) before it is built,
+so that one a pull killed before listing it is adopted by the next pull
+(by the directory then at its name, still held to every check above)
+instead of staying for ever.
 """
 
 from __future__ import annotations
@@ -183,6 +187,45 @@ class Versions:
                 os.unlink(tmp, dir_fd=self.fd)
             raise io_error(os.path.join(self.parent, self.name), e) from None
 
+    def pend(self, path: str, version: bytes) -> None:
+        """List ``path`` (a name free beside the link, about to be built) as
+        pending (device and inode 0: it has none yet), so that a pull killed
+        between its build and :meth:`add` leaves a version the next pull
+        still knows as ours (:meth:`adopt`) instead of a whole checkpoint
+        no pull would ever remove. Best effort, like :meth:`add`."""
+        if self._no_key:
+            return
+        name, v = os.path.basename(path), version.hex()
+        with contextlib.suppress(WdiffError, OSError):
+            self.versions = [e for e in self.versions if e.name != name] + [Entry(name, 0, 0, v, self._mac(name, 0, 0, v))]
+            self.save()
+
+    def unpend(self, path: str) -> None:
+        """Drop the pending entry of ``path`` (its build failed: nothing of ours is there)."""
+        name = os.path.basename(path)
+        if any(e.name == name and e.ino == 0 for e in self.versions):
+            self.versions = [e for e in self.versions if not (e.name == name and e.ino == 0)]
+            with contextlib.suppress(WdiffError, OSError):
+                self.save()
+
+    def adopt(self) -> None:
+        """A pending entry left by a killed pull: the plain directory now at
+        its name is listed with its device and inode (the checks of a
+        removal, a record of a version of the remote and nothing but its
+        files as a pull wrote them, still apply); a name with none is dropped."""
+        out = []
+        for e in self.versions:
+            if e.ino == 0:
+                try:
+                    st = os.stat(e.name, dir_fd=self.fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    continue
+                e = Entry(e.name, st.st_dev, st.st_ino, e.version, self._mac(e.name, st.st_dev, st.st_ino, e.version))
+            out.append(e)
+        self.versions = out
+
     def add(self, path: str, version: bytes, previous: str, reporter) -> None:
         """Record ``path`` (a directory just made beside the link) as the
         newest version, and ``previous`` (the link's target until now, when
@@ -248,6 +291,7 @@ class Versions:
             return []
         try:
             removed = self.finish()
+            self.adopt()
             here = self._target()
             valid = [e for e in self.versions if self._is(e.name, e)]
             if len(valid) != len(self.versions):  # gone, or no longer the directory that was made
