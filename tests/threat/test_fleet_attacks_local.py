@@ -234,3 +234,25 @@ def test_a_pull_killed_between_its_build_and_its_listing_leaks_no_version(env, t
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == (-9 if k == 1 else 0), p.stderr
     assert versions_beside(site) == set(made[-2:]), sorted(os.listdir(site))
+
+
+def test_apply_into_a_meta_tensor_changes_nothing(env, tmp_path):
+    """A tensor with no memory (device 'meta', as a model built under
+    init_empty_weights holds before loading) among CPU ones: refused, and
+    the CPU tensors keep every byte."""
+    import torch
+
+    from wdiff.errors import WdiffError
+    from wdiff.live import apply_into
+
+    g = torch.Generator().manual_seed(6)
+    a = {"a.first": torch.randn(64, 64, generator=g), "z.last": torch.randn(64, 64, generator=g)}
+    b = {k: v.clone() for k, v in a.items()}
+    for v in b.values():
+        v[5, :9] += 1
+    bundle = _pack(tmp_path, a, b)
+    live = {"a.first": a["a.first"].clone(), "z.last": torch.empty(64, 64, device="meta")}
+    before = live["a.first"].clone()
+    with pytest.raises(WdiffError):
+        apply_into(bundle, live)
+    assert torch.equal(live["a.first"], before)

@@ -54,6 +54,9 @@ class Live:
             dt = _torch_dtype(obj.dtype)
             if dt is None:
                 raise UsageError(f"tensor {printable(name)}: dtype {obj.dtype} has no safetensors name")
+            if obj.device.type == "meta":
+                raise UsageError(f"tensor {printable(name)} is on the meta device: it has no memory to patch "
+                                 "(nothing was written)", hint="load the model's weights first, then apply")
             self.shape = tuple(int(d) for d in obj.shape)
             self.word = obj.element_size()
             self.nbytes = obj.numel() * self.word
