@@ -197,7 +197,8 @@ class Versions:
             return
         name, v = os.path.basename(path), version.hex()
         with contextlib.suppress(WdiffError, OSError):
-            self.versions = [e for e in self.versions if e.name != name] + [Entry(name, 0, 0, v, self._mac(name, 0, 0, v))]
+            pending = Entry(name, 0, 0, v, self._mac(name, 0, 0, v))
+            self.versions = [e for e in self.versions if e.name != name] + [pending]
             self.save()
 
     def unpend(self, path: str) -> None:
