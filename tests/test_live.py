@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +24,9 @@ from wdiff.live import Publisher, apply_into, iter_patches
 from wdiff.ops.fetch import download, read_chain
 from wdiff.progress import SILENT
 from wdiff.remotes import open_remote
+
+sys.path.insert(0, os.path.dirname(__file__))
+import specbundle as sb  # noqa: E402
 
 WDIFF = [sys.executable, "-m", "wdiff"]
 
@@ -158,9 +162,10 @@ def test_apply_into_follows_and_refuses_other_bases(tmp_path):
 @pytest.mark.parametrize("budget", [1 << 28, 0])
 def test_failed_apply_puts_every_tensor_back(tmp_path, budget):
     """Two live tensors that share memory (views of one buffer) while the
-    publisher's do not: patching the first changes the second's bytes, the
-    read-back check finds it, and every word written goes back (the undo
-    entries in memory, or with budget 0 in a temporary file)."""
+    publisher's do not are refused before a byte is written; a record that
+    fails its read-back check after others were written puts every word
+    written back (the undo entries in memory, or with budget 0 in a
+    temporary file)."""
     g = torch.Generator().manual_seed(4)
     sd = {"a": torch.randn(4000, generator=g).to(torch.bfloat16)}
     sd["b"] = sd["a"][2000:].clone()
@@ -170,7 +175,8 @@ def test_failed_apply_puts_every_tensor_back(tmp_path, budget):
     pub.publish(sd)
     anchor = head_bundle(remote, tmp_path)
     buf = torch.zeros(4000, dtype=torch.bfloat16)
-    fol = {"a": buf, "b": buf[2000:], "c": torch.zeros(3000, dtype=torch.bfloat16)}
+    shared = {"a": buf, "b": buf[2000:], "c": torch.zeros(3000, dtype=torch.bfloat16)}
+    fol = {k: torch.zeros_like(v) for k, v in shared.items()}
     apply_into(anchor, fol)
     assert same(fol, sd)
     with torch.no_grad():
@@ -179,8 +185,22 @@ def test_failed_apply_puts_every_tensor_back(tmp_path, budget):
         sd["c"][7] += 1
     pub.publish(sd)
     before = {k: v.clone() for k, v in fol.items()}
+    # views of one buffer under two names are refused before a byte is
+    # written (patching one would change the other)
+    with pytest.raises(UsageError, match="share memory"):
+        apply_into(head_bundle(remote, tmp_path), shared, undo_budget=budget)
+    assert torch.equal(buf, torch.zeros_like(buf))
+    # a record whose target digest its words do not give, after others were
+    # written: every word written goes back
+    good = Path(head_bundle(remote, tmp_path))
+    b = sb.parse(good.read_bytes())
+    last = b.records[[i for i, r in enumerate(b.records) if r.type == 1 and r.codec != 0][-1]]
+    last.target = bytes([last.target[0] ^ 1]) + last.target[1:]
+    bad = tmp_path / "bad.wdb"
+    bad.write_bytes(sb.serialize(b, fix_index=False))
+    fol = {k: v.clone() for k, v in fol.items()}
     with pytest.raises(IntegrityError, match="put back"):
-        apply_into(head_bundle(remote, tmp_path), fol, undo_budget=budget)
+        apply_into(bad, fol, undo_budget=budget)
     assert same(fol, before)
 
 

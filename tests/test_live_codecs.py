@@ -8,6 +8,7 @@ the bundle holds the codec the case is for."""
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -21,6 +22,9 @@ from wdiff.codec.chunk import CODEC_NAMES
 from wdiff.errors import BaseMismatchError, IntegrityError
 from wdiff.live import apply_into, iter_patches
 from wdiff.live.layout import METADATA
+
+sys.path.insert(0, os.path.dirname(__file__))
+import specbundle as sb  # noqa: E402
 
 N = 1 << 16
 LISTED = {"sparse", "bitmap", "msparse", "mbitmap", "csparse", "rsparse"}
@@ -157,12 +161,19 @@ def test_failed_v2_apply_restores_the_old_words_exactly(tmp_path, name, budget):
     bundle = str(tmp_path / "x.wdb")
     wdiff.pack(tmp_path / "A", tmp_path / "B", bundle, format_version=3)
     assert name in wdiff.inspect(bundle).records
-    buf = torch.cat([a[: N // 4], a[N // 4 :]]).clone()  # x and y overlap in one buffer
-    live = {"x": buf[: N // 2], "y": buf[N // 4 :]}
-    before = buf.clone()
-    with pytest.raises(IntegrityError, match="put back"):
-        apply_into(bundle, live, undo_budget=budget)
-    assert torch.equal(buf.view(torch.int16), before.view(torch.int16))
+    # two names over one buffer are refused up front; a record whose target
+    # digest its words do not give fails after the first was written
+    b_ = sb.parse(open(bundle, "rb").read())
+    last = b_.records[[i for i, r in enumerate(b_.records) if r.type == 1][-1]]
+    last.target = bytes([last.target[0] ^ 1]) + last.target[1:]
+    bad = tmp_path / "bad.wdb"
+    bad.write_bytes(sb.serialize(b_, fix_index=False))
+    live = {"x": A["x"].clone(), "y": A["y"].clone()}
+    before = {k: v.clone() for k, v in live.items()}
+    # (an mdense pack here is one record over x and y, refused before it writes)
+    with pytest.raises(IntegrityError, match="put back" if name != "mdense" else "do not match the target"):
+        apply_into(bad, live, undo_budget=budget)
+    assert all(torch.equal(live[k].view(torch.int16), before[k].view(torch.int16)) for k in live)
 
 
 def test_v2_record_against_the_wrong_base_writes_nothing(tmp_path):

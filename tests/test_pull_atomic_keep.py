@@ -290,7 +290,7 @@ at, seen = os.environ["KEEP_KILL_AT"], {"files": 0, "on": False}
 def hook(event, args):
     if at == "rename" and event == "os.rename" and ".wdiff-old-" in str(args[1]):
         os.kill(os.getpid(), signal.SIGKILL)
-    if at == "rmtree" and event == "shutil.rmtree" and ".wdiff-old-" in str(args[0]):
+    if at == "rmtree" and event == "os.rename" and ".wdiff-old-" in str(args[1]):
         seen["on"] = True
     if at == "rmtree" and event == "os.remove" and seen["on"]:
         seen["files"] += 1

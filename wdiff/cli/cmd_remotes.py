@@ -161,8 +161,8 @@ def pull(
     Then the oldest version directories that --atomic made for this link
     are removed beyond --keep N (default 2: the one the link points to and
     the one before it, for a rollback; 0 keeps all); a directory it did not
-    make (the one the link first pointed to, one you renamed) is never
-    removed.
+    make (the one the link first pointed to, one you renamed) or one
+    holding files you added or changed is never removed.
     """
     from ..ops.pull import pull as run_pull
 

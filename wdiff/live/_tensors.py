@@ -54,6 +54,9 @@ class Live:
             dt = _torch_dtype(obj.dtype)
             if dt is None:
                 raise UsageError(f"tensor {printable(name)}: dtype {obj.dtype} has no safetensors name")
+            if obj.device.type == "meta":
+                raise UsageError(f"tensor {printable(name)} is on the meta device: it has no memory to patch "
+                                 "(nothing was written)", hint="load the model's weights first, then apply")
             self.shape = tuple(int(d) for d in obj.shape)
             self.word = obj.element_size()
             self.nbytes = obj.numel() * self.word
@@ -75,6 +78,11 @@ class Live:
             dt = _NP_BY_DTYPE.get(obj.dtype) or _NUMPY.get(obj.dtype.name)
             if dt is None:
                 raise UsageError(f"tensor {printable(name)}: dtype {obj.dtype} has no safetensors name")
+            if obj.dtype.byteorder == ">" or (obj.dtype.byteorder == "=" and sys.byteorder == "big"):
+                # its name is the dtype's, its bytes are not: patched byte for byte it would hold other numbers
+                raise UsageError(f"tensor {printable(name)}: dtype {obj.dtype.str} is big-endian, and a bundle's "
+                                 "bytes are in safetensors' byte order (little-endian); nothing was written",
+                                 hint="give the array in little-endian order: a.astype(a.dtype.newbyteorder('<'))")
             self.shape = tuple(int(d) for d in obj.shape)
             self.word = obj.dtype.itemsize
             self.nbytes = obj.nbytes
@@ -95,6 +103,19 @@ class Live:
         if self.nbytes == 0:
             return None
         return (self.obj.__array_interface__["data"][0], self.nbytes, self.dtype, self.shape, self.obj.strides)
+
+    def span(self):
+        """(device, first byte, one past the last byte) of the memory the
+        tensor's elements lie in; None for an empty tensor."""
+        if self.nbytes == 0:
+            return None
+        if is_torch(self.obj):
+            where, ptr = str(self.obj.device), self.obj.data_ptr()
+            steps = [st * self.word for st in self.obj.stride()]
+        else:
+            where, ptr, steps = "cpu", self.obj.__array_interface__["data"][0], list(self.obj.strides)
+        reach = [(d - 1) * st for d, st in zip(self.shape, steps)]
+        return (where, ptr + sum(r for r in reach if r < 0), ptr + sum(r for r in reach if r > 0) + self.word)
 
     def read(self, lo: int, hi: int, out: np.ndarray) -> None:
         """Copy bytes [lo, hi) of the tensor's data (row-major) into ``out``."""
@@ -248,4 +269,19 @@ def without_aliases(lives: list[Live]) -> tuple[list[Live], dict[str, str]]:
         if k is not None:
             first[k] = t.name
         kept.append(t)
+    _no_overlap(kept)
     return kept, aliases
+
+
+def _no_overlap(lives: list[Live]) -> None:
+    """Refuse two names over overlapping memory that are not the same tensor
+    (a reshaped view, an overlapping slice, the same bytes as another
+    dtype): the bundle's target holds them as two tensors, and patching one
+    would change the other, so the result would be no version at all."""
+    spans = sorted((s, t.name) for t in lives if (s := t.span()) is not None)
+    for (a, name_a), (b, name_b) in zip(spans, spans[1:]):
+        if a[0] == b[0] and b[1] < a[2]:
+            raise UsageError(f"tensors {printable(name_a)} and {printable(name_b)} share memory but are not the same "
+                             "tensor (a view, a slice or another dtype of it); nothing was written",
+                             hint="give each tensor of the model once, with its own memory (a tied weight as the "
+                                  "same tensor under both names)")

@@ -115,10 +115,17 @@ def _build(store, keys, read, chain, goal: bytes, link: str, old: str, threads: 
                             overwrite=True, check_out=False, base_fingerprint=None if from_anchor else current,
                             rules=None if from_anchor else rules)
             new = _new_sibling(old, chain, goal)
-            apply_copy(bundle, None if from_anchor else old, new, threads=threads, reporter=reporter,
-                       rules=rules)
-            with reading(bundle) as r, StateDir.open(new) as fresh:
-                record_target(fresh, r.index)
+            with Versions(link) as versions:  # pending: a kill before add() leaves it known as ours
+                versions.pend(new, goal)
+            try:
+                apply_copy(bundle, None if from_anchor else old, new, threads=threads, reporter=reporter,
+                           rules=rules)
+                with reading(bundle) as r, StateDir.open(new) as fresh:
+                    record_target(fresh, r.index)
+            except BaseException:
+                with Versions(link) as versions:
+                    versions.unpend(new)
+                raise
             with Versions(link) as versions:  # listed before the switch: never a version we did not list
                 versions.add(new, goal, old, reporter)
         finally:

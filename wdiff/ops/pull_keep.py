@@ -24,19 +24,23 @@ no other wdiff holds its lock. Anything else is dropped from the list and left w
 A removal is crash-safe: the list first names the directory's temporary
 name (``.LINK.wdiff-old-HEX``), the directory is renamed to it (so a
 half-removed tree never looks like a version), removed, and then dropped
-from the list; the next pull finishes what a killed one left.
+from the list; the next pull finishes what a killed one left. A new
+version is listed as pending (no device and inode yet) before it is built,
+so that one a pull killed before listing it is adopted by the next pull
+(by the directory then at its name, still held to every check above)
+instead of staying for ever.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
 import json
 import os
 import re
 import secrets
-import shutil
 import stat
 from dataclasses import dataclass
 
@@ -183,6 +187,46 @@ class Versions:
                 os.unlink(tmp, dir_fd=self.fd)
             raise io_error(os.path.join(self.parent, self.name), e) from None
 
+    def pend(self, path: str, version: bytes) -> None:
+        """List ``path`` (a name free beside the link, about to be built) as
+        pending (device and inode 0: it has none yet), so that a pull killed
+        between its build and :meth:`add` leaves a version the next pull
+        still knows as ours (:meth:`adopt`) instead of a whole checkpoint
+        no pull would ever remove. Best effort, like :meth:`add`."""
+        if self._no_key:
+            return
+        name, v = os.path.basename(path), version.hex()
+        with contextlib.suppress(WdiffError, OSError):
+            pending = Entry(name, 0, 0, v, self._mac(name, 0, 0, v))
+            self.versions = [e for e in self.versions if e.name != name] + [pending]
+            self.save()
+
+    def unpend(self, path: str) -> None:
+        """Drop the pending entry of ``path`` (its build failed: nothing of ours is there)."""
+        name = os.path.basename(path)
+        if any(e.name == name and e.ino == 0 for e in self.versions):
+            self.versions = [e for e in self.versions if not (e.name == name and e.ino == 0)]
+            with contextlib.suppress(WdiffError, OSError):
+                self.save()
+
+    def adopt(self) -> None:
+        """A pending entry left by a killed pull: the plain directory now at
+        its name is listed with its device and inode (the checks of a
+        removal, a record of a version of the remote and nothing but its
+        files as a pull wrote them, still apply); a name with none is dropped."""
+        out = []
+        for e in self.versions:
+            if e.ino == 0:
+                try:
+                    st = os.stat(e.name, dir_fd=self.fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    continue
+                e = Entry(e.name, st.st_dev, st.st_ino, e.version, self._mac(e.name, st.st_dev, st.st_ino, e.version))
+            out.append(e)
+        self.versions = out
+
     def add(self, path: str, version: bytes, previous: str, reporter) -> None:
         """Record ``path`` (a directory just made beside the link) as the
         newest version, and ``previous`` (the link's target until now, when
@@ -225,8 +269,8 @@ class Versions:
         done, back = [], []
         for e in self.removing:
             if self._is(e.trash, e):
-                self._remove_tree(e.trash)
-                done.append(os.path.join(self.parent, e.name))
+                if self._remove_tree(e.trash, e):
+                    done.append(os.path.join(self.parent, e.name))
             elif self._is(e.name, e):
                 back.append(Entry(e.name, e.dev, e.ino, e.version, e.mac))
         if self.removing:
@@ -248,6 +292,7 @@ class Versions:
             return []
         try:
             removed = self.finish()
+            self.adopt()
             here = self._target()
             valid = [e for e in self.versions if self._is(e.name, e)]
             if len(valid) != len(self.versions):  # gone, or no longer the directory that was made
@@ -261,10 +306,13 @@ class Versions:
         for e in victims:
             try:
                 ok = self._version_of(e, known)
-                if ok is False:  # not a version of this remote (any more): not ours to remove
+                if ok is not True:  # not a version of this remote (any more), or holds the user's work
                     self.versions = [v for v in self.versions if v != e]
                     self.save()
-                elif ok and self._remove(e):
+                    if isinstance(ok, str):
+                        reporter.warn(f"{os.path.join(self.parent, e.name)} holds {ok}, which is not the version's: "
+                                      "it is left in place, and no pull will remove it")
+                elif self._remove(e):
                     removed.append(os.path.join(self.parent, e.name))
             except WdiffError as err:
                 reporter.warn(f"{err} (an old version is left for the next pull to remove)")
@@ -278,10 +326,13 @@ class Versions:
             return None
         return st.st_dev, st.st_ino
 
-    def _version_of(self, e: Entry, known) -> bool:
+    def _version_of(self, e: Entry, known) -> bool | str:
         """Whether ``e`` holds a record of a version in ``known`` (the
         remote's chain) or of the version built there (one the remote's gc
-        may have dropped since), reached without following a link."""
+        may have dropped since), reached without following a link, and
+        nothing else: the first path in it that is not a file of that
+        version as the pull wrote it (a file the user added, a file changed
+        since, a link) is returned instead, and the directory stays."""
         try:
             fd = os.open(e.name, _DIR_FLAGS, dir_fd=self.fd)
         except OSError:
@@ -298,9 +349,14 @@ class Versions:
                     return False
                 with state:
                     rec = record.read(state)
-            return rec is not None and (rec.version in known or rec.version.hex() == e.version)
+                    if rec is None or not (rec.version in known or rec.version.hex() == e.version):
+                        return False
+                    stamp = os.stat(record.NAME, dir_fd=state.fd, follow_symlinks=False).st_mtime_ns
+                return _foreign(top.fd, rec, stamp) or True
         except WdiffError:
             return False
+        except OSError as err:
+            raise io_error(os.path.join(self.parent, e.name), err) from None
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -325,26 +381,107 @@ class Versions:
                     os.fsync(self.fd)
                 except OSError as err:
                     raise io_error(path, err) from None
+                if not self._is(gone.trash, e):
+                    # whoever can write the parent put another directory in its
+                    # place between the check and the rename: give it its name back
+                    with contextlib.suppress(OSError):
+                        if not os.path.lexists(os.path.join(self.parent, e.name)):
+                            os.rename(gone.trash, e.name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                    self.removing = [r for r in self.removing if r != gone]
+                    self.save()
+                    raise IntegrityError(f"{path} was replaced while it was being removed; it is left in place")
         except BusyError:
             return False
-        self._remove_tree(gone.trash)
+        done = self._remove_tree(gone.trash, e)
         self.removing = [r for r in self.removing if r != gone]
         self.save()
+        return done
+
+    def _remove_tree(self, name: str, e: Entry) -> bool:
+        """Remove the directory ``e`` recorded, now at ``name``: opened
+        relative to the parent's descriptor without following a link, checked
+        to be that directory (same device and inode), emptied through that
+        descriptor only (a link inside is removed, never followed), and its
+        then empty name removed. Whatever is put at ``name`` meanwhile (a
+        race by whoever can write the parent) is never emptied: only an
+        empty directory could be removed by that name. False where ``name``
+        is not (or no longer) that directory: it is left."""
+        where = os.path.join(self.parent, name)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd)
+        except FileNotFoundError:
+            return False
+        except OSError as err:
+            if err.errno in (errno.ELOOP, errno.ENOTDIR):
+                return False  # a link or a file at its name now: not the directory made
+            raise io_error(where, err) from None
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (e.dev, e.ino):
+                return False
+            _empty(fd, 0)
+            os.rmdir(name, dir_fd=self.fd)
+        except OSError as err:
+            raise io_error(where, err) from None
+        finally:
+            os.close(fd)
         return True
 
-    def _remove_tree(self, name: str) -> None:
-        # relative to the parent's descriptor; shutil.rmtree never follows a
-        # link inside the tree; one put in the place of the top (a race) is
-        # removed itself, never followed
+
+#: deeper than any checkpoint's folders; a deeper tree is left (and reported)
+MAX_DEPTH = 128
+
+
+def _empty(fd: int, depth: int) -> None:
+    """Remove everything in the directory open at ``fd``, through
+    descriptors only, following no link."""
+    if depth > MAX_DEPTH:
+        raise OSError(errno.ELOOP, f"folders nested deeper than {MAX_DEPTH}")
+    with os.scandir(fd) as it:
+        names = [(d.name, d.is_dir(follow_symlinks=False)) for d in it]
+    for name, folder in names:
+        if not folder:
+            os.unlink(name, dir_fd=fd)
+            continue
+        sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
         try:
-            if not stat.S_ISDIR(os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mode):
-                os.unlink(name, dir_fd=self.fd)
-                return
-            shutil.rmtree(name, dir_fd=self.fd)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise io_error(os.path.join(self.parent, name), e) from None
+            _empty(sub, depth + 1)
+        finally:
+            os.close(sub)
+        os.rmdir(name, dir_fd=fd)
+
+
+def _foreign(fd: int, rec: record.Record, stamp: int) -> str | None:
+    """The first entry of the version directory open at ``fd`` that is not a
+    file of ``rec`` as the pull left it (listed, a regular file of its size,
+    not modified after the record, stamped ``stamp``, was written), or a
+    folder none of them needs; None when there is none. ``.wdiff/`` is
+    wdiff's own. The walk follows no link and stops at the first foreign
+    entry, so it costs at most one entry more than the version has."""
+    sizes = {r.path: r.size for r in rec.files}
+    folders = {p.rsplit("/", k)[0] for p in sizes for k in range(1, p.count("/") + 1)}
+    todo = [(os.dup(fd), "")]
+    try:
+        while todo:
+            dfd, prefix = todo.pop()
+            try:
+                with os.scandir(dfd) as it:
+                    for d in it:
+                        rel = prefix + d.name
+                        if rel == STATE_DIR:
+                            continue
+                        st = d.stat(follow_symlinks=False)
+                        if stat.S_ISDIR(st.st_mode) and rel in folders:
+                            todo.append((os.open(d.name, _DIR_FLAGS, dir_fd=dfd), rel + "/"))
+                        elif not (stat.S_ISREG(st.st_mode) and sizes.get(rel) == st.st_size
+                                  and st.st_mtime_ns <= stamp):
+                            return rel + ("/" if stat.S_ISDIR(st.st_mode) else "")
+            finally:
+                os.close(dfd)
+    finally:
+        for dfd, _ in todo:
+            os.close(dfd)
+    return None
 
 
 def user_key() -> bytes:
