@@ -329,3 +329,25 @@ def test_a_pull_killed_while_removing_is_finished_by_the_next(env, tmp_path, at)
     assert versions_beside(site) == set(made[-2:]) and tree(link) == head.trees[made[-1]]
     assert [n for n in os.listdir(site) if n.startswith(".")] == [LIST]
     assert json.loads((site / LIST).read_text())["removing"] == []
+
+
+def test_a_link_in_another_folder_than_its_versions(env, tmp_path):
+    """``site/live -> ../store/start``: each version is built beside the
+    link's target, in ``store/``, so the list and every check of a removal
+    are there; nothing is added beside the link. (The list was kept beside
+    the link, and every version checked there: none was ever found, so none
+    was removed, and the list was debris beside the user's link.)"""
+    head = Head(tmp_path)
+    store, site = tmp_path / "store", tmp_path / "site"
+    (store / "start").mkdir(parents=True)
+    site.mkdir()
+    link = site / "live"
+    os.symlink(os.path.join("..", "store", "start"), link)
+    made = []
+    for _ in range(4):
+        made.append(head.next())
+        r = cli("pull", head.remote, link, "--atomic", env=env)
+        assert "warning" not in r.stderr, r.stderr
+        assert os.path.realpath(link) == str((store / made[-1]).resolve()) and tree(link) == head.trees[made[-1]]
+        assert sorted(os.listdir(site)) == ["live"]
+        assert {n for n in os.listdir(store) if not n.startswith(".")} == {"start", *made[-2:]}

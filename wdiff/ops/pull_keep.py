@@ -4,8 +4,9 @@ been switched (a cron job would otherwise grow the disk by one whole
 checkpoint per pull, for ever).
 
 Only directories this mechanism made for this link are ever removed. They
-are listed, oldest first, in ``PARENT/.LINK.wdiff-versions`` (written temp
-+ fsync + rename under the link's lock), each by name and by the device and
+are listed, oldest first, in ``PARENT/.LINK.wdiff-versions`` (PARENT: the
+folder the versions are built in, beside the link's target, which may not
+be the link's own folder; written temp + fsync + rename under the link's lock), each by name and by the device and
 inode it had when it was made. The list is input: whoever can write the
 parent can write it. A name in it is removed only if it is a plain name
 (the pattern pull --atomic names versions with), is a plain directory
@@ -88,8 +89,11 @@ class Versions:
     link's parent directory. Use under the link's lock."""
 
     def __init__(self, link: str) -> None:
-        self.parent, self.link_name = os.path.split(os.path.abspath(link))
-        self.name = list_name(self.link_name)
+        self.link = os.path.abspath(link)
+        link_dir, self.link_name = os.path.split(self.link)
+        # the versions are built beside the link's target (pull_atomic), which
+        # need not be the link's own folder: the list and every check live there
+        self.parent = os.path.dirname(os.path.realpath(self.link))
         self._trash = re.compile(rf"\.{re.escape(self.link_name)}\.wdiff-old-[0-9a-f]{{16}}")
         try:
             self.fd = os.open(self.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -99,7 +103,16 @@ class Versions:
         self.removing: list[Entry] = []
         try:
             st = os.fstat(self.fd)
-            self._where = f"{SCHEMA}\0{st.st_dev}\0{st.st_ino}\0{self.link_name}\0".encode()
+            try:
+                ls = os.stat(link_dir)
+            except OSError as e:
+                raise io_error(link_dir, e) from None
+            # bound to both folders: two links of one name in two folders whose
+            # versions share a folder keep two lists, and neither removes what
+            # the other points to
+            self.name = list_name(self.link_name) if (ls.st_dev, ls.st_ino) == (st.st_dev, st.st_ino) else \
+                list_name(f"{self.link_name}-{ls.st_dev:x}-{ls.st_ino:x}")
+            self._where = f"{SCHEMA}\0{st.st_dev}\0{st.st_ino}\0{ls.st_dev}\0{ls.st_ino}\0{self.link_name}\0".encode()
             self._sweep()
             try:
                 self._key, self._no_key = user_key(), None
@@ -321,7 +334,7 @@ class Versions:
     def _target(self) -> tuple[int, int] | None:
         """(device, inode) of the directory the link points to now."""
         try:
-            st = os.stat(self.link_name, dir_fd=self.fd, follow_symlinks=True)
+            st = os.stat(self.link)
         except OSError:
             return None
         return st.st_dev, st.st_ino
