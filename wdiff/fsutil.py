@@ -51,51 +51,56 @@ def clear_dead_temps(final: str, tag: str = "tmp") -> None:
     another PID namespace) costs that writer its run, never data: its
     rename into place then fails."""
     head, tail = os.path.split(os.path.abspath(final))
-    try:
-        names = os.listdir(head)
-    except OSError:
-        return
-    for n in _dead_temps(names, tail, tag):
-        p = os.path.join(head, n)
-        with contextlib.suppress(OSError):
-            if stat.S_ISDIR(os.lstat(p).st_mode):
-                shutil.rmtree(p)
-            else:
-                os.unlink(p)
-
-
-def _dead_temps(names, tail: str, tag: str):
-    """The names among ``names`` that :func:`temp_name` made for ``tail`` and
-    whose owner no longer runs."""
-    return _dead_owners(names, re.compile(rf"\.{re.escape(tail)}\.wdiff-{re.escape(tag)}-(\d+)-(\d+)-[0-9a-f]{{8}}"))
-
-
-def _dead_owners(names, pat: re.Pattern):
-    """The names among ``names`` that ``pat`` matches (its groups: the
-    owner's PID and start, as :func:`owner_tag` writes them) and whose owner
-    no longer runs."""
-    for n in names:
-        m = pat.fullmatch(n)
-        if m is not None and not owner_alive(int(m.group(1)), int(m.group(2))):
-            yield n
+    _remove_dead(head, _temp_pattern(tail, tag))
 
 
 def clear_dead_temps_at(dir_fd: int, name: str, tag: str = "tmp") -> None:
     """:func:`clear_dead_temps` for entry ``name`` of the open directory
-    ``dir_fd``: listed and removed relative to the descriptor, never through
-    a link (a planted link is removed itself; a planted folder is removed
-    with a walk that does not follow links either)."""
+    ``dir_fd``: listed and removed relative to the descriptor."""
+    _remove_dead_at(dir_fd, _temp_pattern(name, tag))
+
+
+def _temp_pattern(tail: str, tag: str) -> re.Pattern:
+    """The names :func:`temp_name` gives the temporaries of ``tail``."""
+    return re.compile(rf"\.{re.escape(tail)}\.wdiff-{re.escape(tag)}-(\d+)-(\d+)-[0-9a-f]{{8}}")
+
+
+def _remove_dead(head: str, pat: re.Pattern, *, uid: int | None = None) -> None:
+    """:func:`_remove_dead_at` for the folder ``head``."""
+    try:
+        fd = os.open(head, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        _remove_dead_at(fd, pat, uid=uid)
+    finally:
+        os.close(fd)
+
+
+def _remove_dead_at(dir_fd: int, pat: re.Pattern, *, uid: int | None = None) -> None:
+    """Remove the entries of the open directory ``dir_fd`` that ``pat``
+    matches (its groups: the owner's PID and start, as :func:`owner_tag`
+    writes them) and whose owner no longer runs; with ``uid``, only those
+    that user owns (a shared folder, where anyone may plant a name). All
+    relative to the descriptor, never through a link: a planted link is
+    removed itself, a folder by a walk that follows no link either. Best
+    effort: what cannot be listed or removed stays."""
     try:
         names = os.listdir(dir_fd)
     except OSError:
         return
-    for n in _dead_temps(names, name, tag):
+    for n in names:
+        m = pat.fullmatch(n)
+        if m is None or owner_alive(int(m.group(1)), int(m.group(2))):
+            continue
         with contextlib.suppress(OSError):
-            if stat.S_ISDIR(os.stat(n, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            st = os.stat(n, dir_fd=dir_fd, follow_symlinks=False)
+            if uid is not None and st.st_uid != uid:
+                continue
+            if stat.S_ISDIR(st.st_mode):
                 shutil.rmtree(n, dir_fd=dir_fd)
             else:
                 os.unlink(n, dir_fd=dir_fd)
-
 
 
 @contextlib.contextmanager
@@ -107,21 +112,9 @@ def scratch_dir(what: str):
     one, and the next run that asks for a ``WHAT`` scratch removes those
     whose owner is gone, so that a job killed from cron again and again does
     not fill the disk. The folder is shared (anyone may plant a name there):
-    only this user's entries go, links are removed as links (never
-    followed), and a folder is removed by a walk that follows no link."""
+    only this user's entries go (see :func:`_remove_dead_at`)."""
     base = tempfile.gettempdir()
-    pat = re.compile(rf"wdiff-{re.escape(what)}-(\d+)-(\d+)-[0-9a-f]{{8}}")
-    with contextlib.suppress(OSError):
-        for n in _dead_owners(os.listdir(base), pat):
-            p = os.path.join(base, n)
-            with contextlib.suppress(OSError):
-                st = os.lstat(p)
-                if st.st_uid != os.geteuid():
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    shutil.rmtree(p)
-                else:
-                    os.unlink(p)
+    _remove_dead(base, re.compile(rf"wdiff-{re.escape(what)}-(\d+)-(\d+)-[0-9a-f]{{8}}"), uid=os.geteuid())
     path = os.path.join(base, f"wdiff-{what}-{owner_tag()}-{secrets.token_hex(4)}")
     try:
         os.mkdir(path, 0o700)
@@ -131,6 +124,7 @@ def scratch_dir(what: str):
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
 
 def write_all(fd: int, data, offset: int) -> None:
     mv = memoryview(data).cast("B")
