@@ -30,3 +30,14 @@ class Reporter:
 
 
 SILENT = Reporter()
+
+
+def size_text(n: int) -> str:
+    """Human bytes, decimal units as disk and network vendors use them (the
+    one spelling of a size in wdiff's output and messages)."""
+    x: float = n
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(x) < 1000 or unit == "TB":
+            return f"{n} B" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1000
+    return f"{n} B"

@@ -11,7 +11,7 @@ import re
 import sys
 
 from ..paths import printable
-from ..progress import Reporter
+from ..progress import Reporter, size_text
 
 
 class Out:
@@ -79,14 +79,8 @@ def name(s: str, limit: int = 200) -> str:
 
 
 def size(n: int | None) -> str:
-    """Human bytes, decimal units as disk and network vendors use them."""
-    if n is None:
-        return "-"
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
+    """Human bytes (:func:`wdiff.progress.size_text`); ``-`` for unknown."""
+    return "-" if n is None else size_text(n)
 
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgtp])(i)?)?b?\s*", re.I)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from ..errors import WdiffIOError
 from ..format.bundle import BundleReader
+from ..progress import size_text
 from ..statedir import StateDir
 from .apply.inplace import derive_plan
 from .fetch import work_names
@@ -64,16 +65,6 @@ class Need:
     @property
     def total(self) -> int:
         return self.downloads + self.files + self.temporary
-
-
-def human(n: int) -> str:
-    """Bytes in decimal units, as ``wdiff`` prints sizes everywhere."""
-    x = float(n)
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(x) < 1000 or unit == "TB":
-            return f"{n} B" if unit == "B" else f"{x:.1f} {unit}"
-        x /= 1000
-    return f"{n} B"
 
 
 def to_download(run, work: StateDir | None) -> int:
@@ -123,11 +114,11 @@ def check(need: Need, *, work_at: str, files_at: str, what: str) -> None:
         got[0] += n
     for total, free, path in want.values():
         if free is not None and total > free:
-            parts = f"downloads {human(need.downloads)}, new files {human(need.files)}, " \
-                    f"temporary {human(need.temporary)}"
+            parts = f"downloads {size_text(need.downloads)}, new files {size_text(need.files)}, " \
+                    f"temporary {size_text(need.temporary)}"
             disk = "" if path == what else f", on the file system of {path}"
             raise NoSpace(
-                f"{what}: a pull needs {human(total)} free, has {human(free)} ({parts}{disk}); "
+                f"{what}: a pull needs {size_text(total)} free, has {size_text(free)} ({parts}{disk}); "
                 f"the checkpoint was left as it was ({os.strerror(errno.ENOSPC)})",
                 hint="free some space (or pull into a directory on a larger disk), then pull again",
             )

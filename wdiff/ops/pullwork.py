@@ -139,6 +139,8 @@ def tidy_state(directory: str) -> None:
             os.close(fd)
     except (OSError, WdiffError):
         pass
+
+
 def record_target(state: StateDir, index) -> None:
     """Record in ``state`` that its directory now holds the target of the
     bundle with this ``index`` (when its listing is the whole version)."""
