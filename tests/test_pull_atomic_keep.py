@@ -25,29 +25,12 @@ import numpy as np
 import pytest
 from factory import mutate, rand, tree, write_ckpt
 from schemacheck import errors
+from test_pull_retention import cli, env  # noqa: F401 - env: per-test user state and cache
 
 import wdiff
 
-WD = [sys.executable, "-m", "wdiff"]
 LIST = ".current.wdiff-versions"
 SCHEMA = json.loads((Path(__file__).parent.parent / "wdiff" / "cli" / "schemas" / "pull.json").read_text())
-
-
-@pytest.fixture
-def env(tmp_path, monkeypatch):
-    """Per-test user state and cache, for the library and the CLI alike."""
-    for k, v in {"WDIFF_CACHE_DIR": tmp_path / "cache", "WDIFF_STATE_DIR": tmp_path / "state",
-                 "WDIFF_THREADS": "1", "NO_COLOR": "1"}.items():
-        monkeypatch.setenv(k, str(v))
-    monkeypatch.delenv("WDIFF_TRUSTED_KEYS", raising=False)
-    return dict(os.environ)
-
-
-def cli(*args, env, check=True) -> subprocess.CompletedProcess:
-    r = subprocess.run([*WD, *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
-    if check:
-        assert r.returncode == 0, r.stderr
-    return r
 
 
 class Head:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from factory import tree
+from test_fleet_cache import hub  # noqa: F401 - the stand-in Hub, as the fleet tests start it
 from test_gc import cli
 from test_stage_fleet import committed, pair, shard, stage_all
 from threatlib import OnOpen
@@ -162,16 +163,6 @@ def test_a_stage_that_is_a_link_or_names_paths_outside_is_refused(tmp_path):
 
 
 # -- class 2 and 3: the chain's per-part commit on the Hub ------------------------------------------
-
-
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    from hubfake import FakeHub, block_internet, configure_client
-
-    block_internet(monkeypatch)
-    with FakeHub(tmp_path / "hub") as h:
-        configure_client(monkeypatch, h, xet=False, home=tmp_path / "hf_home")
-        yield h
 
 
 def _hub_commit(files: dict[str, bytes], message: str) -> str:
