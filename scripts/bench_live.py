@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 
 import wdiff
 from wdiff.live import Follower, Publisher, apply_into, prepare
-from wdiff.ops.fetch import download, read_chain
+from wdiff.sync.fetch import download, read_chain
 from wdiff.progress import SILENT
 from wdiff.remotes import open_remote
 

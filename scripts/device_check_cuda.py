@@ -23,7 +23,7 @@ import torch
 
 from wdiff.errors import BaseMismatchError
 from wdiff.live import Publisher, apply_into, iter_patches, prepare
-from wdiff.ops.fetch import download, read_chain
+from wdiff.sync.fetch import download, read_chain
 from wdiff.progress import SILENT
 from wdiff.remotes import open_remote
 

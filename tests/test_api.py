@@ -43,10 +43,10 @@ def test_public_signatures_match_the_use_cases_behind_them():
 
     behind = {
         "diff": "wdiff.ops.diff", "pack": "wdiff.ops.pack", "apply": "wdiff.ops.apply", "squash": "wdiff.ops.squash",
-        "verify": "wdiff.ops.verify", "inspect": "wdiff.ops.inspect", "push": "wdiff.ops.push",
-        "squash_remote": "wdiff.ops.push", "pull": "wdiff.ops.pull", "status": "wdiff.ops.history",
-        "log": "wdiff.ops.history", "gc": "wdiff.ops.gc",
-        "push_part": "wdiff.ops.stage", "commit": "wdiff.ops.stage",
+        "verify": "wdiff.sync.verify", "inspect": "wdiff.ops.inspect", "push": "wdiff.sync.push",
+        "squash_remote": "wdiff.sync.push", "pull": "wdiff.sync.pull.inplace", "status": "wdiff.sync.history",
+        "log": "wdiff.sync.history", "gc": "wdiff.sync.gc",
+        "push_part": "wdiff.sync.stage", "commit": "wdiff.sync.stage",
     }
     assert set(behind) == set(FUNCTIONS)
     for name, module in behind.items():

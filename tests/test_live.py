@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 import wdiff
 from wdiff.errors import BaseMismatchError, IntegrityError, UsageError, WdiffError
 from wdiff.live import Publisher, apply_into, iter_patches
-from wdiff.ops.fetch import download, read_chain
+from wdiff.sync.fetch import download, read_chain
 from wdiff.progress import SILENT
 from wdiff.remotes import open_remote
 

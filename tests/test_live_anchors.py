@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from wdiff.errors import BaseMismatchError, IntegrityError, WdiffError
 from wdiff.live import Publisher, apply_into, iter_patches
-from wdiff.ops.fetch import download, read_chain
+from wdiff.sync.fetch import download, read_chain
 from wdiff.progress import SILENT
 from wdiff.remotes import open_remote
 

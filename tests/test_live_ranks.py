@@ -17,7 +17,7 @@ from safetensors.numpy import load_file
 
 import wdiff
 from wdiff.live import Follower
-from wdiff.ops.fetch import read_chain
+from wdiff.sync.fetch import read_chain
 from wdiff.remotes import open_remote
 
 STATE = r"""
@@ -100,7 +100,7 @@ os._exit(0)
 
 READER = r"""
 import sys, time, json
-from wdiff.ops.fetch import read_chain
+from wdiff.sync.fetch import read_chain
 from wdiff.remotes import open_remote
 remote, stop, out = sys.argv[1:4]
 seen = []

@@ -1,7 +1,7 @@
 """Going back along a chain: the inverse of a bundle (wdiff/ops/reverse.py)
 turns its target back into its base bit for bit, through the ordinary
 verified apply, and a pull --to an older version takes that way when it is
-cheaper than an anchor (wdiff/ops/rollback.py).
+cheaper than an anchor (wdiff/sync/rollback.py).
 
 Property: for random chains A -> B -> C over several dtypes and densities
 (XOR-only steps, dense steps that pack as raw records, dropped, added and

@@ -205,7 +205,7 @@ def test_same_tensor_name_in_two_shards_is_refused(tmp_path):
 
 
 def test_verify_against_a_bundle(tmp_path):
-    from wdiff.ops.verify import verify
+    from wdiff.sync.verify import verify
 
     A, B = simple_pair(tmp_path)
     wdiff.pack(A, B, tmp_path / "d.wdb")

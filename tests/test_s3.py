@@ -278,7 +278,7 @@ def test_signed_chain_on_s3(s3, tmp_path):
 
     from wdiff.errors import IntegrityError
     from wdiff.format import signature as signing
-    from wdiff.ops.trust import remote_key
+    from wdiff.sync.trust import remote_key
 
     signing.generate(str(tmp_path / "key"))
     signing.generate(str(tmp_path / "other"))

@@ -331,7 +331,7 @@ def test_remote_urls():
 
 
 def test_verify_against_remote_and_bundle(versions, remote, tmp_path):
-    from wdiff.ops.verify import verify
+    from wdiff.sync.verify import verify
 
     push_all(versions, remote)
     d = tmp_path / "d"
@@ -456,7 +456,7 @@ def test_push_after_a_store_by_someone_else(remote, versions, tmp_path):
 def test_gc_and_staged_commit(remote, versions, tmp_path):
     """gc (bridge, phase 1, phase 2) and many-writers staging through every
     kind of remote."""
-    from wdiff.ops.stage import commit, push_part
+    from wdiff.sync.stage import commit, push_part
 
     wdiff.push(versions[0], remote, anchor=True, label="a")
     wdiff.push(versions[1], remote, base=versions[0], label="b")

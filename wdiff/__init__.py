@@ -18,7 +18,8 @@ The package is built in layers, each a folder, imports flowing downwards
 (the contract is in pyproject.toml and is checked by the test suite)::
 
     cli/, bench/   the command line; the benchmark
-    ops/           the use cases: diff, pack, apply, squash, verify, push, pull, ...
+    sync/          the remote use cases: push, pull, log, status, stage, gc, ...
+    ops/           the local use cases: diff, pack, apply, squash, verify, ...
     format/        the bundle format, chain index, signatures, journal, undo log
     remotes/       directory and Hub storage: moves bytes, knows no format
     store/         checkpoints: scanning, safetensors headers, digests, cache, I/O
@@ -38,12 +39,12 @@ from .progress import SILENT, Reporter
 if TYPE_CHECKING:
     from .ops.apply import ApplyResult
     from .ops.diff import DiffResult
-    from .ops.history import LogResult, StatusResult
     from .ops.inspect import BundleInfo
     from .ops.pack import PackResult
-    from .ops.pull import PullResult
-    from .ops.push import PushResult
     from .ops.verify import VerifyResult
+    from .sync.history import LogResult, StatusResult
+    from .sync.pull.inplace import PullResult
+    from .sync.push import PushResult
 
 __all__ = [
     "ExitCode",
@@ -191,7 +192,7 @@ def verify(
     """Read every byte of ``directory`` and check it against the target of
     ``bundle``, or against ``version`` (default: the head) of ``remote``.
     Returns a :class:`~wdiff.ops.verify.VerifyResult` naming what differs."""
-    from .ops.verify import verify as _verify
+    from .sync.verify import verify as _verify
 
     return _verify(directory, bundle=bundle, remote=remote, version=version, threads=threads, reporter=reporter)
 
@@ -249,7 +250,7 @@ def push(
     newest anchor, and ``anchor_when=FRACTION`` when catching up from the
     newest anchor would cost more than that fraction of its size.
     """
-    from .ops.push import push as _push
+    from .sync.push import push as _push
 
     return _push(source, remote, base=base, anchor=anchor, label=label, part_size=part_size, fork=fork,
                  level=level, sign_key=sign_key, token=token, private=private, commit_message=commit_message,
@@ -274,7 +275,7 @@ def squash_remote(
     an anchor) to ``to`` (default: the head), composed from the bundles the
     chain already has, so that a late joiner downloads one bundle. Starting
     from a version needs that checkpoint as ``base``."""
-    from .ops.push import squash_remote as _squash_remote
+    from .sync.push import squash_remote as _squash_remote
 
     return _squash_remote(remote, start=start, to=to, base=base, label=label, part_size=part_size,
                           sign_key=sign_key, adopt=adopt, threads=threads, reporter=reporter)
@@ -312,7 +313,7 @@ def pull(
     of the version directories that atomic pulls made for this link stay
     beside it, counting the one it points to (0: all), the oldest beyond
     that removed after the switch."""
-    from .ops.pull import pull as _pull
+    from .sync.pull.inplace import pull as _pull
 
     return _pull(remote, directory, to=to, trusted_keys=trusted_keys, require_signature=require_signature,
                  token=token, threads=threads, max_age=max_age, force=force, atomic=atomic, keep=keep,
@@ -328,7 +329,7 @@ def status(
     remote knows it, and how many bundles (and bytes) a pull to ``to``
     (default: the head) would fetch. With ``trusted_keys`` (or
     ``WDIFF_TRUSTED_KEYS``) the chain is checked as :func:`pull` checks it."""
-    from .ops.history import status as _status
+    from .sync.history import status as _status
 
     return _status(directory, remote, to=to, trusted_keys=trusted_keys, require_signature=require_signature,
                    max_age=max_age, threads=threads, reporter=reporter)
@@ -339,7 +340,7 @@ def log(remote: str, *, trusted_keys: list | None = None, require_signature: boo
     """The versions on ``remote``, newest first, with the head. With
     ``trusted_keys`` (or ``WDIFF_TRUSTED_KEYS``) the chain is checked as
     :func:`pull` checks it."""
-    from .ops.history import log as _log
+    from .sync.history import log as _log
 
     return _log(remote, trusted_keys=trusted_keys, require_signature=require_signature, max_age=max_age,
                 reporter=reporter)
@@ -367,8 +368,8 @@ def gc(
     that a gc listed at least ``grace`` seconds ago is deleted, so that a
     pull that read the old chain keeps working. ``dry_run`` changes nothing
     and says what would go. A signed chain needs ``sign_key`` (it is signed
-    again). Returns a :class:`wdiff.ops.gc.GcResult`."""
-    from .ops.gc import gc as _gc
+    again). Returns a :class:`wdiff.sync.gc.GcResult`."""
+    from .sync.gc import gc as _gc
 
     return _gc(remote, keep_last=keep_last, keep=keep, dry_run=dry_run, grace=grace, sign_key=sign_key,
                token=token, work=work, threads=threads, reporter=reporter)
@@ -395,8 +396,8 @@ def push_part(
     stage ``stage``; with ``sign_key`` (a minisign secret key file) the
     part is signed, as a commit that signs requires. Nothing becomes
     visible; :func:`commit` publishes the parts. A rerun stores the same
-    part again. Returns a :class:`wdiff.ops.stage.StagedPart`."""
-    from .ops.stage import push_part as _push_part
+    part again. Returns a :class:`wdiff.sync.stage.StagedPart`."""
+    from .sync.stage import push_part as _push_part
 
     return _push_part(source, remote, base=base, only=only, stage=stage, level=level, sign_key=sign_key,
                       token=token, threads=threads, reporter=reporter)
@@ -425,8 +426,8 @@ def commit(
     merged into one bundle (the one a single host would pack) and pushed
     with one conditional chain write, then the stage is deleted. A missing
     part raises :class:`~wdiff.errors.NotFoundError` and changes nothing.
-    Returns a :class:`wdiff.ops.stage.CommitResult`."""
-    from .ops.stage import commit as _commit
+    Returns a :class:`wdiff.sync.stage.CommitResult`."""
+    from .sync.stage import commit as _commit
 
     return _commit(remote, stage=stage, expect=expect, label=label, sign_key=sign_key, trusted_keys=trusted_keys,
                    part_size=part_size, token=token, threads=threads, reporter=reporter)

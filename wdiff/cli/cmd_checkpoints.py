@@ -183,7 +183,7 @@ def pack(
     res = run_pack(a, b, output, level=level, threads=threads, reporter=out.reporter(), overwrite=force,
                    exclude=exclude or (), include=include or (), format_version=format_version)
     if sign is not None:
-        from ..ops.signatures import sign_bundle
+        from ..ops.signing import sign_bundle
 
         sign_bundle(output, sign, verify=False)  # just written and verified
     if out.json:

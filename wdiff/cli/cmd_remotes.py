@@ -86,14 +86,14 @@ def push(
     --sign signs the part, which a commit that signs or has trusted keys
     requires.
     """
-    from ..ops.push import push as run_push
+    from ..sync.push import push as run_push
 
     out = _setup(json_mode, quiet, verbose)
     if stage is not None or only:
         if stage is None or anchor or fork or label or anchor_every or anchor_when:
             raise UsageError("--only goes with --stage; a staged part takes DIR, --base, --only and --sign only "
                              "(label the version at wdiff commit)")
-        from ..ops.stage import push_part
+        from ..sync.stage import push_part
 
         part = push_part(source, remote, base=base, only=only or [], stage=stage, level=level, sign_key=sign,
                          token=token, threads=threads, reporter=out.reporter())
@@ -164,7 +164,7 @@ def pull(
     make (the one the link first pointed to, one you renamed) or one
     holding files you added or changed is never removed.
     """
-    from ..ops.pull import pull as run_pull
+    from ..sync.pull.inplace import pull as run_pull
 
     out = _setup(json_mode, quiet, verbose)
     res = run_pull(remote, directory, to=to, trusted_keys=trusted_key, require_signature=require_signature,
@@ -210,7 +210,7 @@ def log(
     from (or "anchor"), its label, size, parts and creation time. The head is
     marked with an asterisk.
     """
-    from ..ops.history import log as run_log
+    from ..sync.history import log as run_log
 
     out = _setup(json_mode, quiet, verbose)
     res = run_log(remote, trusted_keys=trusted_key, require_signature=require_signature, max_age=_age_arg(max_age),
@@ -256,7 +256,7 @@ def status(
     directory at a later version than --to is reported as ahead of it, and
     one that does not exist as such (with what a pull would fetch to create it).
     """
-    from ..ops.history import status as run_status
+    from ..sync.history import status as run_status
 
     out = _setup(json_mode, quiet, verbose)
     res = run_status(directory, remote, to=to, trusted_keys=trusted_key, require_signature=require_signature,
@@ -328,7 +328,7 @@ def squash(
     if remote is not None:
         if bundles or output is not None:
             raise UsageError("give either BUNDLE... -o FILE or --remote, not both")
-        from ..ops.push import squash_remote
+        from ..sync.push import squash_remote
 
         res = squash_remote(remote, start=start, to=to, base=base, sign_key=sign, threads=threads, reporter=reporter)
         if out.json:
@@ -346,7 +346,7 @@ def squash(
 
     res = run_squash(bundles, base, output, level=level, threads=threads, reporter=reporter, overwrite=force)
     if sign is not None:
-        from ..ops.signatures import sign_bundle
+        from ..ops.signing import sign_bundle
 
         sign_bundle(output, sign, verify=False)  # just written and verified
     if out.json:
@@ -395,7 +395,7 @@ def gc(
     Hub repository the deletion is a commit: the bytes stay in the git history
     until the history is squashed.
     """
-    from ..ops.gc import gc as run_gc
+    from ..sync.gc import gc as run_gc
 
     out = _setup(json_mode, quiet, verbose)
     res = run_gc(remote, keep_last=keep_last, keep=keep or [], dry_run=dry_run, grace=_grace_arg(grace),
@@ -456,7 +456,7 @@ def commit(
     is deleted afterwards. A missing part (a writer that died) exits with
     status 3 and changes nothing: rerun the writer, then commit again.
     """
-    from ..ops.stage import commit as run_commit
+    from ..sync.stage import commit as run_commit
 
     out = _setup(json_mode, quiet, verbose)
     res = run_commit(remote, stage=stage, expect=expect, label=label, sign_key=sign, trusted_keys=trusted_key,

@@ -46,7 +46,7 @@ def verify(
     should not be there.
     """
     from ..errors import IntegrityError
-    from ..ops.verify import verify as run_verify
+    from ..sync.verify import verify as run_verify
 
     out = _setup(json_mode, quiet, verbose)
     res = run_verify(directory, bundle=bundle, remote=remote, version=to, threads=threads,
@@ -112,7 +112,7 @@ def sign(
     `minisign -Vm BUNDLE -p KEY.pub` both check it.
     """
     from ..format.signature import load_secret
-    from ..ops.signatures import sign_bundle
+    from ..ops.signing import sign_bundle
 
     out = _setup(json_mode, quiet, verbose)
     secret = load_secret(str(key))
@@ -185,7 +185,7 @@ def demo(
     into an empty directory, applies the delta to the base, checks both
     results byte for byte, and prints sizes and the compression ratio.
     """
-    from ..ops.demo import run_demo
+    from ..sync.demo import run_demo
 
     out = _setup(json_mode, quiet, verbose)
     res = run_demo(directory, size_mb=size_mb, threads=threads, log=None if out.json else out.result)

@@ -28,11 +28,11 @@ none, which means a chain written before 1.1)::
      "published": "2026-12-01T02:50:00Z",
      "signer": "<minisign key id, 16 hex digits>" | null   # who signs this chain
 
-A chain signature covers these (ops/signatures.py), which is what lets a
+A chain signature covers these (sync/signatures.py), which is what lets a
 reader refuse a replayed, frozen or transplanted chain.
 
 Since format 1.2 a chain may carry the objects a gc unreferenced and when
-(ops/gc.py; readers ignore it, writers keep it)::
+(sync/gc.py; readers ignore it, writers keep it)::
 
      "garbage": [{"path": "objects/ab/<id>.wdb", "size": 1234,
                   "since": "2026-12-01T02:50:00Z"}, ...] The layout is

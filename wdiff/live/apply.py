@@ -49,7 +49,7 @@ from ..errors import BaseMismatchError, IntegrityError, UsageError
 from ..format import records as fmt
 from ..format import signature as signing
 from ..format.bundle import BundleReader, decode_header_record
-from ..ops.signatures import open_signed_bundle
+from ..ops.signing import open_signed_bundle
 from ..parallel import default_threads, ordered_map
 from ..paths import printable
 from ..store.blockio import span_digests

@@ -36,7 +36,6 @@ from ..format import signature as signing
 from ..format.bundle import BundleReader
 from ..format.journal import Txn
 from ..ops.apply.inplace import apply_in_place
-from ..ops.fetch import download, read_verified
 from ..ops.squash import squash
 from ..parallel import default_threads
 from ..progress import SILENT, Reporter
@@ -45,6 +44,7 @@ from ..statedir import StateDir
 from ..store import manifest
 from ..store.checkpoint import KIND_TENSORS, read_into, scan
 from ..store.hashing import hexd
+from ..sync.fetch import download, read_verified
 from ._tensors import Prepared
 from .apply import _apply_into
 

@@ -27,7 +27,6 @@ from ..fsutil import fsync_dir
 from ..ops.apply.inplace import TrustedBase, apply_in_place
 from ..ops.memsource import MemoryTarget, pack_memory
 from ..ops.pack import pack
-from ..ops.push import push_bundle
 from ..parallel import default_threads
 from ..paths import validate_relpath
 from ..progress import SILENT, Reporter
@@ -35,6 +34,7 @@ from ..statedir import StateDir
 from ..store.checkpoint import scan
 from ..store.digests import Digests
 from ..store.hashing import hexd
+from ..sync.push import push_bundle
 from ._tensors import prepared
 from .layout import INDEX, MAX_SHARD, METADATA, canonical, index_json, mem_tensors, shard
 

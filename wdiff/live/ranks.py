@@ -3,7 +3,7 @@ group (gloo, or any backend with object collectives) publishes its own
 tensors as one part of a version, and rank 0 makes the version visible only
 once every part is durable on the remote.
 
-Built on the staged parts of wdiff.ops.stage (the command line's ``push
+Built on the staged parts of wdiff.sync.stage (the command line's ``push
 --only --stage`` and ``commit``):
 
 1. the ranks agree on a stage name, the remote's head, and whether this is
@@ -55,16 +55,16 @@ from ..format.chain import Chain
 from ..fsutil import fsync_dir
 from ..ops.apply.inplace import TrustedBase, apply_in_place
 from ..ops.memsource import MemoryTarget, pack_memory
-from ..ops.stage import commit, store_part
 from ..parallel import default_threads
 from ..paths import printable
 from ..progress import SILENT, Reporter
 from ..remotes import open_remote
 from ..statedir import StateDir
-from ..store import record
+from ..store import version_record
 from ..store.checkpoint import path_sort_key, scan
 from ..store.digests import Digests
 from ..store.hashing import fingerprint, hexd
+from ..sync.stage import commit, store_part
 from ._tensors import prepared
 from .layout import METADATA, SINGLE, canonical, mem_tensors
 from .publisher import Publisher, PublishResult
@@ -361,7 +361,7 @@ class RankPublisher:
         """This rank's files now (the mirror's record) and, with a part left
         over, the files it makes: (path, kind, size, digest) rows."""
         with StateDir.open(self.mirror) as state:
-            rec = record.read(state)
+            rec = version_record.read(state)
         now = [(r.path, r.kind, r.size, r.digest) for r in rec.files] if rec is not None else []
         if live.kind(PART) != "file":
             return now, None

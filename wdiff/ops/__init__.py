@@ -1,3 +1,5 @@
-"""The use cases, each a library call the command line wraps: diff, pack,
-apply, squash, verify, inspect, push, pull, log and status. They compose the
-layers below and never print."""
+"""The local use cases, each a library call the command line wraps: diff,
+pack, apply, squash, reverse, verify against a bundle, inspect, and the
+companion files' deltas. They work on checkpoints and bundles on this
+machine, compose the layers below, never talk to a remote (wdiff.sync
+does) and never print."""

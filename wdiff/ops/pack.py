@@ -29,7 +29,7 @@ from ..store.checkpoint import KIND_TENSORS, Checkpoint, FileEntry
 from ..store.digests import Digests, hash_file
 from ..store.hashing import hexd, tensor_file_digest, tree
 from ..store.units import Unit
-from .filedelta import write_file_delta
+from .companions import write_file_delta
 from .pair import Pair, UnitWork
 
 SCHEMA = "wdiff.pack/1"
@@ -128,7 +128,7 @@ def pack(
 def pack_pair(pair: Pair, out, *, level: int = DEFAULT_LEVEL, threads: int | None = None, chunk: int = DEFAULT_CHUNK,
               reporter: Reporter = SILENT, cap: int = fmt.MAX_VERSION) -> PackResult:
     """:func:`pack` of a pair already scanned (a staged part packs its
-    files against the base files they need: see ops/stage.py)."""
+    files against the base files they need: see sync/stage.py)."""
     threads = threads or default_threads()
     if pair.version > cap:
         raise UsageError(

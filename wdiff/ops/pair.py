@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..format.records import SCOPED_NAMES, VERSION
 from ..progress import Reporter
 from ..store import cache, manifest
-from ..format.records import SCOPED_NAMES, VERSION
 from ..store.checkpoint import KIND_TENSORS, Checkpoint, FileEntry, is_file_arg, scan
 from ..store.digests import Digests
 from ..store.hashing import Manifest
@@ -32,7 +32,7 @@ class Pair:
     (B reuses A's parsed headers where they are the same bytes), their
     opaque files reported to ``reporter``. Either side may be given as a
     :class:`Checkpoint` already scanned (a staged part's base: the files of
-    the base its target needs, see ops/stage.py)."""
+    the base its target needs, see sync/stage.py)."""
 
     def __init__(self, a, b, *, reporter: Reporter, rules: Rules = DEFAULT_RULES) -> None:
         # two single files are two versions of one file, named as B is, so

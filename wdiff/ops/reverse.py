@@ -49,7 +49,7 @@ from ..store.digests import Digests
 from ..store.hashing import hexd, tensor_file_digest, tree
 from ..store.header import Header, TensorInfo, parse_header
 from ..store.units import base_source, pack_units
-from .filedelta import FileRebuild
+from .companions import FileRebuild
 from .pack import WRITER, PackResult, Tally, companion_from, encode_unit
 
 #: DELTA codecs that hold the XOR of A's and B's words, which runs both ways

@@ -48,7 +48,7 @@ from ..store.hashing import tree
 from ..store.header import Header, TensorInfo
 from ..store.units import pack_units
 from .apply.checks import check_base_listing, verify_bundle
-from .filedelta import rebuild_file
+from .companions import rebuild_file
 from .pack import WRITER, PackResult, Tally, companion_from, encode_unit
 from .pair import format_version
 

@@ -1,5 +1,5 @@
 """``verify``: check a checkpoint directory against what wdiff recorded for
-it: the target of a bundle, or a version on a remote.
+it: the target of a bundle (a version on a remote: wdiff.sync.verify).
 
 Every file is hashed (the manifest cache is bypassed: a verification must
 read the bytes) and compared file by file and tensor by tensor, so a failure
@@ -11,9 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import UsageError
 from ..format.bundle import BundleReader
-from ..fsutil import scratch_dir
 from ..parallel import default_threads
 from ..progress import SILENT, Reporter
 from ..store import manifest
@@ -57,29 +55,22 @@ class VerifyResult:
         }
 
 
-def verify(directory, *, bundle=None, remote=None, version: str | None = None,
-           threads: int | None = None, reporter: Reporter = SILENT) -> VerifyResult:
-    """Check ``directory`` against the target of ``bundle``, or against
-    ``version`` (default: the head) of ``remote``."""
-    if (bundle is None) == (remote is None):
-        raise UsageError("verify needs exactly one of a bundle or a remote to check against")
+def verify_bundle(directory, bundle, *, threads: int | None = None, reporter: Reporter = SILENT) -> VerifyResult:
+    """Check ``directory`` against the target of ``bundle`` (a remote's
+    version is wdiff.sync.verify's, which ends here too)."""
+    with BundleReader(bundle) as r:
+        expected_files = {f.path: f for f in r.index.files}
+        expected = r.index.target_fingerprint
+    return check(directory, expected, expected_files, os.fspath(bundle), threads=threads, reporter=reporter)
+
+
+def check(directory, expected: bytes, expected_files: dict, source: str, *, threads: int | None = None,
+          reporter: Reporter = SILENT) -> VerifyResult:
+    """Hash every byte of ``directory`` and hold it against ``expected``
+    (a fingerprint) and ``expected_files`` (path -> the bundle index's file
+    entry), naming each file and tensor that differs."""
     threads = threads or default_threads()
     directory = os.fspath(directory)
-    if bundle is not None:
-        with BundleReader(bundle) as r:
-            expected_files = {f.path: f for f in r.index.files}
-            expected = r.index.target_fingerprint
-        source = os.fspath(bundle)
-    else:
-        from ..format.chain import Chain
-        from ..remotes import open_remote
-        from .fetch import read_chain
-
-        store = open_remote(remote)
-        chain: Chain = read_chain(store)
-        expected = chain.resolve(version)
-        expected_files = _files_of(store, chain, expected, reporter)
-        source = store.url
     ckpt = scan(directory)
     reporter.phase("verify", ckpt.total_bytes)
     m = manifest.compute(ckpt, threads=threads, reporter=reporter, use_cache=False)  # read every byte
@@ -105,18 +96,3 @@ def verify(directory, *, bundle=None, remote=None, version: str | None = None,
     reporter.done()
     return VerifyResult(directory, expected, m.fingerprint, source, tuple(problems))
 
-
-def _files_of(store, chain, version: bytes, reporter: Reporter) -> dict:
-    """The target file list of a version: from the index of a bundle that
-    leads to it (the smallest one), fetched and checked like a pull does."""
-    from .fetch import download
-
-    entries = sorted((e for e in chain.entries if e.version == version), key=lambda e: e.size)
-    if not entries:
-        from ..errors import NotFoundError
-
-        raise NotFoundError(f"{store.url}: no bundle leads to version {hexd(version)[:12]}")
-    with scratch_dir("verify") as work:
-        path, _ = download(store, entries[0], work, reporter)
-        with BundleReader(path) as r:
-            return {f.path: f for f in r.index.files}

@@ -12,7 +12,7 @@ from ...format.bundle import BundleReader
 from ...parallel import default_threads
 from ...progress import SILENT, Reporter
 from ...store import ignore
-from ..signatures import open_signed_bundle
+from ..signing import open_signed_bundle
 from .copy import apply_copy
 from .inplace import apply_in_place
 from .result import ApplyResult

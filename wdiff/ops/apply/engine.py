@@ -39,7 +39,7 @@ from ...store.digests import Digests, hash_file
 from ...store.hashing import hexd, tree
 from ...store.header import Header, HeaderError
 from ...store.units import FileLayout, Unit
-from ..filedelta import FileRebuild
+from ..companions import FileRebuild
 from .checks import check_target_digests, judge_base_mismatch
 
 

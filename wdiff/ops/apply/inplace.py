@@ -47,7 +47,7 @@ from ...parallel import ordered_map
 from ...paths import printable
 from ...progress import SILENT, Reporter
 from ...statedir import StateDir
-from ...store import manifest, record
+from ...store import manifest, version_record
 from ...store.blockio import FdCache
 from ...store.checkpoint import KIND_TENSORS, Checkpoint, path_sort_key, scan
 from ...store.digests import Digests
@@ -150,7 +150,7 @@ def apply_in_place(bundle, base, *, abort: bool, threads: int, reporter: Reporte
         scan(root)  # raises the right error
     beside = contextlib.nullcontext() if beside_locked else _writers_lock(root)
     with beside, StateDir.open(root) as state, state.lock(what=root), reading(bundle) as reader:
-        recorded = record.read(state)
+        recorded = version_record.read(state)
         rules, target_rules = _narrowed(rules, recorded, reader.index, replace)
         txn = Txn(state)
         journal = txn.read_journal()
@@ -211,7 +211,7 @@ def _writers_lock(root: str):
         yield
 
 
-def _narrowed(rules: Rules, recorded: record.Record | None, index, replace) -> tuple[Rules, Rules]:
+def _narrowed(rules: Rules, recorded: version_record.Record | None, index, replace) -> tuple[Rules, Rules]:
     """The rules for DIR as a base, and as the target: with a record, only
     the files it lists, those of the bundle's base (and those to replace)
     are DIR's checkpoint; as the target, the target's files as well."""
@@ -223,11 +223,11 @@ def _narrowed(rules: Rules, recorded: record.Record | None, index, replace) -> t
 
 def _record(state: StateDir, index) -> None:
     """DIR holds the bundle's target now: say so, and which files are its."""
-    rec = record.of_rows((f.path, f.kind, f.size, f.digest) for f in index.files)
+    rec = version_record.of_rows((f.path, f.kind, f.size, f.digest) for f in index.files)
     if rec.version == index.target_fingerprint:
-        record.write(state, rec)
+        version_record.write(state, rec)
     else:  # never a record that does not describe what is there
-        record.forget(state)
+        version_record.forget(state)
 
 
 def _remove_recorded(root: str, paths: list[str], index) -> None:

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 from ..format.bundle import BundleReader
 from ..format.chain import Chain, Entry
+from ..ops.apply.inplace import apply_in_place
+from ..ops.reverse import NotInvertible, Older, build_inverse, local_older
 from ..progress import Reporter
 from ..statedir import StateDir
 from ..store.hashing import hexd, short
-from .apply.inplace import apply_in_place
 from .fetch import download
-from .reverse import NotInvertible, Older, build_inverse, local_older
 from .signatures import verify_bundle_signature
 
 READ_AHEAD = 512  # bytes read for a record header: it and, when payloads are tiny, the next ones

@@ -41,12 +41,12 @@ import os
 import stat
 from dataclasses import dataclass
 
-from ..errors import WdiffIOError
-from ..format.bundle import BundleReader
-from ..progress import size_text
-from ..statedir import StateDir
-from .apply.inplace import derive_plan
-from .fetch import work_names
+from ...errors import WdiffIOError
+from ...format.bundle import BundleReader
+from ...ops.apply.inplace import derive_plan
+from ...progress import size_text
+from ...statedir import StateDir
+from ..fetch import work_names
 
 
 class NoSpace(WdiffIOError):

@@ -45,13 +45,13 @@ import secrets
 import stat
 from dataclasses import dataclass
 
-from ..errors import BusyError, IntegrityError, WdiffError
-from ..fsutil import (beside_lock_path, fsync_dir, io_error, locked_beside, open_regular, owner_tag, temp_name,
-                      write_all)
-from ..paths import STATE_DIR
-from ..statedir import StateDir
-from ..store import record
-from .trust import user_state_dir
+from ...errors import BusyError, IntegrityError, WdiffError
+from ...fsutil import (beside_lock_path, fsync_dir, io_error, locked_beside, open_regular, owner_tag, temp_name,
+                       write_all)
+from ...paths import STATE_DIR
+from ...statedir import StateDir
+from ...store import version_record
+from ..trust import user_state_dir
 
 SCHEMA = "wdiff-atomic-versions/1"
 #: default --keep: the version the link points to and the one before it, for a rollback
@@ -361,10 +361,10 @@ class Versions:
                 if state is None:
                     return False
                 with state:
-                    rec = record.read(state)
+                    rec = version_record.read(state)
                     if rec is None or not (rec.version in known or rec.version.hex() == e.version):
                         return False
-                    stamp = os.stat(record.NAME, dir_fd=state.fd, follow_symlinks=False).st_mtime_ns
+                    stamp = os.stat(version_record.NAME, dir_fd=state.fd, follow_symlinks=False).st_mtime_ns
                 return _foreign(top.fd, rec, stamp) or True
         except WdiffError:
             return False
@@ -464,7 +464,7 @@ def _empty(fd: int, depth: int) -> None:
         os.rmdir(name, dir_fd=fd)
 
 
-def _foreign(fd: int, rec: record.Record, stamp: int) -> str | None:
+def _foreign(fd: int, rec: version_record.Record, stamp: int) -> str | None:
     """The first entry of the version directory open at ``fd`` that is not a
     file of ``rec`` as the pull left it (listed, a regular file of its size,
     not modified after the record, stamped ``stamp``, was written), or a

@@ -18,17 +18,19 @@ from ..format import signature as signing
 from ..format.bundle import BundleReader, check_records
 from ..format.chain import Chain, Entry, Part, part_paths
 from ..fsutil import scratch_dir
+from ..ops import loadable
+from ..ops.pack import pack
+from ..ops.signing import sign_bundle
+from ..ops.squash import squash
 from ..parallel import default_threads
 from ..progress import SILENT, Reporter
 from ..remotes import Upload, open_remote, parse_remote
 from ..store.checkpoint import scan
 from ..store.hashing import hexd, range_digest, short
-from . import loadable, trust
+from . import trust
 from .fetch import download, read_chain
-from .pack import pack
 from .places import holds_checkpoint, holds_remote, refuse_remote_as_checkpoint
-from .signatures import chain_signature, has_chain_signature, sign_bundle, verify_chain
-from .squash import squash
+from .signatures import chain_signature, has_chain_signature, verify_chain
 
 
 @dataclass(frozen=True)

@@ -16,20 +16,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import WdiffError
-from ..paths import STATE_DIR
-from ..format import signature as signing
-from ..progress import Reporter
-from ..remotes import open_remote
-from ..statedir import StateDir
-from ..store import record
-from ..store.hashing import hexd, short
-from ..format.bundle import BundleReader
-from .apply.inplace import apply_in_place
-from . import trust
-from .fetch import download, read_verified, work_names
-from .places import refuse_remote_as_checkpoint
-from .signatures import verify_bundle_signature
+from ...errors import WdiffError
+from ...format import signature as signing
+from ...format.bundle import BundleReader
+from ...ops.apply.inplace import apply_in_place
+from ...paths import STATE_DIR
+from ...progress import Reporter
+from ...remotes import open_remote
+from ...statedir import StateDir
+from ...store import version_record
+from ...store.hashing import hexd, short
+from .. import trust
+from ..fetch import download, read_verified, work_names
+from ..places import refuse_remote_as_checkpoint
+from ..signatures import verify_bundle_signature
 
 
 @dataclass(frozen=True)
@@ -144,9 +144,9 @@ def tidy_state(directory: str) -> None:
 def record_target(state: StateDir, index) -> None:
     """Record in ``state`` that its directory now holds the target of the
     bundle with this ``index`` (when its listing is the whole version)."""
-    rec = record.of_rows((f.path, f.kind, f.size, f.digest) for f in index.files)
+    rec = version_record.of_rows((f.path, f.kind, f.size, f.digest) for f in index.files)
     if rec.version == index.target_fingerprint:
-        record.write(state, rec)
+        version_record.write(state, rec)
 
 
 def finish_squash(chain, bundle_id: str, directory: str, work: StateDir, *, threads: int,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..errors import NotFoundError
 from ..format.chain import Chain, Entry
 from ..progress import Reporter
-from ..store import manifest, record
+from ..store import manifest, version_record
 from ..store.checkpoint import Checkpoint, scan
 from ..store.hashing import fingerprint, short
 from ..store.ignore import DEFAULT_RULES
@@ -48,7 +48,7 @@ def plan(chain: Chain, current: bytes, goal: bytes) -> tuple[list[Entry], bool]:
 class LocalState:
     """DIR against the version its record names."""
 
-    recorded: record.Record
+    recorded: version_record.Record
     changed: tuple[str, ...]  # files of that version that differ here (or are gone)
     guessed: bool  # "unchanged" rests on the manifest cache; an apply confirms it by reading
 
@@ -57,7 +57,7 @@ class LocalState:
         return self.recorded.version
 
 
-def local_state(directory: str, recorded: record.Record, threads: int, reporter: Reporter, *,
+def local_state(directory: str, recorded: version_record.Record, threads: int, reporter: Reporter, *,
                 guess: bool) -> LocalState:
     """Which files of the recorded version changed in DIR. Only the files
     the record lists are read (untracked ones never are); with ``guess``,

@@ -1,7 +1,7 @@
 """The pieces of a many-writer commit that work on local files only: a
 staged part's manifest (what it is, what it says), the checks that the
 parts fit together as one version, and the merge of their bundles into the
-bundle a single host would pack (see ops/stage.py for the remote side)."""
+bundle a single host would pack (see sync/stage.py for the remote side)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from ..defaults import DEFAULT_LEVEL
 from ..errors import BaseMismatchError, FormatError, IntegrityError, NotFoundError
 from ..format import records as fmt
 from ..format.bundle import BundleReader, BundleWriter
+from ..ops.pack import WRITER
 from ..paths import printable
 from ..store.checkpoint import bare_name
 from ..store.hashing import fingerprint, hexd, short, unhex
-from .pack import WRITER
 
 MANIFEST_FORMAT = "wdiff-stage-part"
 #: version 2 names the remote and the tensors a part's base holds and those

@@ -14,14 +14,15 @@ from ..parallel import default_threads
 from ..progress import SILENT, Reporter
 from ..remotes import open_remote
 from ..statedir import StateDir
-from ..store import record
+from ..store import version_record
 from ..store.hashing import hexd
 from . import trust
 from .fetch import read_verified
 from .places import refuse_checkpoint_as_remote
-from .pullspace import to_download
+from .pull.space import to_download
 from .rollback import plan_back
 from .tracked import EMPTY_FINGERPRINT, fingerprint_of, local_state, plan, plan_recorded
+
 
 @dataclass(frozen=True)
 class LogResult:
@@ -142,7 +143,7 @@ def _download(directory: str, chain, current: bytes, goal: bytes, run, from_anch
         return to_download(run, work)
 
 
-def _record_of(directory: str) -> record.Record | None:
+def _record_of(directory: str) -> version_record.Record | None:
     """DIR's record, read strictly (a planted one is refused); None when DIR
     or its record does not exist. Nothing is created."""
     if not os.path.isdir(directory):
@@ -151,5 +152,5 @@ def _record_of(directory: str) -> record.Record | None:
     if state is None:
         return None
     with state:
-        return record.read(state)
+        return version_record.read(state)
 

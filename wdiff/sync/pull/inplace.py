@@ -26,31 +26,32 @@ import os
 import re
 import shutil
 
-from ..errors import (BaseMismatchError, BusyError, Interrupted, LocalChangesError, NotFoundError, RemoteError,
-                      UsageError, WdiffError, WdiffIOError)
-from ..format.bundle import reading
-from ..format.journal import Txn
-from ..fsutil import beside_lock_path, fsync_dir, io_error, locked_beside, owner_alive, owner_tag, remove_tree
-from ..parallel import default_threads
-from ..paths import RESERVED, STATE_DIR, printable
-from ..progress import SILENT, Reporter
-from ..statedir import StateDir
-from ..store import manifest, record
-from ..store.checkpoint import scan
-from ..store.ignore import DEFAULT_RULES
-from ..store.hashing import hexd, short
-from .apply import apply
-from .apply.inplace import apply_in_place, restorable
-from .fetch import accept, download
-from .tracked import EMPTY_FINGERPRINT, LocalState, fingerprint_of, local_state, plan, plan_recorded
-from .pull_atomic import pull_atomic
-from .pull_keep import DEFAULT_KEEP
-from .pullspace import NoSpace, check as check_space, need_of
-from .pullwork import (PullResult, fetch_run, finish_squash, open_verified, prune_work, record_target, tidy_state,
-                       work_names_held)
-from .rollback import finish_interrupted, plan_back, step_back
-from .signatures import verify_bundle_signature
-from .squash import squash, squash_from
+from ...errors import (BaseMismatchError, BusyError, Interrupted, LocalChangesError, NotFoundError, RemoteError,
+                        UsageError, WdiffError, WdiffIOError)
+from ...format.bundle import reading
+from ...format.journal import Txn
+from ...fsutil import beside_lock_path, fsync_dir, io_error, locked_beside, owner_alive, owner_tag, remove_tree
+from ...ops.apply import apply
+from ...ops.apply.inplace import apply_in_place, restorable
+from ...ops.squash import squash, squash_from
+from ...parallel import default_threads
+from ...paths import RESERVED, STATE_DIR, printable
+from ...progress import SILENT, Reporter
+from ...statedir import StateDir
+from ...store import manifest, version_record
+from ...store.checkpoint import scan
+from ...store.hashing import hexd, short
+from ...store.ignore import DEFAULT_RULES
+from ..fetch import accept, download
+from ..rollback import finish_interrupted, plan_back, step_back
+from ..signatures import verify_bundle_signature
+from ..tracked import EMPTY_FINGERPRINT, LocalState, fingerprint_of, local_state, plan, plan_recorded
+from .atomic import pull_atomic
+from .keep import DEFAULT_KEEP
+from .space import NoSpace, need_of
+from .space import check as check_space
+from .work import (PullResult, fetch_run, finish_squash, open_verified, prune_work, record_target, tidy_state,
+                   work_names_held)
 
 
 def pull(
@@ -195,7 +196,7 @@ def _pull_in(store, chain, keys, journal, directory: str, work: StateDir, state:
     if journal is not None:
         _finish_interrupted(store, chain, keys, journal, directory, work, threads, reporter)
     goal = chain.resolve(to)
-    recorded = record.read(state)  # strict: a planted one is refused, never obeyed
+    recorded = version_record.read(state)  # strict: a planted one is refused, never obeyed
     if recorded is not None:
         return _bring_recorded(store, chain, keys, directory, work, recorded, goal, force, threads,
                                reporter)
@@ -287,7 +288,7 @@ def _adopt(state: StateDir, directory: str, threads: int, reporter: Reporter) ->
     ckpt = scan(directory)
     if ckpt.files:
         m = manifest.compute(ckpt, threads=threads, reporter=reporter, use_cache=True)
-        record.write(state, record.of_rows((d.path, d.kind, d.size, d.digest) for d in m.files))
+        version_record.write(state, version_record.of_rows((d.path, d.kind, d.size, d.digest) for d in m.files))
 
 
 def _refuse_local_changes(directory: str, local: LocalState, clashes=()) -> None:
@@ -314,13 +315,13 @@ def _refuse_unknown(directory: str, chain) -> None:
     )
 
 
-def _clashes(directory: str, index, recorded: record.Record) -> list[str]:
+def _clashes(directory: str, index, recorded: version_record.Record) -> list[str]:
     """Untracked files where ``index``'s target puts a file of its own."""
     return [f.path for f in index.files if f.path not in recorded.paths
             and os.path.lexists(os.path.join(directory, f.path))]
 
 
-def _bring_recorded(store, chain, keys, directory: str, work: StateDir, recorded: record.Record, goal: bytes,
+def _bring_recorded(store, chain, keys, directory: str, work: StateDir, recorded: version_record.Record, goal: bytes,
                     force: bool, threads: int, reporter: Reporter) -> PullResult:
     local = local_state(directory, recorded, threads, reporter, guess=True)
     try:
@@ -419,7 +420,7 @@ def _apply_run(directory: str, work: StateDir, local: LocalState, paths: list[st
         if not paths:
             return
         with StateDir.open(directory) as state:
-            now = record.read(state)
+            now = version_record.read(state)
         rules = DEFAULT_RULES.tracking(now.paths if now is not None else ())
         guessed = False
     else:

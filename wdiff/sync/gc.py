@@ -295,9 +295,9 @@ def _sweep(store, chain: Chain, raw: bytes, final: list[Entry], res: GcResult, g
 def _build_bridges(store, chain: Chain, bridges: list[Bridge], sign_key, work: str | None, threads,
                    reporter: Reporter, token: str | None) -> list[Bridge]:
     from ..defaults import DEFAULT_PART_SIZE
-    from .pull import pull
+    from ..ops.squash import squash
+    from .pull.inplace import pull
     from .push import push_bundle
-    from .squash import squash
 
     done: list[Bridge] = []
     with contextlib.ExitStack() as stack:

@@ -12,26 +12,27 @@ import contextlib
 import dataclasses
 import os
 
-from ..errors import BusyError, UsageError
-from ..format.bundle import reading
-from ..format.journal import Txn
-from ..paths import STATE_DIR
-from ..fsutil import beside_lock_path, fsync_dir, io_error, locked_beside, owner_tag
-from ..parallel import default_threads
-from ..progress import Reporter
-from ..statedir import StateDir
-from ..store import record
-from ..store.hashing import hexd, short
-from ..store.ignore import DEFAULT_RULES
-from . import trust
-from .apply.copy import apply_copy
-from .fetch import accept
-from .pull_keep import DEFAULT_KEEP, SAFE_NAME as _SAFE_NAME, Versions
-from .pullspace import check as check_space, need_of
-from .pullwork import PullResult, clear_work, fetch_run, open_verified, record_target, tidy_state
-from .squash import squash_from
-from .tracked import EMPTY_FINGERPRINT, fingerprint_of, local_state, plan
-
+from ...errors import BusyError, UsageError
+from ...format.bundle import reading
+from ...format.journal import Txn
+from ...fsutil import beside_lock_path, fsync_dir, io_error, locked_beside, owner_tag
+from ...ops.apply.copy import apply_copy
+from ...ops.squash import squash_from
+from ...parallel import default_threads
+from ...paths import STATE_DIR
+from ...progress import Reporter
+from ...statedir import StateDir
+from ...store import version_record
+from ...store.hashing import hexd, short
+from ...store.ignore import DEFAULT_RULES
+from .. import trust
+from ..fetch import accept
+from ..tracked import EMPTY_FINGERPRINT, fingerprint_of, local_state, plan
+from .keep import DEFAULT_KEEP, Versions
+from .keep import SAFE_NAME as _SAFE_NAME
+from .space import check as check_space
+from .space import need_of
+from .work import PullResult, clear_work, fetch_run, open_verified, record_target, tidy_state
 
 
 def pull_atomic(remote, link: str, *, to, trusted_keys, require_signature, token, threads, max_age,
@@ -89,7 +90,7 @@ def _build(store, keys, read, chain, goal: bytes, link: str, old: str, threads: 
         if Txn(state).read_journal() is not None:
             raise BusyError(f"{old}: an in-place apply was interrupted there",
                             hint=f"finish it with wdiff pull REMOTE {old} first")
-        recorded = record.read(state)
+        recorded = version_record.read(state)
         if recorded is not None:
             local = local_state(old, recorded, threads, reporter, guess=False)
             current = local.version if not local.changed else None

@@ -13,11 +13,11 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import IntegrityError, UsageError
+from ..ops.apply import apply
+from ..ops.diff import diff
+from ..ops.pack import pack
 from ..store import sample
-from .apply import apply
-from .diff import diff
-from .pack import pack
-from .pull import pull
+from .pull.inplace import pull
 from .push import push
 
 ADDED = "model.extra_proj.weight"

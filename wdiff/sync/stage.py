@@ -35,6 +35,9 @@ from ..format import signature as signing
 from ..format.bundle import BundleReader
 from ..format.chain import Chain
 from ..fsutil import atomic_write_bytes, scratch_dir
+from ..ops.pack import pack_pair
+from ..ops.pair import Pair
+from ..ops.signing import SIG_MAX
 from ..paths import printable
 from ..progress import SILENT, Reporter
 from ..remotes import Upload, open_remote
@@ -42,10 +45,7 @@ from ..store import ignore
 from ..store.checkpoint import Checkpoint, scan
 from ..store.hashing import hexd, range_digest, short
 from ..store.units import base_source
-from .pack import pack_pair
-from .pair import Pair
 from .push import PushResult, push_bundle
-from .signatures import SIG_MAX
 from .stage_merge import (
     MAX_MANIFEST,
     PART_NAME,

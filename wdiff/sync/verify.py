@@ -1,0 +1,40 @@
+"""``verify`` with a remote: check a checkpoint directory against a version
+of a remote, or against a bundle (wdiff.ops.verify, which does the check)."""
+
+from __future__ import annotations
+
+from ..errors import NotFoundError, UsageError
+from ..format.bundle import BundleReader
+from ..fsutil import scratch_dir
+from ..ops.verify import VerifyResult, check, verify_bundle
+from ..progress import SILENT, Reporter
+from ..remotes import open_remote
+from ..store.hashing import hexd
+from .fetch import download, read_chain
+
+
+def verify(directory, *, bundle=None, remote=None, version: str | None = None,
+           threads: int | None = None, reporter: Reporter = SILENT) -> VerifyResult:
+    """Check ``directory`` against the target of ``bundle``, or against
+    ``version`` (default: the head) of ``remote``."""
+    if (bundle is None) == (remote is None):
+        raise UsageError("verify needs exactly one of a bundle or a remote to check against")
+    if bundle is not None:
+        return verify_bundle(directory, bundle, threads=threads, reporter=reporter)
+    store = open_remote(remote)
+    chain = read_chain(store)
+    expected = chain.resolve(version)
+    return check(directory, expected, _files_of(store, chain, expected, reporter), store.url,
+                 threads=threads, reporter=reporter)
+
+
+def _files_of(store, chain, version: bytes, reporter: Reporter) -> dict:
+    """The target file list of a version: from the index of a bundle that
+    leads to it (the smallest one), fetched and checked like a pull does."""
+    entries = sorted((e for e in chain.entries if e.version == version), key=lambda e: e.size)
+    if not entries:
+        raise NotFoundError(f"{store.url}: no bundle leads to version {hexd(version)[:12]}")
+    with scratch_dir("verify") as work:
+        path, _ = download(store, entries[0], work, reporter)
+        with BundleReader(path) as r:
+            return {f.path: f for f in r.index.files}
