@@ -66,13 +66,12 @@ import numpy as np
 
 from ..format.records import RECORD
 from ..store import sample
+from .generated import compile_package, files_of, generated, in_child, stamp, unstamp
 
 ADAM = {"adam0.5": 0.005, "adam1": 0.01, "adam3": 0.03, "adam6": 0.06, "adam20": 0.20}
 SCENARIOS = (*ADAM, "adam-f32", "rl1", "rl3", "frozen", "dense", "new")
 #: scenarios with a base of their own (not A)
 OWN_BASE = {"adam-f32": "A32"}
-#: bump when the generated data changes, so that --dir regenerates it
-GENERATOR = 2
 
 
 # -- data ------------------------------------------------------------------------------
@@ -255,20 +254,6 @@ def _child_make_base32(root: str, size: int, shards: int) -> None:
     make_base32(root, size, shards)
 
 
-def _in_child(fn: str, *args):
-    """Run a data step in a child process, so that this process stays small:
-    a child's peak RSS as the kernel reports it includes what it inherited
-    from us at fork time."""
-    code = (
-        "import json, sys; from wdiff import bench; "
-        f"r = bench._child_{fn}(*json.loads(sys.argv[1])); print(json.dumps(r))"
-    )
-    p = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise SystemExit(p.stderr)
-    return json.loads(p.stdout)
-
-
 def _child_make_base(root: str, size: int, shards: int, tensors: int | None) -> None:
     make_base(root, size, shards, tensors)
 
@@ -309,57 +294,6 @@ class Runner:
             if p.returncode not in (0, 1):
                 break
         return statistics.median(times), rss, last
-
-
-def compile_package() -> bool:
-    """Write wdiff's bytecode beside its modules, as pip does when it
-    installs a package, so that the timed commands cost what they cost a
-    user. Where it is missing and cannot be written (PYTHONDONTWRITEBYTECODE
-    is set in some environments; an editable install has none of its own),
-    every command would compile wdiff's hundred-odd modules first: measured
-    here, 0.06-0.12 s of each wdiff row, a third of the start-up. Returns
-    whether every module has bytecode now."""
-    import compileall
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return bool(compileall.compile_dir(root, quiet=2, workers=1))
-
-
-def _stamp_path(root: str) -> str:
-    return root.rstrip("/") + ".json"  # beside the checkpoint, not in it
-
-
-def _unstamp(root: str) -> None:
-    """Before generating into ``root``: nothing of an earlier run is left."""
-    try:
-        os.unlink(_stamp_path(root))
-    except FileNotFoundError:
-        pass
-    shutil.rmtree(root, ignore_errors=True)
-
-
-def _recipe(size: int, shards: int, tensors: int | None, what: str) -> dict:
-    return {"size": size, "shards": shards, "tensors": tensors, "what": what, "generator": GENERATOR}
-
-
-def _stamp(root: str, size: int, shards: int, tensors: int | None, what: str) -> None:
-    """Record how a generated checkpoint was made, once it is complete, so
-    that a --dir run can reuse it: generation is deterministic."""
-    with open(_stamp_path(root), "w") as f:
-        json.dump(_recipe(size, shards, tensors, what), f)
-
-
-def _generated(root: str, size: int, shards: int, tensors: int | None, what: str) -> bool:
-    try:
-        with open(_stamp_path(root)) as f:
-            stamp = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return stamp == _recipe(size, shards, tensors, what) and os.path.isdir(root)
-
-
-def _files(d: str) -> list[str]:
-    return sorted(os.path.join(d, f) for f in os.listdir(d) if not f.startswith("."))
 
 
 # Longer than most functions, on purpose: the benchmark's script, one scenario
@@ -405,34 +339,34 @@ def main(argv: list[str] | None = None) -> int:
     a0_bytes = 0
     try:
         a = os.path.join(work, "A")
-        if not _generated(a, size, args.shards, args.tensors, "base"):
+        if not generated(a, size, args.shards, args.tensors, "base"):
             print(f"generating A: {size / 1e9:.2f} GB bf16, {args.shards} shards in {work}", file=sys.stderr)
-            _unstamp(a)
-            _in_child("make_base", a, size, args.shards, args.tensors)
-            _stamp(a, size, args.shards, args.tensors, "base")
+            unstamp(a)
+            in_child("make_base", a, size, args.shards, args.tensors)
+            stamp(a, size, args.shards, args.tensors, "base")
         base_a = a
-        a0_bytes = sum(os.path.getsize(f) for f in _files(a))
+        a0_bytes = sum(os.path.getsize(f) for f in files_of(a))
         for sc in scenarios:
             a = base_a
             if sc in OWN_BASE:
                 a = os.path.join(work, OWN_BASE[sc])
-                if not _generated(a, size, args.shards, None, OWN_BASE[sc]):
+                if not generated(a, size, args.shards, None, OWN_BASE[sc]):
                     print(f"generating {OWN_BASE[sc]}", file=sys.stderr)
-                    _unstamp(a)
-                    _in_child("make_base32", a, size, args.shards)
-                    _stamp(a, size, args.shards, None, OWN_BASE[sc])
-            a_bytes = sum(os.path.getsize(f) for f in _files(a))
+                    unstamp(a)
+                    in_child("make_base32", a, size, args.shards)
+                    stamp(a, size, args.shards, None, OWN_BASE[sc])
+            a_bytes = sum(os.path.getsize(f) for f in files_of(a))
             b = os.path.join(work, f"B-{sc}")
-            if not _generated(b, size, args.shards, args.tensors, sc):
+            if not generated(b, size, args.shards, args.tensors, sc):
                 print(f"generating B ({sc})", file=sys.stderr)
-                _unstamp(b)
-                _in_child("make_variant", b, size, args.shards, sc, args.tensors)
-                _stamp(b, size, args.shards, args.tensors, sc)
+                unstamp(b)
+                in_child("make_variant", b, size, args.shards, sc, args.tensors)
+                stamp(b, size, args.shards, args.tensors, sc)
             if args.no_entropy:
                 k, floor, given, free = None, None, None, None
             else:
-                k, floor = _in_child("information_floor", a, b) if sc not in OWN_BASE else (None, None)
-                k, given, free = _in_child("delta_entropy", a, b)
+                k, floor = in_child("information_floor", a, b) if sc not in OWN_BASE else (None, None)
+                k, given, free = in_child("delta_entropy", a, b)
             bundle = os.path.join(work, f"{sc}.wdb")
             out = os.path.join(work, f"C-{sc}")
 
@@ -449,8 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                     "changed": k, "note": note,
                 })
 
-            subprocess.run(["cat", *_files(a), *_files(b)], stdout=subprocess.DEVNULL)  # warm the cache
-            t, rss, _ = run(["sh", "-c", 'cat "$@" > /dev/null', "cat", *_files(a), *_files(b)])
+            subprocess.run(["cat", *files_of(a), *files_of(b)], stdout=subprocess.DEVNULL)  # warm the cache
+            t, rss, _ = run(["sh", "-c", 'cat "$@" > /dev/null', "cat", *files_of(a), *files_of(b)])
             add("read A+B (cat)", t, rss, 2 * a_bytes)
             t, rss, _ = run(["cp", "-r", a, out], before=rm_out)
             add("copy A (cp -r)", t, rss, a_bytes)
@@ -488,14 +422,14 @@ def main(argv: list[str] | None = None) -> int:
                 add("wdiff apply" + (" (v1 bundle)" if fmt_args else ""), t, rss, a_bytes, note="verified")
                 rm_out()
             if zstd:
-                t, rss, r = run(["sh", "-c", f'cat "$@" | {zstd} -3 -q -c -T1 | wc -c', "zstd", *_files(b)])
+                t, rss, r = run(["sh", "-c", f'cat "$@" | {zstd} -3 -q -c -T1 | wc -c', "zstd", *files_of(b)])
                 add("zstd -3 of B", t, rss, a_bytes, int(r.stdout.strip() or 0))
                 # a pack of a dense or unrelated change compresses all of B
                 # once: zstd's fastest standard level on every core does that
-                t, rss, r = run(["sh", "-c", f'cat "$@" | {zstd} -1 -q -c -T0 | wc -c', "zstd", *_files(b)])
+                t, rss, r = run(["sh", "-c", f'cat "$@" | {zstd} -1 -q -c -T0 | wc -c', "zstd", *files_of(b)])
                 add("zstd -1 -T0 of B", t, rss, a_bytes, int(r.stdout.strip() or 0), note="all cores")
                 total, secs, refused = 0, 0.0, 0
-                for fa, fb in zip(_files(a), _files(b)):
+                for fa, fb in zip(files_of(a), files_of(b)):
                     dst = os.path.join(work, "patch.zst")
                     t0 = time.perf_counter()
                     p = subprocess.run([zstd, "-3", "-q", "-f", "-T1", f"--patch-from={fa}", fb, "-o", dst],

@@ -36,12 +36,12 @@ import urllib.request
 
 import xxhash
 
-from . import _files, _generated, _in_child, _stamp, _unstamp, compile_package
+from .generated import compile_package, files_of, generated, in_child, stamp, unstamp
 
 
 def _digests(d: str) -> dict[str, bytes]:
     out = {}
-    for f in _files(d):
+    for f in files_of(d):
         h = xxhash.xxh3_128()
         with open(f, "rb") as fh:
             while piece := fh.read(8 << 20):
@@ -116,7 +116,7 @@ def run_remote(kind: str, url: str, work: str, a: str, b: str, pullers: int, env
 
     os.environ.update(env)
     store = open_remote(url)
-    full = [(f"full/{os.path.basename(f)}", os.path.getsize(f)) for f in _files(b)]
+    full = [(f"full/{os.path.basename(f)}", os.path.getsize(f)) for f in files_of(b)]
     if kind == "dir":  # as plain files (LocalStore.store comes with the many-writers work)
         os.makedirs(os.path.join(url, "full"), exist_ok=True)
         for p, _ in full:
@@ -189,15 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     try:
         a, b = os.path.join(work, "A"), os.path.join(work, "B-rl1")
-        if not _generated(a, size, 4, None, "base"):
+        if not generated(a, size, 4, None, "base"):
             print(f"generating A: {size / 1e6:.0f} MB bf16 in {work}", file=sys.stderr)
-            _unstamp(a)
-            _in_child("make_base", a, size, 4, None)
-            _stamp(a, size, 4, None, "base")
-        if not _generated(b, size, 4, None, "rl1"):
-            _unstamp(b)
-            _in_child("make_variant", b, size, 4, "rl1", None)
-            _stamp(b, size, 4, None, "rl1")
+            unstamp(a)
+            in_child("make_base", a, size, 4, None)
+            stamp(a, size, 4, None, "base")
+        if not generated(b, size, 4, None, "rl1"):
+            unstamp(b)
+            in_child("make_variant", b, size, 4, "rl1", None)
+            stamp(b, size, 4, None, "rl1")
         for kind in kinds:
             if kind == "dir":
                 remote = os.path.join(work, "remote")
