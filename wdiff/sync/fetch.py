@@ -17,7 +17,7 @@ from ..remotes import suggest
 from ..statedir import StateDir
 from ..store.hashing import hexd, range_digest
 from . import trust
-from .signatures import ChainTrust, verify_chain
+from .signatures import ChainTrust, verify_bundle_signature, verify_chain
 
 PIECE = 8 * 1024 * 1024
 
@@ -65,16 +65,25 @@ def accept(store, read: ReadChain, records: list) -> None:
         trust.remember(store.url, read.chain, read.raw, records)
 
 
-def download(store, e: Entry, work, reporter: Reporter) -> tuple[str, int]:
+def download(store, e: Entry, work, reporter: Reporter, *, keys: list | None = None) -> tuple[str, int]:
     """Fetch and verify every part of an entry's bundle into ``work`` (a
-    :class:`~wdiff.statedir.StateDir`, or a path of a private directory).
-    The work area is a cache, never proof: a part or bundle found there is
-    used only once its digests match the chain's in this run, and one that
-    does not is deleted and fetched again. A shorter part (an interrupted
-    download) is resumed."""
+    :class:`~wdiff.statedir.StateDir`, or a path of a private directory);
+    with trusted ``keys``, its signature too, which must verify with one of
+    them and name this bundle, its base and its target. Returns the
+    bundle's path and the bytes fetched. The work area is a cache, never
+    proof: a part or bundle found there is used only once its digests match
+    the chain's in this run, and one that does not is deleted and fetched
+    again. A shorter part (an interrupted download) is resumed."""
     if isinstance(work, str):
         with StateDir.at(work) as d:
-            return download(store, e, d, reporter)
+            return download(store, e, d, reporter, keys=keys)
+    path, fetched = _download(store, e, work, reporter)
+    if keys:
+        verify_bundle_signature(store, e, path, keys)
+    return path, fetched
+
+
+def _download(store, e: Entry, work, reporter: Reporter) -> tuple[str, int]:
     name = f"{hexd(e.bundle)}.wdb"
     final = work.where(name)
     if work.kind(name) == "file" and _verified(final, e):

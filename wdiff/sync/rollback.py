@@ -28,7 +28,6 @@ from ..progress import Reporter
 from ..statedir import StateDir
 from ..store.hashing import hexd, short
 from .fetch import download
-from .signatures import verify_bundle_signature
 
 READ_AHEAD = 512  # bytes read for a record header: it and, when payloads are tiny, the next ones
 PREFIX = "inverse-"
@@ -63,9 +62,7 @@ def step_back(store, chain: Chain, keys, directory: str, work: StateDir, back: l
     downloaded = 0
     paths = []
     for e in back:
-        path, n = download(store, e, work, reporter)
-        if keys:
-            verify_bundle_signature(store, e, path, keys)
+        path, n = download(store, e, work, reporter, keys=keys)
         paths.append(path)
         downloaded += n
     for k in reversed(range(len(back))):

@@ -44,7 +44,6 @@ from ...store.hashing import hexd, short
 from ...store.ignore import DEFAULT_RULES
 from ..fetch import accept, download
 from ..rollback import finish_interrupted, plan_back, step_back
-from ..signatures import verify_bundle_signature
 from ..tracked import EMPTY_FINGERPRINT, LocalState, fingerprint_of, local_state, plan, plan_recorded
 from .atomic import pull_atomic
 from .keep import DEFAULT_KEEP
@@ -514,9 +513,7 @@ def _finish_interrupted(store, chain, keys, journal, directory: str, work: State
             "which the remote's chain does not hold) was interrupted here",
             hint="finish it (or --abort it) with wdiff apply BUNDLE DIR --in-place",
         )
-    path, _ = download(store, entry, work, reporter)
-    if keys:
-        verify_bundle_signature(store, entry, path, keys)
+    path, _ = download(store, entry, work, reporter, keys=keys)
     apply_in_place(path, directory, abort=False, threads=threads, reporter=reporter, beside_locked=True)
 
 

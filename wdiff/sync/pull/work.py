@@ -29,7 +29,6 @@ from ...store.hashing import hexd, short
 from .. import trust
 from ..fetch import download, read_verified, work_names
 from ..places import refuse_remote_as_checkpoint
-from ..signatures import verify_bundle_signature
 
 
 @dataclass(frozen=True)
@@ -83,9 +82,7 @@ def fetch_run(store, keys, run, work: StateDir, reporter: Reporter) -> tuple[lis
     prune_work(work, run)
     paths, downloaded = [], 0
     for e in run:
-        path, n = download(store, e, work, reporter)
-        if keys:
-            verify_bundle_signature(store, e, path, keys)
+        path, n = download(store, e, work, reporter, keys=keys)
         paths.append(path)
         downloaded += n
     return paths, downloaded
