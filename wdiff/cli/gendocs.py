@@ -202,6 +202,9 @@ def _annotation(a) -> str:
         return ""
     if isinstance(a, str):
         return a
+    forward = getattr(a, "__forward_arg__", None)  # a NamedTuple's string annotations
+    if isinstance(forward, str):
+        return forward
     return inspect.formatannotation(a)
 
 
@@ -291,7 +294,7 @@ def _members(cls) -> list[tuple[str, object]]:
 def _class_section(qualname: str, cls, level: str) -> str:
     out = [f"{level} `{qualname}`\n\n"]
     if not issubclass(cls, (enum.Enum, BaseException)) and not dataclasses.is_dataclass(cls):
-        out.append(f"```python\n{_signature(qualname, cls.__init__, skip_self=True)}\n```\n\n")
+        out.append(f"```python\n{_signature(qualname, cls)}\n```\n\n")
     doc = _own_doc(cls)
     if doc:
         out.append(_rst_to_md(doc) + "\n")
