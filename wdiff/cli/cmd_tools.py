@@ -249,7 +249,7 @@ def generate(
     root: Annotated[Path, typer.Argument(metavar="[ROOT]", help="Project root.", show_default=False)] = Path("."),
     check: Annotated[bool, typer.Option("--check", help="Only report files that would change; exit 1 if any.")] = False,
 ) -> None:
-    """Write the man pages and shell completions generated from this command line."""
+    """Write the man pages, shell completions and reference pages generated from this command line."""
     from .generate import check as run_check
     from .generate import write
 

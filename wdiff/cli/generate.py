@@ -1,8 +1,9 @@
 """Man pages and shell completions, generated from the Typer app itself.
 
 ``wdiff generate [ROOT]`` writes ``man/wdiff.1``, ``man/wdiff-COMMAND.1``
-and ``completions/{wdiff.bash,_wdiff,wdiff.fish}`` under ROOT; ``--check``
-only compares. The output depends on nothing but the app (a fixed date, no
+and ``completions/{wdiff.bash,_wdiff,wdiff.fish}`` under ROOT, and the
+documentation site's reference pages (``docs/reference/cli.md``, ``api.md``
+and ``format.md``: :mod:`wdiff.cli.gendocs`); ``--check`` only compares. The output depends on nothing but the app (a fixed date, no
 environment), so the committed files can be checked for drift in CI.
 ``man/wdiff-format.5`` is written by hand: it is the format's specification;
 the wheel carries a copy (setup.py), which :func:`format_page` finds.
@@ -36,6 +37,11 @@ ENVIRONMENT = [
                      "wdiff --version says which are in use."),
     ("WDIFF_DIRECT", "Set to 0 to have apply write the tensor data it rebuilds through the page cache "
                      "instead of with O_DIRECT (the same bytes, fsynced the same; slower, and it fills the cache)."),
+    ("WDIFF_TRUSTED_KEYS", "Public key files, separated by colons as in PATH, used where --trusted-key is not given: "
+                           "pull, apply, status, log and commit then accept only what one of them signed."),
+    ("WDIFF_STATE_DIR", "Where this user's records of signed remotes (the newest chain accepted from each) and the key "
+                        "of pull --atomic's version lists are kept (default: $XDG_STATE_HOME/wdiff or "
+                        "~/.local/state/wdiff)."),
     ("WDIFF_DEBUG", "Set to 1 to print a traceback with every error."),
     ("NO_COLOR", "Never use colour."),
     ("HF_TOKEN", "Hugging Face token, resolved by huggingface_hub (as are hf auth login and "
@@ -360,10 +366,21 @@ def format_page() -> str:
         raise NotFoundError(f"{FORMAT_PAGE} is not installed with this wdiff") from None
 
 
+def render_all(group: TyperGroup) -> dict[str, str]:
+    """What ``wdiff generate`` writes: :func:`render`'s man pages and
+    completions, and the documentation site's reference pages
+    (:mod:`wdiff.cli.gendocs`: the commands, the Python API, the format)."""
+    from .gendocs import render_docs
+
+    files = render(group)
+    files.update(render_docs(commands(group), app_help(group), ENVIRONMENT, format_page()))
+    return files
+
+
 def write(root: str, group: TyperGroup) -> list[str]:
     """Write every generated file under ``root``; returns those that changed."""
     changed = []
-    for rel, text in render(group).items():
+    for rel, text in render_all(group).items():
         path = os.path.join(root, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         old = open(path, encoding="utf-8").read() if os.path.exists(path) else None
@@ -377,7 +394,7 @@ def write(root: str, group: TyperGroup) -> list[str]:
 def check(root: str, group: TyperGroup) -> list[str]:
     """Generated files that are missing or differ from what would be written."""
     drift = []
-    for rel, text in render(group).items():
+    for rel, text in render_all(group).items():
         path = os.path.join(root, rel)
         if not os.path.exists(path) or open(path, encoding="utf-8").read() != text:
             drift.append(rel)
