@@ -37,7 +37,7 @@ from ..format.bundle import BundleReader
 from ..format.journal import Txn
 from ..ops.apply.inplace import apply_in_place
 from ..ops.fetch import download, read_verified
-from ..ops.squash import squash
+from ..ops.squash import squash_from
 from ..parallel import default_threads
 from ..progress import SILENT, Reporter
 from ..remotes import open_remote
@@ -195,8 +195,7 @@ class Follower:
             if len(paths) > 1:
                 bundle = work.where("squash.wdb")
                 work.unlink("squash.wdb")
-                squash(paths, None if anchor else self.ckpt, bundle, threads=self.threads,
-                       base_fingerprint=None, check_out=False)
+                squash_from(paths, None if anchor else self.ckpt, bundle, threads=self.threads, check_out=False)
             with self._pause():
                 t1 = time.perf_counter()
                 # the chain was verified (signed, where keys are trusted) and every

@@ -34,6 +34,8 @@ from .signatures import verify_bundle_signature
 
 @dataclass(frozen=True)
 class PullResult:
+    """Where :func:`wdiff.pull` brought the directory from and to, and with what."""
+
     remote: str
     directory: str
     before: bytes | None  # None: empty, or a version the remote does not know

@@ -15,6 +15,7 @@ from ..errors import UsageError
 from ..format.bundle import BundleReader
 from ..fsutil import scratch_dir
 from ..parallel import default_threads
+from ..paths import PathLike
 from ..progress import SILENT, Reporter
 from ..store import manifest
 from ..store.checkpoint import KIND_TENSORS, scan
@@ -35,6 +36,8 @@ class Problem:
 
 @dataclass(frozen=True)
 class VerifyResult:
+    """What :func:`verify` found: ``ok``, or the problems, file by file."""
+
     directory: str
     expected: bytes
     actual: bytes
@@ -57,10 +60,13 @@ class VerifyResult:
         }
 
 
-def verify(directory, *, bundle=None, remote=None, version: str | None = None,
-           threads: int | None = None, reporter: Reporter = SILENT) -> VerifyResult:
-    """Check ``directory`` against the target of ``bundle``, or against
-    ``version`` (default: the head) of ``remote``."""
+def verify(directory: PathLike, *, bundle: PathLike | None = None, remote: str | None = None,
+           version: str | None = None, threads: int | None = None, reporter: Reporter = SILENT) -> VerifyResult:
+    """Read every byte of ``directory`` (the manifest cache is not trusted
+    here) and check it against the target of ``bundle``, or against
+    ``version`` (default: the head) of ``remote``. Returns a
+    :class:`VerifyResult` naming what differs, is missing, or should not be
+    there."""
     if (bundle is None) == (remote is None):
         raise UsageError("verify needs exactly one of a bundle or a remote to check against")
     threads = threads or default_threads()
