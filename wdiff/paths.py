@@ -3,6 +3,7 @@ become paths, and escaping them before they reach a terminal."""
 
 from __future__ import annotations
 
+import os
 import unicodedata
 
 from .errors import FormatError
@@ -17,6 +18,8 @@ MAX_COMPONENT_BYTES = 255
 #: directories a file may lie below: a checkpoint is a shallow tree, and a
 #: scan refuses a deeper one, so a bundle may not state a deeper path either
 MAX_DEPTH = 32
+#: what the library takes for a path on this machine: a str or any os.PathLike
+PathLike = str | os.PathLike
 
 
 def printable(name: str, limit: int = 200, *, backslashes: bool = True) -> str:

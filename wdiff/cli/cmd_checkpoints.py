@@ -23,6 +23,7 @@ from .common import (
     Verbose,
     _setup,
     app,
+    call,
 )
 from .help import epilog
 
@@ -56,10 +57,11 @@ def diff(
     absolute change and the L2 norm of the change relative to A's. Companion
     files (config, tokenizer, ...) are compared whole.
     """
+    options = dict(locals())
     from ..ops.diff import diff as run_diff
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_diff(a, b, threads=threads, reporter=out.reporter(), exclude=exclude or (), include=include or ())
+    res = call(run_diff, options, cli=("stat", "exit_code", "all_"), reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
     elif stat:
@@ -143,9 +145,9 @@ def pack(
     ],
     output: Annotated[Path, typer.Option("--output", "-o", help="Bundle file to write.", show_default=False)],
     anchor: Annotated[bool, typer.Option("--anchor", help="Pack B whole, as a bundle that needs no base.")] = False,
-    force: Annotated[bool, typer.Option("--force", "-f", help="Replace the bundle file if it exists.")] = False,
+    overwrite: Annotated[bool, typer.Option("--force", "-f", help="Replace the bundle file if it exists.")] = False,
     level: Level = DEFAULT_LEVEL,
-    sign: SignKey = None,
+    sign_key: SignKey = None,
     exclude: Exclude = None,
     include: Include = None,
     json_mode: Json = False,
@@ -169,6 +171,7 @@ def pack(
     work. The same inputs and options always give the same bytes. The file
     appears only when complete.
     """
+    options = dict(locals())
     from ..ops.pack import pack as run_pack
 
     out = _setup(json_mode, quiet, verbose)
@@ -180,12 +183,12 @@ def pack(
         if len(paths) != 2:
             raise UsageError("pack takes two checkpoint directories, A and B (or --anchor B)")
         a, b = paths
-    res = run_pack(a, b, output, level=level, threads=threads, reporter=out.reporter(), overwrite=force,
-                   exclude=exclude or (), include=include or (), format_version=format_version)
-    if sign is not None:
+    res = call(run_pack, options, cli=("paths", "anchor", "output", "sign_key"), a=a, b=b, out=output,
+               reporter=out.reporter())
+    if sign_key is not None:
         from ..ops.signing import sign_bundle
 
-        sign_bundle(output, sign, verify=False)  # just written and verified
+        sign_bundle(output, sign_key, verify=False)  # just written and verified
     if out.json:
         out.document(res.to_json())
         return
@@ -217,7 +220,7 @@ def apply(
     ] = None,
     in_place: Annotated[bool, typer.Option("--in-place", help="Update BASE itself (journaled, resumable).")] = False,
     abort: Annotated[bool, typer.Option("--abort", help="With --in-place: roll back an interrupted apply.")] = False,
-    trusted_key: TrustedKeys = None,
+    trusted_keys: TrustedKeys = None,
     require_signature: RequireSig = False,
     exclude: Exclude = None,
     include: Include = None,
@@ -237,13 +240,12 @@ def apply(
     for checkpoints too large to copy: a journal and an undo log make the
     change finish, or roll back with --abort, after any interruption.
     """
+    options = dict(locals())
     from ..ops.apply import apply as run_apply
 
     out = _setup(json_mode, quiet, verbose)
     _check_apply_order(bundle, base)
-    res = run_apply(bundle, base, output, in_place=in_place, abort=abort, trusted_keys=trusted_key,
-                    require_signature=require_signature, threads=threads, reporter=out.reporter(),
-                    exclude=exclude or (), include=include or ())
+    res = call(run_apply, options, cli=("output",), out=output, reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return

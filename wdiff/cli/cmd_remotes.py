@@ -25,6 +25,7 @@ from .common import (
     _setup,
     _size_arg,
     app,
+    call,
 )
 from .help import epilog
 
@@ -43,7 +44,7 @@ def push(
     part_size: Annotated[str, typer.Option("--part-size", metavar="SIZE", help="Largest part file stored on the remote.")] = f"{DEFAULT_PART_SIZE // 1000**3}GB",
     fork: Annotated[bool, typer.Option("--fork", help="Allow a base that is an older version, not the head.")] = False,
     level: Level = DEFAULT_LEVEL,
-    sign: SignKey = None,
+    sign_key: SignKey = None,
     public: Annotated[bool, typer.Option("--public", help="A Hub repository or bucket this push creates is public [default: private].")] = False,
     commit_message: Annotated[Optional[str], typer.Option("--commit-message", metavar="TEXT", help="Message of the Hub commit [default: wdiff push VERSION (LABEL)].", show_default=False)] = None,
     token: HubToken = None,
@@ -86,6 +87,7 @@ def push(
     --sign signs the part, which a commit that signs or has trusted keys
     requires.
     """
+    options = dict(locals())
     from ..sync.push import push as run_push
 
     out = _setup(json_mode, quiet, verbose)
@@ -95,8 +97,8 @@ def push(
                              "(label the version at wdiff commit)")
         from ..sync.stage import push_part
 
-        part = push_part(source, remote, base=base, only=only or [], stage=stage, level=level, sign_key=sign,
-                         token=token, threads=threads, reporter=out.reporter())
+        # (a staged part's version is labelled, published and signed by the commit)
+        part = call(push_part, options, cli=_NOT_STAGED, only=only or [], reporter=out.reporter())
         if out.json:
             out.document(part.to_json())
             return
@@ -104,10 +106,8 @@ def push(
                    f"{o.name(part.stage)} of {o.name(part.remote)}{', signed' if part.signed else ''}: "
                    "not visible until `wdiff commit`")
         return
-    res = run_push(source, remote, base=base, anchor=anchor, label=label, part_size=_size_arg(part_size),
-                   fork=fork, level=level, sign_key=sign, token=token, private=not public,
-                   commit_message=commit_message, adopt=adopt, allow_opaque=allow_opaque, threads=threads,
-                   anchor_every=anchor_every, anchor_when=anchor_when, reporter=out.reporter())
+    res = call(run_push, options, cli=("public", "stage", "only"), part_size=_size_arg(part_size), private=not public,
+               reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return
@@ -119,6 +119,11 @@ def push(
                + (f", with an anchor ({res.anchored.hex()[:12]})" if res.anchored else ""))
 
 
+#: options of push that a staged part (push --stage) does not take
+_NOT_STAGED = ("anchor", "label", "part_size", "fork", "public", "commit_message", "adopt", "allow_opaque",
+               "anchor_every", "anchor_when")
+
+
 # -- pull ---------------------------------------------------------------------------------
 
 
@@ -127,7 +132,7 @@ def pull(
     remote: Remote,
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="Checkpoint directory to update (created if missing).", show_default=False)],
     to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="A fingerprint (or prefix), a label, or HEAD~N (N pushes before the head) [default: the head].", show_default=False)] = None,
-    trusted_key: TrustedKeys = None,
+    trusted_keys: TrustedKeys = None,
     require_signature: RequireSig = False,
     token: HubToken = None,
     max_age: MaxAge = None,
@@ -164,12 +169,11 @@ def pull(
     make (the one the link first pointed to, one you renamed) or one
     holding files you added or changed is never removed.
     """
+    options = dict(locals())
     from ..sync.pull.inplace import pull as run_pull
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_pull(remote, directory, to=to, trusted_keys=trusted_key, require_signature=require_signature,
-                   token=token, threads=threads, max_age=_age_arg(max_age), force=force, atomic=atomic,
-                   keep=keep, reporter=out.reporter())
+    res = call(run_pull, options, max_age=_age_arg(max_age), reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return
@@ -197,7 +201,7 @@ def pull(
 @app.command(epilog=epilog("log"))
 def log(
     remote: Remote,
-    trusted_key: TrustedKeys = None,
+    trusted_keys: TrustedKeys = None,
     require_signature: RequireSig = False,
     max_age: MaxAge = None,
     json_mode: Json = False,
@@ -210,11 +214,11 @@ def log(
     from (or "anchor"), its label, size, parts and creation time. The head is
     marked with an asterisk.
     """
+    options = dict(locals())
     from ..sync.history import log as run_log
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_log(remote, trusted_keys=trusted_key, require_signature=require_signature, max_age=_age_arg(max_age),
-                  reporter=out.reporter())
+    res = call(run_log, options, max_age=_age_arg(max_age), reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return
@@ -241,7 +245,7 @@ def status(
     remote: Remote,
     to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="Compare with this version [default: the head].", show_default=False)] = None,
     exit_code: Annotated[bool, typer.Option("--exit-code", help="Exit 1 when DIR is not at the version.")] = False,
-    trusted_key: TrustedKeys = None,
+    trusted_keys: TrustedKeys = None,
     require_signature: RequireSig = False,
     max_age: MaxAge = None,
     json_mode: Json = False,
@@ -256,11 +260,11 @@ def status(
     directory at a later version than --to is reported as ahead of it, and
     one that does not exist as such (with what a pull would fetch to create it).
     """
+    options = dict(locals())
     from ..sync.history import status as run_status
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_status(directory, remote, to=to, trusted_keys=trusted_key, require_signature=require_signature,
-                     max_age=_age_arg(max_age), threads=threads, reporter=out.reporter())
+    res = call(run_status, options, cli=("exit_code",), max_age=_age_arg(max_age), reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
     elif res.up_to_date:
@@ -304,9 +308,9 @@ def squash(
     start: Annotated[Optional[str], typer.Option("--from", metavar="VERSION", help="With --remote: start here [default: nothing, making an anchor].", show_default=False)] = None,
     to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="With --remote: end here [default: the head].", show_default=False)] = None,
     base: Annotated[Optional[Path], typer.Option("--base", help="The checkpoint the run starts from (not needed from an anchor).", show_default=False)] = None,
-    force: Annotated[bool, typer.Option("--force", "-f", help="Replace the bundle file (-o) if it exists.")] = False,
+    overwrite: Annotated[bool, typer.Option("--force", "-f", help="Replace the bundle file (-o) if it exists.")] = False,
     level: Level = DEFAULT_LEVEL,
-    sign: SignKey = None,
+    sign_key: SignKey = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -323,6 +327,7 @@ def squash(
     nothing (the default) this makes a fresh anchor without any local
     checkpoint.
     """
+    options = dict(locals())
     out = _setup(json_mode, quiet, verbose)
     reporter = out.reporter()
     if remote is not None:
@@ -330,7 +335,8 @@ def squash(
             raise UsageError("give either BUNDLE... -o FILE or --remote, not both")
         from ..sync.push import squash_remote
 
-        res = squash_remote(remote, start=start, to=to, base=base, sign_key=sign, threads=threads, reporter=reporter)
+        # (--level: a squash on the remote writes at the default level)
+        res = call(squash_remote, options, cli=("bundles", "output", "overwrite", "level"), reporter=reporter)
         if out.json:
             out.document(res.to_json())
             return
@@ -344,11 +350,11 @@ def squash(
         raise UsageError("--from and --to go with --remote")
     from ..ops.squash import squash as run_squash
 
-    res = run_squash(bundles, base, output, level=level, threads=threads, reporter=reporter, overwrite=force)
-    if sign is not None:
+    res = call(run_squash, options, cli=("output", "remote", "start", "to", "sign_key"), out=output, reporter=reporter)
+    if sign_key is not None:
         from ..ops.signing import sign_bundle
 
-        sign_bundle(output, sign, verify=False)  # just written and verified
+        sign_bundle(output, sign_key, verify=False)  # just written and verified
     if out.json:
         out.document(res.to_json())
         return
@@ -370,7 +376,7 @@ def gc(
     keep: Annotated[Optional[list[str]], typer.Option("--keep", metavar="VERSION", help="Also keep this version: a label, a fingerprint (or prefix) or HEAD~N (repeatable).", show_default=False)] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Say what would go and how many bytes it frees; change nothing.")] = False,
     grace: Annotated[str, typer.Option("--grace", metavar="AGE", help="Delete an unreferenced object only once an earlier gc listed it this long ago (0: at once, only when no pull is running).")] = "24h",
-    sign: SignKey = None,
+    sign_key: SignKey = None,
     token: HubToken = None,
     work: Annotated[Optional[Path], typer.Option("--work", metavar="DIR", help="Where a kept checkpoint is rebuilt when a new delta must be squashed from it [default: a temporary directory].", show_default=False)] = None,
     json_mode: Json = False,
@@ -395,12 +401,11 @@ def gc(
     Hub repository the deletion is a commit: the bytes stay in the git history
     until the history is squashed.
     """
+    options = dict(locals())
     from ..sync.gc import gc as run_gc
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_gc(remote, keep_last=keep_last, keep=keep or [], dry_run=dry_run, grace=_grace_arg(grace),
-                 sign_key=sign, token=token, work=str(work) if work is not None else None, threads=threads,
-                 reporter=out.reporter())
+    res = call(run_gc, options, grace=_grace_arg(grace), reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return
@@ -432,8 +437,8 @@ def commit(
     stage: Annotated[str, typer.Option("--stage", metavar="NAME", help="The stage the writers pushed their parts to.", show_default=False)],
     expect: Annotated[int, typer.Option("--expect", metavar="N", help="How many parts make the version (one per writer).", show_default=False)],
     label: Annotated[Optional[str], typer.Option("--label", help="A name for the version, such as the training step.", show_default=False)] = None,
-    sign: SignKey = None,
-    trusted_key: Annotated[Optional[list[Path]], typer.Option("--trusted-key", metavar="KEY.pub", help="Accept only parts this public key signed (repeatable; default: WDIFF_TRUSTED_KEYS; with --sign, KEY's own parts too).", show_default=False)] = None,
+    sign_key: SignKey = None,
+    trusted_keys: Annotated[Optional[list[Path]], typer.Option("--trusted-key", metavar="KEY.pub", help="Accept only parts this public key signed (repeatable; default: WDIFF_TRUSTED_KEYS; with --sign, KEY's own parts too).", show_default=False)] = None,
     token: HubToken = None,
     json_mode: Json = False,
     quiet: Quiet = False,
@@ -456,11 +461,11 @@ def commit(
     is deleted afterwards. A missing part (a writer that died) exits with
     status 3 and changes nothing: rerun the writer, then commit again.
     """
+    options = dict(locals())
     from ..sync.stage import commit as run_commit
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_commit(remote, stage=stage, expect=expect, label=label, sign_key=sign, trusted_keys=trusted_key,
-                     token=token, threads=threads, reporter=out.reporter())
+    res = call(run_commit, options, reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return

@@ -21,6 +21,7 @@ from .common import (
     Verbose,
     _setup,
     app,
+    call,
 )
 from .help import epilog
 
@@ -32,7 +33,7 @@ def verify(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="Checkpoint directory to check.", show_default=False)],
     bundle: Annotated[Optional[Path], typer.Option("--bundle", help="Check DIR against this bundle's target.", show_default=False)] = None,
     remote: Annotated[Optional[str], typer.Option("--remote", metavar="REMOTE", help="Check DIR against a version of this remote.", show_default=False)] = None,
-    to: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="With --remote: the version [default: the head].", show_default=False)] = None,
+    version: Annotated[Optional[str], typer.Option("--to", metavar="VERSION", help="With --remote: the version [default: the head].", show_default=False)] = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -45,12 +46,12 @@ def verify(
     bundle or a version on a remote. Names what differs, is missing, or
     should not be there.
     """
+    options = dict(locals())
     from ..errors import IntegrityError
     from ..sync.verify import verify as run_verify
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_verify(directory, bundle=bundle, remote=remote, version=to, threads=threads,
-                     reporter=out.reporter())
+    res = call(run_verify, options, reporter=out.reporter())
     if res.ok:
         if out.json:
             out.document(res.to_json())
@@ -139,10 +140,11 @@ def info(
     what it holds: base and target fingerprints, target files, and the
     encodings used, with their sizes.
     """
+    options = dict(locals())
     from ..ops.inspect import inspect as run_inspect
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_inspect(bundle)
+    res = call(run_inspect, options)
     if out.json:
         out.document(res.to_json())
         return

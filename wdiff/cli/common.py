@@ -1,8 +1,10 @@
 """The Typer application object and what every command shares: the options
-defined once, the output setup, the version flag."""
+defined once, the output setup, the mapping of options onto the library's
+functions, the version flag."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -71,6 +73,39 @@ def _setup(json_mode: bool, quiet: bool, verbose: int) -> o.Out:
     out = o.Out(quiet=quiet, verbose=verbose, json_mode=json_mode)
     STATE.out = out
     return out
+
+
+#: options every command has that shape the output, not the library call
+PRESENTATION = frozenset({"json_mode", "quiet", "verbose"})
+
+
+def call(fn, options: dict, /, *, cli: tuple[str, ...] = (), **given):
+    """Call the library function ``fn`` with a command's ``options`` (its
+    parameters as typer parsed them: ``dict(locals())`` taken first thing):
+    each goes to the parameter of ``fn`` of the same name, so that an option
+    is written once in the library and once here. ``given`` values (converted
+    from their text, or under another name) take precedence; None leaves a
+    parameter that has a default at it. An option that names no parameter
+    of ``fn`` is a bug here (TypeError), unless it shapes the output only
+    (:data:`PRESENTATION`) or the command says it is its own (``cli``)."""
+    params = inspect.signature(fn).parameters
+    stale = [name for name in cli if name not in options]
+    if stale:
+        raise TypeError(f"{stale} are not options of the command that calls {fn.__qualname__}")
+    args = {}
+    for name, value in options.items():
+        if name in given or name in cli or name in PRESENTATION:
+            continue
+        if name not in params:
+            raise TypeError(f"option {name!r} of the command line names no parameter of {fn.__qualname__}")
+        if value is None and params[name].default is not inspect.Parameter.empty:
+            continue
+        args[name] = value
+    for name, value in given.items():
+        if name not in params:
+            raise TypeError(f"{name!r} names no parameter of {fn.__qualname__}")
+        args[name] = value
+    return fn(**args)
 
 
 def _version(value: bool) -> None:

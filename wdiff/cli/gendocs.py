@@ -197,6 +197,19 @@ def _default(value, globs: dict) -> str:
     return "..."  # never an object's repr: it may hold an address
 
 
+def _value(value) -> str:
+    """A public constant: its value where it is plain data, else what it
+    is (an object's repr may hold an address, which changes every run)."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return f"`{value!r}`"
+    doc = _own_doc(type(value))
+    kind = f"A `{type(value).__module__}.{type(value).__qualname__}`"
+    if not doc:
+        return kind + "."
+    first = " ".join(doc.split("\n\n")[0].split())
+    return f"{kind}: {md_text(first)}"
+
+
 def _annotation(a) -> str:
     if a is inspect.Parameter.empty:
         return ""
@@ -373,7 +386,7 @@ def api_page() -> str:
             documented.add(cls)
             out.append(_class_section(f"{mod_name}.{n}", cls, "###"))
         for n in others:
-            out.append(f"### `{mod_name}.{n}`\n\n`{getattr(module, n)!r}`\n\n")
+            out.append(f"### `{mod_name}.{n}`\n\n{_value(getattr(module, n))}\n\n")
     if results:
         out.append("## Results\n\nWhat the functions above return: frozen dataclasses, each with a `to_json()`.\n\n")
         for name in sorted(results):

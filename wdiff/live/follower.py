@@ -36,7 +36,8 @@ from ..format import signature as signing
 from ..format.bundle import BundleReader
 from ..format.journal import Txn
 from ..ops.apply.inplace import apply_in_place
-from ..ops.squash import squash
+from ..sync.fetch import download, read_verified
+from ..ops.squash import squash_from
 from ..parallel import default_threads
 from ..progress import SILENT, Reporter
 from ..remotes import open_remote
@@ -44,7 +45,6 @@ from ..statedir import StateDir
 from ..store import manifest
 from ..store.checkpoint import KIND_TENSORS, read_into, scan
 from ..store.hashing import hexd
-from ..sync.fetch import download, read_verified
 from ._tensors import Prepared
 from .apply import _apply_into
 
@@ -195,8 +195,7 @@ class Follower:
             if len(paths) > 1:
                 bundle = work.where("squash.wdb")
                 work.unlink("squash.wdb")
-                squash(paths, None if anchor else self.ckpt, bundle, threads=self.threads,
-                       base_fingerprint=None, check_out=False)
+                squash_from(paths, None if anchor else self.ckpt, bundle, threads=self.threads, check_out=False)
             with self._pause():
                 t1 = time.perf_counter()
                 # the chain was verified (signed, where keys are trusted) and every

@@ -19,6 +19,7 @@ from ..codec import kernels
 from ..codec.dtypes import dtype_info, uint_type
 from ..defaults import DEFAULT_CHUNK
 from ..parallel import default_threads, ordered_map
+from ..paths import PathLike
 from ..progress import SILENT, Reporter
 from ..store.blockio import FdCache, read_base, read_target, scratch, span_digests
 from ..store.checkpoint import KIND_TENSORS, Checkpoint
@@ -100,6 +101,8 @@ class FileDiff:
 
 @dataclass(frozen=True)
 class DiffResult:
+    """What :func:`diff` found: per tensor and per companion file, and totals."""
+
     a: str
     b: str
     a_fingerprint: bytes
@@ -183,10 +186,26 @@ class _Acc:
             self.sum_a2 += st[4]
 
 
-def diff(a, b, *, threads: int | None = None, reporter: Reporter = SILENT, exclude=(), include=()) -> DiffResult:
-    """Compare checkpoints ``a`` and ``b`` (directories, or single files),
-    leaving out what the ignore rules exclude (``exclude``, ``include``:
-    gitignore patterns after the defaults and .wdiffignore)."""
+def diff(
+    a: PathLike,
+    b: PathLike,
+    *,
+    threads: int | None = None,
+    reporter: Reporter = SILENT,
+    exclude: tuple[str, ...] | list[str] = (),
+    include: tuple[str, ...] | list[str] = (),
+) -> DiffResult:
+    """Compare checkpoint ``a`` with checkpoint ``b``, tensor by tensor.
+
+    Returns a :class:`DiffResult`: per tensor its status (unchanged,
+    modified, added, removed, retyped), the changed blocks and elements, the
+    largest change and the relative L2 norm of the change; per companion
+    file whether it changed; and totals. ``threads`` defaults to every core
+    (or ``WDIFF_THREADS``). Either side may be a single ``.safetensors``
+    file. Files matching the default trainer-state patterns, the
+    checkpoint's ``.wdiffignore`` or ``exclude`` (gitignore syntax) are left
+    out, unless a later ``include`` pattern matches.
+    """
     threads = threads or default_threads()
     pair = Pair(a, b, reporter=reporter, rules=ignore.rules(exclude, include))
     acc: dict[str, _Acc] = {}

@@ -9,6 +9,7 @@ from ..codec.chunk import CODEC_NAMES
 from ..codec.filedelta import CODEC_NAMES as FILE_CODEC_NAMES
 from ..format import records as fmt
 from ..format.bundle import BundleReader, decode_header_record
+from ..paths import PathLike
 from ..store.hashing import hexd
 
 SCHEMA = "wdiff.info/1"
@@ -16,6 +17,8 @@ SCHEMA = "wdiff.info/1"
 
 @dataclass(frozen=True)
 class BundleInfo:
+    """What :func:`inspect` read in a bundle: its fingerprints, files and records."""
+
     path: str
     bundle_id: bytes
     version: int
@@ -44,8 +47,9 @@ class BundleInfo:
         }
 
 
-def inspect(bundle) -> BundleInfo:
-    """Read a whole bundle, verify every record, and summarise it."""
+def inspect(bundle: PathLike) -> BundleInfo:
+    """Describe ``bundle`` (base, target, files, records per codec) after
+    reading it whole and checking every digest in it."""
     with BundleReader(os.fspath(bundle)) as r:
         ix = r.index
         records: dict[str, dict] = {}

@@ -22,6 +22,7 @@ from ..format import records as fmt
 from ..format.bundle import ZERO, BundleWriter
 from ..fsutil import check_output, io_error
 from ..parallel import default_threads, ordered_map
+from ..paths import PathLike
 from ..progress import SILENT, Reporter
 from ..store import ignore
 from ..store.blockio import FdCache, read_base, read_target, scratch, span_digests
@@ -48,6 +49,8 @@ class CodecStat:
 
 @dataclass(frozen=True)
 class PackResult:
+    """The bundle :func:`pack` (or :func:`wdiff.squash`) wrote: its sizes and what it holds."""
+
     bundle: str
     bundle_id: bytes
     base_fingerprint: bytes | None
@@ -93,9 +96,9 @@ class PackResult:
 
 
 def pack(
-    a,
-    b,
-    out,
+    a: PathLike | None,
+    b: PathLike,
+    out: PathLike,
     *,
     level: int = DEFAULT_LEVEL,
     threads: int | None = None,
@@ -106,15 +109,20 @@ def pack(
     include: tuple[str, ...] | list[str] = (),
     format_version: int | None = None,
 ) -> PackResult:
-    """Write to ``out`` a bundle that turns checkpoint ``a`` into ``b``.
-    With ``a=None`` the bundle is a full anchor that builds ``b`` from nothing.
-    An existing ``out`` is refused unless ``overwrite``; an ``out`` that is,
-    or lies inside, A or B always is. Files that match the default
-    trainer-state patterns, the checkpoints' .wdiffignore or ``exclude`` (and
-    no later ``include``) are left out. ``format_version``: the newest
-    bundle format version the bundle may use (default: this wdiff's
-    newest); the bundle has the lowest version its contents need, and below
-    version 3 changed companion files are stored whole."""
+    """Write to ``out`` the bundle that turns checkpoint ``a`` into ``b``.
+
+    With ``a=None`` the bundle is an anchor: ``b`` whole, needing no base.
+    ``level`` is zstd's; ``chunk`` the bytes one record covers at most. The
+    same inputs and options always give the same bytes, whatever
+    ``threads``. An existing ``out`` is refused unless ``overwrite``; an
+    ``out`` that is, or lies inside, ``a`` or ``b`` always is. ``exclude``
+    and ``include`` are as for :func:`wdiff.diff`.
+    ``format_version`` is the newest bundle format version the bundle may
+    use (default: the newest this wdiff writes; 1 or 2 for readers that
+    predate codec v2); the bundle has the lowest version its contents need,
+    and below version 3 changed companion files are stored whole. Returns a
+    :class:`PackResult`.
+    """
     if not 1 <= level <= 22:
         raise UsageError(f"compression level {level} is out of range (1..22)")
     cap = fmt.MAX_VERSION if format_version is None else format_version

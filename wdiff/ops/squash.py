@@ -38,7 +38,7 @@ from ..format import records as fmt
 from ..format.bundle import ZERO, BundleReader, BundleWriter, Record
 from ..fsutil import check_output
 from ..parallel import default_threads, ordered_map
-from ..paths import printable
+from ..paths import PathLike, printable
 from ..progress import SILENT, Reporter
 from ..store import manifest
 from ..store.blockio import FdCache
@@ -177,20 +177,22 @@ class DecodedCache:
 
 
 def squash(
-    bundles: list,
-    base=None,
-    out=None,
+    bundles: list[PathLike],
+    base: PathLike | None = None,
+    out: PathLike | None = None,
     *,
     level: int = DEFAULT_LEVEL,
     threads: int | None = None,
     reporter: Reporter = SILENT,
-    base_fingerprint: bytes | None = None,
     overwrite: bool = False,
-    check_out: bool = True,
 ) -> PackResult:
-    """See :func:`squash_from`, with every file of ``base`` its checkpoint."""
-    return squash_from(bundles, base, out, level=level, threads=threads, reporter=reporter,
-                       base_fingerprint=base_fingerprint, overwrite=overwrite, check_out=check_out)
+    """Compose a run of ``bundles`` (each one's target the next one's base)
+    into one bundle ``out`` from the first base to the last target, exactly.
+    ``base`` is the first bundle's base checkpoint (None when it is an
+    anchor); ``level`` is zstd's. An existing ``out`` is refused unless
+    ``overwrite``; an ``out`` that is a bundle, or is or lies inside the
+    base, always is. Returns a :class:`~wdiff.ops.pack.PackResult`."""
+    return squash_from(bundles, base, out, level=level, threads=threads, reporter=reporter, overwrite=overwrite)
 
 
 def squash_from(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..format.bundle import BundleReader
 from ..parallel import default_threads
+from ..paths import PathLike
 from ..progress import SILENT, Reporter
 from ..store import manifest
 from ..store.checkpoint import KIND_TENSORS, scan
@@ -33,6 +34,8 @@ class Problem:
 
 @dataclass(frozen=True)
 class VerifyResult:
+    """What :func:`verify` found: ``ok``, or the problems, file by file."""
+
     directory: str
     expected: bytes
     actual: bytes
@@ -55,7 +58,7 @@ class VerifyResult:
         }
 
 
-def verify_bundle(directory, bundle, *, threads: int | None = None, reporter: Reporter = SILENT) -> VerifyResult:
+def verify_bundle(directory: PathLike, bundle: PathLike, *, threads: int | None = None, reporter: Reporter = SILENT) -> VerifyResult:
     """Check ``directory`` against the target of ``bundle`` (a remote's
     version is wdiff.sync.verify's, which ends here too)."""
     with BundleReader(bundle) as r:
@@ -64,7 +67,7 @@ def verify_bundle(directory, bundle, *, threads: int | None = None, reporter: Re
     return check(directory, expected, expected_files, os.fspath(bundle), threads=threads, reporter=reporter)
 
 
-def check(directory, expected: bytes, expected_files: dict, source: str, *, threads: int | None = None,
+def check(directory: PathLike, expected: bytes, expected_files: dict, source: str, *, threads: int | None = None,
           reporter: Reporter = SILENT) -> VerifyResult:
     """Hash every byte of ``directory`` and hold it against ``expected``
     (a fingerprint) and ``expected_files`` (path -> the bundle index's file

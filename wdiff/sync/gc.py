@@ -38,6 +38,7 @@ from ..errors import ConflictError, IntegrityError, NotFoundError, UsageError
 from ..format import signature as signing
 from ..format.chain import GC_FOLDERS, Chain, Entry, Garbage
 from ..fsutil import scratch_dir
+from ..paths import PathLike
 from ..progress import SILENT, Reporter
 from ..remotes import open_remote
 from ..store.hashing import hexd, short
@@ -66,6 +67,8 @@ class Bridge:
 
 @dataclass
 class GcResult:
+    """What :func:`wdiff.gc` kept, dropped, deleted, and left for a later gc."""
+
     remote: str
     dry_run: bool
     grace: float
@@ -165,23 +168,30 @@ def plan_bridges(chain: Chain, kept: list[bytes]) -> list[Bridge]:
 
 
 def gc(
-    remote,
+    remote: str,
     *,
     keep_last: int,
     keep: list[str] | None = None,
     dry_run: bool = False,
     grace: float = DEFAULT_GRACE,
-    sign_key=None,
+    sign_key: PathLike | None = None,
     token: str | None = None,
-    work: str | None = None,
+    work: PathLike | None = None,
     threads: int | None = None,
     reporter: Reporter = SILENT,
 ) -> GcResult:
-    """Keep the newest ``keep_last`` versions of ``remote``, the versions
-    ``keep`` names and the head; drop every other entry and, after the grace
-    period, the objects nothing names (see the module docstring). ``work``:
-    where a kept checkpoint is rebuilt when a bridge delta needs it
-    (default: a temporary directory)."""
+    """Retention on ``remote``: keep the newest ``keep_last`` versions, the
+    versions ``keep`` names (labels, fingerprints, HEAD~N) and the head, and
+    drop every other entry of the chain; kept versions that would become
+    unreachable get a squashed bundle first (rebuilt in ``work``, default: a
+    temporary directory). In two phases (see the module docstring): a new
+    chain index (conditional: :class:`~wdiff.errors.ConflictError` when the
+    chain moved) lists the objects it no longer names as garbage; only
+    garbage that a gc listed at least ``grace`` seconds ago is deleted, so
+    that a pull that read the old chain keeps working. ``dry_run`` changes
+    nothing and says what would go. A signed chain needs ``sign_key`` (it is
+    signed again). ``token``: for a Hub remote. Returns a
+    :class:`GcResult`."""
     if keep_last < 0:
         raise UsageError("--keep-last must be 0 or more")
     if grace < 0:
@@ -292,7 +302,7 @@ def _sweep(store, chain: Chain, raw: bytes, final: list[Entry], res: GcResult, g
     return out
 
 
-def _build_bridges(store, chain: Chain, bridges: list[Bridge], sign_key, work: str | None, threads,
+def _build_bridges(store, chain: Chain, bridges: list[Bridge], sign_key, work: PathLike | None, threads,
                    reporter: Reporter, token: str | None) -> list[Bridge]:
     from ..defaults import DEFAULT_PART_SIZE
     from ..ops.squash import squash

@@ -11,6 +11,7 @@ from ..errors import NotFoundError, UsageError
 from ..format import signature as signing
 from ..format.chain import Entry
 from ..parallel import default_threads
+from ..paths import PathLike
 from ..progress import SILENT, Reporter
 from ..remotes import open_remote
 from ..statedir import StateDir
@@ -26,6 +27,8 @@ from .tracked import EMPTY_FINGERPRINT, fingerprint_of, local_state, plan, plan_
 
 @dataclass(frozen=True)
 class LogResult:
+    """The versions :func:`wdiff.log` found on a remote, newest first, and its head."""
+
     remote: str
     head: bytes | None
     entries: tuple[Entry, ...]  # newest first
@@ -39,11 +42,13 @@ class LogResult:
         }
 
 
-def log(remote, *, trusted_keys: list | None = None, require_signature: bool = False,
+def log(remote: str, *, trusted_keys: list | None = None, require_signature: bool = False,
         max_age: float | None = None, reporter: Reporter = SILENT) -> LogResult:
-    """The versions of ``remote``, newest first. With trusted keys (given, or
-    in WDIFF_TRUSTED_KEYS) the chain is checked as pull checks it, against
-    this user's records (which log only reads)."""
+    """The versions of ``remote``, newest first, with the head. With trusted
+    keys (``trusted_keys``, else WDIFF_TRUSTED_KEYS; ``require_signature``,
+    ``max_age``) the chain is checked as :func:`wdiff.pull` checks it,
+    against this user's records (which log only reads). Returns a
+    :class:`LogResult`."""
     refuse_checkpoint_as_remote(remote)
     store = open_remote(remote)
     keys = signing.required_keys(trusted_keys, require_signature)
@@ -53,6 +58,8 @@ def log(remote, *, trusted_keys: list | None = None, require_signature: bool = F
 
 @dataclass(frozen=True)
 class StatusResult:
+    """Where :func:`wdiff.status` found a directory against a remote's version."""
+
     remote: str
     directory: str
     current: bytes  # the directory's fingerprint
@@ -90,13 +97,16 @@ class StatusResult:
         }
 
 
-def status(directory, remote, *, to: str | None = None, trusted_keys: list | None = None,
+def status(directory: PathLike, remote: str, *, to: str | None = None, trusted_keys: list | None = None,
            require_signature: bool = False, max_age: float | None = None, threads: int | None = None,
            reporter: Reporter = SILENT) -> StatusResult:
-    """Where ``directory`` stands against ``remote``. With trusted keys
-    (given, or in WDIFF_TRUSTED_KEYS) the chain is checked as pull checks
-    it, against the records beside the directory and this user's (which
-    status only reads): a rolled-back chain is refused, not reported."""
+    """Where ``directory`` stands against ``remote``: its version, whether
+    the remote knows it, and how many bundles (and bytes) a pull to ``to``
+    (default: the head) would fetch. With trusted keys (``trusted_keys``,
+    else WDIFF_TRUSTED_KEYS; ``require_signature``, ``max_age``) the chain
+    is checked as :func:`wdiff.pull` checks it, against the records beside
+    the directory and this user's (which status only reads): a rolled-back
+    chain is refused, not reported. Returns a :class:`StatusResult`."""
     directory = os.fspath(directory)
     threads = threads or default_threads()
     refuse_checkpoint_as_remote(remote)

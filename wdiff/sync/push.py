@@ -23,6 +23,7 @@ from ..ops.pack import pack
 from ..ops.signing import sign_bundle
 from ..ops.squash import squash
 from ..parallel import default_threads
+from ..paths import PathLike
 from ..progress import SILENT, Reporter
 from ..remotes import Upload, open_remote, parse_remote
 from ..store.checkpoint import scan
@@ -35,6 +36,8 @@ from .signatures import chain_signature, has_chain_signature, verify_chain
 
 @dataclass(frozen=True)
 class PushResult:
+    """The version a push (or a squash on the remote, or a commit) published."""
+
     remote: str
     bundle_id: bytes
     version: bytes
@@ -62,16 +65,16 @@ class PushResult:
 
 
 def push(
-    source,
-    remote,
+    source: PathLike,
+    remote: str,
     *,
-    base=None,
+    base: PathLike | None = None,
     anchor: bool = False,
     label: str | None = None,
     part_size: int = DEFAULT_PART_SIZE,
     fork: bool = False,
     level: int = DEFAULT_LEVEL,
-    sign_key=None,
+    sign_key: PathLike | None = None,
     token: str | None = None,
     private: bool = True,
     commit_message: str | None = None,
@@ -82,22 +85,32 @@ def push(
     anchor_when: float | None = None,
     reporter: Reporter = SILENT,
 ) -> PushResult:
-    """Push a bundle file, or a checkpoint directory packed against ``base``
-    (or whole, with ``anchor=True``), to ``remote`` as its new head. With
-    ``sign_key`` (a minisign secret key file), the bundle and the new chain
-    index are signed, after the chain being extended is verified (see
-    :func:`push_bundle`; ``adopt`` signs an unsigned chain for the first
-    time). A checkpoint directory must be one a loader can open, unless
-    ``allow_opaque``. On the Hub: ``token`` (default: huggingface_hub's
-    own), ``private`` for a repository the push creates, ``commit_message``
-    instead of wdiff's own.
+    """Publish ``source`` on ``remote`` as the new head of its chain.
+
+    ``source`` is a bundle file, or a checkpoint directory packed against
+    ``base`` (or whole, with ``anchor=True``; ``label`` names the version,
+    ``level`` is zstd's, parts are at most ``part_size`` bytes). A bundle
+    whose base is not the head is refused unless ``fork=True`` and the
+    remote has its base. With ``sign_key`` (a minisign secret key file) the
+    bundle and the new chain index are signed, once the chain being extended
+    has verified (see :func:`push_bundle`; an unsigned chain is signed for
+    the first time only with ``adopt=True``); an unsigned push onto a signed
+    chain is refused. A checkpoint directory that a loader could not open is
+    refused unless ``allow_opaque=True``. Of two concurrent pushes one wins;
+    the other raises :class:`~wdiff.errors.ConflictError`.
+
+    On the Hub, a push creates what is missing: the repository (private
+    unless ``private=False``), the branch named by ``@REV`` (from the
+    default branch), and a model card when the repository has none.
+    ``token`` is handed to huggingface_hub (default: ``HF_TOKEN`` or the
+    stored login); ``commit_message`` replaces wdiff's own.
 
     Anchor policy, for a checkpoint directory pushed with ``base``: the push
     also publishes an anchor of the same version, in the same chain write,
     when ``anchor_every`` (N >= 1) says so (N pushes since the newest anchor,
     counting this one) or when the cheapest catch-up from the newest anchor
     to this version would be more than ``anchor_when`` (a fraction > 0) of
-    that anchor's size."""
+    that anchor's size. Returns a :class:`PushResult`."""
     source = os.fspath(source)
     if part_size < 1024 * 1024:
         raise UsageError("the part size must be at least 1 MiB")
@@ -360,14 +373,14 @@ def check_extended(store, chain: Chain, raw: bytes | None, key, *, adopt: bool, 
 
 
 def squash_remote(
-    remote,
+    remote: str,
     *,
     start: str | None = None,
     to: str | None = None,
-    base=None,
+    base: PathLike | None = None,
     label: str | None = None,
     part_size: int = DEFAULT_PART_SIZE,
-    sign_key=None,
+    sign_key: PathLike | None = None,
     adopt: bool = False,
     threads: int | None = None,
     reporter: Reporter = SILENT,
@@ -376,7 +389,9 @@ def squash_remote(
     nothing, making an anchor) to ``to`` (default: the head), composed from
     the bundles the chain already has: a late joiner then downloads one
     bundle. A squash from a version needs that version's checkpoint as
-    ``base``; from nothing it needs no checkpoint at all."""
+    ``base``; from nothing it needs no checkpoint at all. ``label``,
+    ``part_size`` and ``sign_key`` (with ``adopt``) are as for :func:`push`.
+    Returns a :class:`PushResult`."""
     threads = threads or default_threads()
     store = open_remote(remote)
     chain = read_chain(store)

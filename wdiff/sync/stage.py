@@ -38,7 +38,7 @@ from ..fsutil import atomic_write_bytes, scratch_dir
 from ..ops.pack import pack_pair
 from ..ops.pair import Pair
 from ..ops.signing import SIG_MAX
-from ..paths import printable
+from ..paths import PathLike, printable
 from ..progress import SILENT, Reporter
 from ..remotes import Upload, open_remote
 from ..store import ignore
@@ -74,6 +74,8 @@ def stage_prefix(name: str) -> str:
 
 @dataclass(frozen=True)
 class StagedPart:
+    """The part :func:`push_part` stored under a remote's stage."""
+
     remote: str
     stage: str
     bundle_id: bytes
@@ -92,15 +94,20 @@ class StagedPart:
                 "signed": self.signed}
 
 
-def push_part(source, remote, *, base, only: list[str], stage: str, level: int = DEFAULT_LEVEL,
-              sign_key=None, token: str | None = None, threads: int | None = None,
-              reporter: Reporter = SILENT) -> StagedPart:
-    """Pack the files of ``source`` that match ``only`` (gitignore-style
-    patterns, as pack's --include) against the files of ``base`` they need
-    (the same paths, and the base files holding the old bytes of their
-    tensors), and store the bundle and its manifest (signed with
-    ``sign_key``, a minisign secret key file, when given) under the
-    remote's stage/NAME/. The chain is not changed."""
+def push_part(source: PathLike, remote: str, *, base: PathLike | None, only: list[str], stage: str,
+              level: int = DEFAULT_LEVEL, sign_key: PathLike | None = None, token: str | None = None,
+              threads: int | None = None, reporter: Reporter = SILENT) -> StagedPart:
+    """One writer's part of a version many writers publish together: pack
+    the files of the checkpoint directory ``source`` that match ``only``
+    (gitignore-style patterns, as pack's --include) against the files of
+    ``base`` (the remote's head) they need (the same paths, and the base
+    files holding the old bytes of their tensors), and store the bundle and
+    its manifest under stage/``stage``/ of ``remote`` (``token``: for a Hub
+    remote); ``level`` is zstd's. With ``sign_key`` (a minisign secret key
+    file) the part is signed, as a commit that signs requires. Nothing
+    becomes visible: the chain is not changed, and :func:`commit` publishes
+    the parts. A rerun stores the same part again.
+    Returns a :class:`StagedPart`."""
     stage_prefix(stage)  # a bad name is refused before any work
     source = os.fspath(source)
     if not os.path.isdir(source) or base is None:
@@ -228,6 +235,8 @@ class _OwnFilesOnly(Reporter):
 
 @dataclass(frozen=True)
 class CommitResult:
+    """The version :func:`commit` published (``push``), from how many parts."""
+
     push: PushResult
     stage: str
     parts: int
@@ -241,20 +250,26 @@ class CommitResult:
 
 
 
-def commit(remote, *, stage: str, expect: int, label: str | None = None, sign_key=None,
-           trusted_keys: list | None = None, part_size: int = DEFAULT_PART_SIZE, token: str | None = None,
-           threads: int | None = None, reporter: Reporter = SILENT) -> CommitResult:
-    """Publish the ``expect`` parts staged under ``stage`` as one version:
-    checked (signatures, remote, stage and head of each part, count,
-    disjoint files, bases that together are the head, every bundle as its
-    manifest says), merged into one bundle and pushed onto the head with one
-    conditional chain write; then the stage's objects it listed are deleted.
+def commit(remote: str, *, stage: str, expect: int, label: str | None = None, sign_key: PathLike | None = None,
+           trusted_keys: list[PathLike] | None = None, part_size: int = DEFAULT_PART_SIZE,
+           token: str | None = None, threads: int | None = None, reporter: Reporter = SILENT) -> CommitResult:
+    """Publish the ``expect`` parts staged under ``stage`` of ``remote`` as
+    one version (named ``label``; parts of at most ``part_size`` bytes;
+    ``token``: for a Hub remote), atomically: checked (signatures, remote,
+    stage and head of each part, count, disjoint files, bases that together
+    are the head, every bundle as its manifest says), merged into one bundle
+    (the one a single host would pack) and pushed onto the head with one
+    conditional chain write; then the stage's objects it listed are
+    deleted. Two parts holding one file
+    raise :class:`~wdiff.errors.BaseMismatchError`; a missing part raises
+    :class:`~wdiff.errors.NotFoundError` and changes nothing.
 
     Parts are authenticated by their writers' signatures (``push --stage
     --sign``): with ``sign_key`` (the commit signs the version) or trusted
     keys (``trusted_keys``, public key files, else WDIFF_TRUSTED_KEYS) every
-    part must be signed by one of them, or by the commit's own key; with
-    neither, the stage's storage is trusted as it is."""
+    part must be signed by one of them, or by the commit's own key, else
+    :class:`~wdiff.errors.IntegrityError`; with neither, the stage's storage
+    is trusted as it is. Returns a :class:`CommitResult`."""
     prefix = stage_prefix(stage)
     if expect < 1:
         raise UsageError("--expect must be 1 or more")

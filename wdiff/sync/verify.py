@@ -7,16 +7,20 @@ from ..errors import NotFoundError, UsageError
 from ..format.bundle import BundleReader
 from ..fsutil import scratch_dir
 from ..ops.verify import VerifyResult, check, verify_bundle
+from ..paths import PathLike
 from ..progress import SILENT, Reporter
 from ..remotes import open_remote
 from ..store.hashing import hexd
 from .fetch import download, read_chain
 
 
-def verify(directory, *, bundle=None, remote=None, version: str | None = None,
-           threads: int | None = None, reporter: Reporter = SILENT) -> VerifyResult:
-    """Check ``directory`` against the target of ``bundle``, or against
-    ``version`` (default: the head) of ``remote``."""
+def verify(directory: PathLike, *, bundle: PathLike | None = None, remote: str | None = None,
+           version: str | None = None, threads: int | None = None, reporter: Reporter = SILENT) -> VerifyResult:
+    """Read every byte of ``directory`` (the manifest cache is not trusted
+    here) and check it against the target of ``bundle``, or against
+    ``version`` (default: the head) of ``remote``. Returns a
+    :class:`VerifyResult` naming what differs, is missing, or should not be
+    there."""
     if (bundle is None) == (remote is None):
         raise UsageError("verify needs exactly one of a bundle or a remote to check against")
     if bundle is not None:

@@ -10,6 +10,7 @@ from ...errors import UsageError
 from ...format import signature as signing
 from ...format.bundle import BundleReader
 from ...parallel import default_threads
+from ...paths import PathLike
 from ...progress import SILENT, Reporter
 from ...store import ignore
 from ..signing import open_signed_bundle
@@ -21,9 +22,9 @@ __all__ = ["ApplyResult", "apply"]
 
 
 def apply(
-    bundle,
-    base=None,
-    out=None,
+    bundle: PathLike,
+    base: PathLike | None = None,
+    out: PathLike | None = None,
     *,
     in_place: bool = False,
     abort: bool = False,
@@ -31,16 +32,27 @@ def apply(
     require_signature: bool = False,
     threads: int | None = None,
     reporter: Reporter = SILENT,
-    exclude=(),
-    include=(),
+    exclude: tuple[str, ...] | list[str] = (),
+    include: tuple[str, ...] | list[str] = (),
 ) -> ApplyResult:
-    """Apply ``bundle`` to the checkpoint ``base``: into a new directory
-    ``out``, or with ``in_place=True`` inside ``base`` itself. With trusted
-    keys (given, or in WDIFF_TRUSTED_KEYS), ``bundle.minisig`` must be a valid
-    signature of the bundle by one of them whose trusted comment names this
-    bundle, its base and its target. Files of ``base`` that the ignore rules
-    leave out (trainer state, .wdiffignore, ``exclude`` unless ``include``)
-    are neither read, nor copied, nor removed."""
+    """Rebuild the target of ``bundle`` from checkpoint ``base`` (None for an
+    anchor).
+
+    Into the new directory ``out`` (it appears complete or not at all), or
+    with ``in_place=True`` inside ``base`` itself, journaled so that an
+    interrupted run is finished by the next one (``abort=True`` rolls it
+    back). The base is checked against the bundle's base fingerprint and the
+    result against the target's digests before anything replaces the base.
+    With trusted keys (``trusted_keys``, paths of public keys, else
+    ``WDIFF_TRUSTED_KEYS``), ``bundle.minisig`` must be a valid signature of
+    the bundle by one of them whose trusted comment names this bundle, its
+    base and its target (``require_signature``: having no trusted key is
+    then an error, not a licence to skip the check).
+    Files of ``base`` that the ignore rules leave out (trainer state,
+    .wdiffignore, ``exclude`` unless ``include``; see :func:`wdiff.diff`)
+    are neither read, nor copied, nor removed. Returns an
+    :class:`ApplyResult`.
+    """
     threads = threads or default_threads()
     rules = ignore.rules(exclude, include)
     keys = signing.required_keys(trusted_keys, require_signature)

@@ -11,6 +11,8 @@ SCHEMA = "wdiff.apply/1"
 
 @dataclass(frozen=True)
 class ApplyResult:
+    """What :func:`wdiff.apply` wrote (or rolled back), and the target it verified."""
+
     output: str
     bundle_id: bytes
     base_fingerprint: bytes | None

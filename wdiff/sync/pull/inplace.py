@@ -35,7 +35,7 @@ from ...ops.apply import apply
 from ...ops.apply.inplace import apply_in_place, restorable
 from ...ops.squash import squash, squash_from
 from ...parallel import default_threads
-from ...paths import RESERVED, STATE_DIR, printable
+from ...paths import RESERVED, STATE_DIR, PathLike, printable
 from ...progress import SILENT, Reporter
 from ...statedir import StateDir
 from ...store import manifest, version_record
@@ -54,8 +54,8 @@ from .work import (PullResult, fetch_run, finish_squash, open_verified, prune_wo
 
 
 def pull(
-    remote,
-    directory,
+    remote: str,
+    directory: PathLike,
     *,
     to: str | None = None,
     trusted_keys: list | None = None,
@@ -68,25 +68,28 @@ def pull(
     keep: int | None = None,
     reporter: Reporter = SILENT,
 ) -> PullResult:
-    """Bring ``directory`` to version ``to`` (default: the head) of ``remote``.
-    With trusted keys (given, or in WDIFF_TRUSTED_KEYS), the chain index and
-    every bundle must carry a valid signature by one of them. A symbolic link
-    to a directory is followed: its target is updated, the link stays. The
-    chain must not be older than one this directory or this user accepted
-    before (nor, with ``max_age`` in seconds, published longer ago than
-    that). ``token``: for a Hub remote (default: huggingface_hub's own).
+    """Bring ``directory`` to version ``to`` (default: the head) of ``remote``:
+    the cheapest run of bundles from its version, or an anchor, downloaded,
+    verified and applied in place; an interrupted download continues, on
+    the next call, from the bytes it had. With trusted keys (``trusted_keys``,
+    else WDIFF_TRUSTED_KEYS; ``require_signature``: none is an error) the
+    chain index and every bundle must be signed by one of them, and the
+    chain must not go back on what this directory or this user accepted
+    before (a rollback, another remote's chain), nor, with ``max_age`` in
+    seconds, have been published longer ago than that. A symbolic link is
+    followed: its target is updated, the link stays. ``token``: for a Hub
+    remote (default: ``HF_TOKEN`` or the stored login). Returns a
+    :class:`PullResult`.
 
-    Where DIR records the version a pull or apply left there, files it does
-    not list are untracked and kept; files of that version changed here
-    are local changes, and the pull refuses (LocalChangesError, exit 5)
-    unless ``force``, which restores them (from the deltas when they carry
-    them whole, else from an anchor). ``atomic``: DIR is a symbolic link; the
-    new version is built in a new directory beside the link's target and
-    the link is then switched to it in one rename. ``keep`` (with
-    ``atomic`` only; default 2): how many of the version directories that
-    atomic pulls made for this link stay beside it, counting the one it
-    points to (0: all); the oldest beyond that are removed after the
-    switch."""
+    Files that the directory's recorded version does not list are untracked:
+    kept. Files of that version changed here are local changes: the pull
+    refuses (LocalChangesError, exit 5) unless ``force``, which restores them
+    (from the deltas when they carry them whole, else from an anchor).
+    ``atomic``: ``directory`` is a symbolic link; the new version is built
+    beside the link's target, then the link is switched to it in one rename.
+    ``keep`` (with ``atomic`` only; default 2): how many version directories
+    that atomic pulls made for this link stay beside it, counting the one it
+    points to (0: all); the oldest beyond are removed after the switch."""
     given = os.path.abspath(os.fspath(directory))
     if keep is not None and not atomic:
         raise UsageError("--keep counts the versions kept beside the link of pull --atomic",
@@ -271,8 +274,8 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
             bundle = bundles[0]
         else:
             bundle = work.where(f"squash-{short(current)}-{short(goal)}.wdb")
-            squash(bundles, None if from_anchor else directory, bundle, threads=threads, reporter=reporter,
-                   base_fingerprint=None if from_anchor or guessed else current, check_out=False)
+            squash_from(bundles, None if from_anchor else directory, bundle, threads=threads, reporter=reporter,
+                        base_fingerprint=None if from_anchor or guessed else current, check_out=False)
         apply_in_place(bundle, directory, abort=False, threads=threads, reporter=reporter, beside_locked=True)
     return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in run), downloaded,
                       from_anchor=from_anchor)
@@ -374,7 +377,7 @@ def _bring_local(store, chain, keys, directory: str, work: StateDir, local: Loca
     bundle = paths[0]
     if len(paths) > 1:
         bundle = work.where(f"squash-anchor-{short(goal)}.wdb")
-        squash(paths, None, bundle, threads=threads, reporter=reporter, overwrite=True, check_out=False)
+        squash_from(paths, None, bundle, threads=threads, reporter=reporter, overwrite=True, check_out=False)
     with reading(bundle) as r:
         clashes = _clashes(directory, r.index, local.recorded)
     if clashes and not force:

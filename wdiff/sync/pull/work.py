@@ -33,6 +33,8 @@ from ..places import refuse_remote_as_checkpoint
 
 @dataclass(frozen=True)
 class PullResult:
+    """Where :func:`wdiff.pull` brought the directory from and to, and with what."""
+
     remote: str
     directory: str
     before: bytes | None  # None: empty, or a version the remote does not know
