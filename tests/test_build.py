@@ -37,9 +37,10 @@ def test_portable_subset_builds_and_agrees_with_numpy(tmp_path):
 
     root = Path(__file__).resolve().parent.parent
     so = tmp_path / ("_native" + sysconfig.get_config_var("EXT_SUFFIX"))
+    sources = sorted(str(p) for p in (root / "wdiff" / "codec" / "native").glob("*.c"))
     cmd = [_compiler(), "-shared", "-fPIC", "-O1", "-std=c11", "-pedantic-errors", "-Wall", "-Werror",
            "-Wno-unused-parameter", "-DWDIFF_PORTABLE=1", f"-I{sysconfig.get_paths()['include']}",
-           str(root / "wdiff" / "codec" / "_native.c"), "-o", str(so), "-lm"]
+           *sources, "-o", str(so), "-lm"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     runner = (
