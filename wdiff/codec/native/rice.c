@@ -2,8 +2,8 @@
  * Rice-coded gaps (wdiff-format(5)): the positions of changed words as
  * gaps, each split into a quotient in unary and an r-bit remainder
  * (rice_encode, rice_size, rice_decode), and the pieces codec v2's CSPARSE
- * shares (rice_param, put_rice, unary_quotients). The bit writer and
- * reader are in native.h.
+ * shares (rice_param, unary_quotients). The bit writer and reader, and
+ * put_rice, are in native.h (inline: they are the loops).
  */
 #include "native.h"
 
@@ -56,31 +56,6 @@ int rice_param(const uint32_t *pos, size_t k, uint64_t *bits)
     }
     return best_r;
 }
-
-/* the Rice code of k increasing indices (gaps from -1) at parameter r,
-   appended to the unary and remainder writers */
-void put_rice(bitw_t *u, bitw_t *rb, const uint32_t *p, size_t k, int r)
-{
-    const uint64_t low = r ? (((uint64_t)1 << r) - 1) : 0;
-    uint32_t prev = (uint32_t)-1;
-    for (size_t i = 0; i < k; i++) {
-        uint64_t gap = (uint32_t)(p[i] - prev - 1), q = gap >> r;
-        prev = p[i];
-        if (q < 32) {
-            put_bits(u, 1, (int)q + 1);
-        } else {
-            put_zeros(u, q);
-            put_bits(u, 1, 1);
-        }
-        if (r > 32) {
-            put_bits(rb, (gap & low) >> 32, r - 32);
-            put_bits(rb, gap & 0xffffffffu, 32);
-        } else if (r) {
-            put_bits(rb, gap & low, r);
-        }
-    }
-}
-
 
 /* rice_encode(positions uint32, strictly increasing) -> (r, unary, remainder) */
 PyObject *rice_encode(PyObject *self, PyObject *args)
