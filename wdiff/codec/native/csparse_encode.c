@@ -43,6 +43,231 @@ static int list_append_size(PyObject *list, size_t v)
     return r;
 }
 
+/* One call's work: the chunk, the scratch, and what each step hands the
+   next (ranks, then the listed order, then the entries, then the bytes). */
+typedef struct {
+    int w, shift;
+    uint64_t mask;
+    size_t n, k, nb;          /* words, changed words, buckets */
+    uint8_t *mem;             /* the scratch below, in one block: */
+    uint32_t *cnt;            /*   counts (4 nb + 1): each bucket's non-mover words, then the movers */
+    uint64_t *start;          /*   nb + 1: where each bucket's run of listed words ends */
+    centry_t *ent;            /*   an entry per bucket with changed words */
+    sgrow_t g;                /* per changed word: bucket, rank, new - old (scanning: position) */
+    const uint32_t *pos;      /* the changed positions, increasing */
+    uint32_t *listed;         /* out: the positions in the listed order */
+    uint8_t *signs, *planes;  /* out: what mod_values gives for them, in that order */
+    uint32_t *srank;          /* the ranks in the listed order */
+    uint32_t *coded;          /* room for the largest complement */
+    size_t km, ne;            /* movers, entries */
+    int r_m;                  /* the movers' Rice parameter */
+    uint64_t mbits;           /* the movers' bits, unary and remainder */
+    uint64_t ubits, rbits;    /* the entries' unary bits and remainder bits */
+} encoder_t;
+
+/* scratch: counts (4 nb + 1), bucket starts (nb + 1), entries (nb); per
+   changed word: bucket, rank (grown as the scan finds them) and new - old.
+   -1 with MemoryError. */
+static int scratch(encoder_t *e, int scan)
+{
+    size_t cnt_n = 4 * e->nb + 1;
+    size_t need = 4 * cnt_n + 8 * (e->nb + 1) + sizeof(centry_t) * e->nb + 64;
+    e->mem = PyMem_Calloc(1, need);
+    e->g.cap = scan ? (e->n >> 6) + 256 : e->k;
+    if (e->g.cap > e->n && scan)
+        e->g.cap = e->n;
+    e->g.pos = scan ? PyMem_RawMalloc(4 * e->g.cap + 4) : NULL;
+    e->g.orank = PyMem_RawMalloc(4 * e->g.cap + 4);
+    e->g.ob = PyMem_RawMalloc(2 * e->g.cap + 2);
+    e->g.dv = PyMem_RawMalloc(8 * e->g.cap + 8);
+    if (!e->mem || (scan && !e->g.pos) || !e->g.orank || !e->g.ob || !e->g.dv) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    e->cnt = (uint32_t *)e->mem;
+    e->start = (uint64_t *)(e->mem + ((4 * cnt_n + 7) & ~(size_t)7));
+    e->ent = (centry_t *)(e->start + e->nb + 1);
+    return 0;
+}
+
+/* the changed words in the listed order (movers, then bucket by bucket,
+   each in position order: a stable counting sort), with their ranks, and
+   as mod_values writes them: the sign, and the magnitude less one, as
+   planes */
+static void list_by_bucket(encoder_t *e)
+{
+    const size_t k = e->k, nb = e->nb;
+    const int w = e->w;
+    const uint16_t *ob = e->g.ob;
+    const uint32_t *orank = e->g.orank;
+    uint64_t *start = e->start;
+    e->km = e->cnt[nb];
+    for (size_t i = 0; i < k; i++)
+        if (ob[i] != nb)
+            start[ob[i] + 1]++;
+    start[0] = e->km;
+    for (size_t x = 0; x < nb; x++)
+        start[x + 1] += start[x];
+    size_t mi = 0;
+    uint8_t *sgn = e->signs, *mp = e->planes;
+    const int bits = 8 * w;
+    const uint64_t full = w == 8 ? ~(uint64_t)0 : (((uint64_t)1 << bits) - 1);
+    memset(sgn, 0, (k + 7) / 8);
+    for (size_t i = 0; i < k; i++) {
+        uint64_t at;
+        if (ob[i] == nb) {
+            at = mi++;
+        } else {
+            at = start[ob[i]]++;
+            e->srank[at] = orank[i];
+        }
+        e->listed[at] = e->pos[i];
+        uint64_t d = e->g.dv[i];
+        uint64_t neg = d >> (bits - 1), mag = ((neg ? (0 - d) & full : d) - 1) & full;
+        sgn[at >> 3] |= (uint8_t)(neg << (7 - (at & 7)));
+        for (int j = 0; j < w; j++)
+            mp[(size_t)j * k + at] = (uint8_t)(mag >> (8 * (w - 1 - j)));
+    }
+}
+
+/* the Rice parameters: the movers', and an entry per bucket with changed
+   words (its ranks, or their complement where that is shorter); -1 when
+   the room for the complements cannot be had */
+static int plan_entries(encoder_t *e)
+{
+    const size_t nb = e->nb, km = e->km;
+    const uint32_t *cnt = e->cnt;
+    const uint64_t *start = e->start;
+    if (km) {
+        uint64_t bb = 0;
+        e->r_m = rice_param(e->listed, km, &bb);
+        e->mbits = bb;
+    }
+    /* start[x] is now the end of bucket x's run; its begin is start[x - 1]
+       (km for 0). The complements need at most the largest of them. */
+    uint64_t lo = km, most = 0;
+    for (size_t x = 0; x < nb; x++) {
+        uint64_t kb = start[x] - lo;
+        if (kb && 2 * kb > cnt[x] && cnt[x] - kb > most)
+            most = cnt[x] - kb;
+        lo = start[x];
+    }
+    e->coded = PyMem_RawMalloc(4 * (size_t)most + 4);
+    if (!e->coded)
+        return -1;
+    lo = km;
+    for (size_t x = 0; x < nb; x++) {
+        uint64_t hi = start[x];
+        size_t kb = (size_t)(hi - lo);
+        if (kb) {
+            uint32_t n_b = cnt[x];
+            int comp = 2 * (uint64_t)kb > n_b;
+            const uint32_t *cd = e->srank + lo;
+            size_t c = kb;
+            if (comp) {
+                c = complement_of(e->srank + lo, kb, n_b, e->coded);
+                cd = e->coded;
+            }
+            int r = 0;
+            uint64_t bb = 0;
+            if (c)
+                r = rice_param(cd, c, &bb);
+            centry_t *en = &e->ent[e->ne++];
+            en->b = (uint32_t)x;
+            en->c = (uint32_t)c;
+            en->r = r;
+            en->mode = (uint32_t)(2 * r + comp);
+            en->ubits = c ? bb - (uint64_t)c * r : 0;
+            e->ubits += en->ubits;
+            e->rbits += (uint64_t)c * r;
+        }
+        lo = hi;
+    }
+    return 0;
+}
+
+/* section 0: the movers' count, Rice parameter and unary length, then the
+   entries (bucket gap, coded count, mode), then the entries' unary length */
+static PyObject *table_bytes(const encoder_t *e, size_t ulen_m, size_t ulen)
+{
+    PyObject *table = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(10 * (5 + 3 * e->ne)));
+    if (!table)
+        return NULL;
+    uint8_t *t0 = (uint8_t *)PyBytes_AS_STRING(table), *t = t0;
+    put_varint(&t, e->km);
+    put_varint(&t, (uint64_t)e->r_m);
+    put_varint(&t, ulen_m);
+    put_varint(&t, e->ne);
+    uint32_t prevb = (uint32_t)-1;
+    for (size_t x = 0; x < e->ne; x++) {
+        put_varint(&t, (uint64_t)(e->ent[x].b - prevb - 1));
+        put_varint(&t, e->ent[x].c);
+        put_varint(&t, e->ent[x].mode);
+        prevb = e->ent[x].b;
+    }
+    put_varint(&t, ulen);
+    if (_PyBytes_Resize(&table, (Py_ssize_t)(t - t0)) < 0)
+        return NULL;
+    return table;
+}
+
+/* section 1 into bp: the movers' unary and remainder streams, then the
+   entries', each entry's indices after the one before */
+static void write_bits(const encoder_t *e, uint8_t *bp, size_t ulen_m, size_t rlen_m, size_t ulen)
+{
+    bitw_t um = {bp, 0, 0}, rm = {bp + ulen_m, 0, 0};
+    if (e->km) {
+        put_rice(&um, &rm, e->listed, e->km, e->r_m);
+        flush_bits(&um);
+        flush_bits(&rm);
+    }
+    bitw_t u = {bp + ulen_m + rlen_m, 0, 0}, rb = {bp + ulen_m + rlen_m + ulen, 0, 0};
+    uint64_t lo = e->km;
+    size_t x_e = 0;
+    for (size_t x = 0; x < e->nb && x_e < e->ne; x++) {
+        uint64_t hi = e->start[x];
+        if (hi > lo) {
+            const centry_t *en = &e->ent[x_e++];
+            const uint32_t *cd = e->srank + lo;
+            if (en->mode & 1) {
+                complement_of(e->srank + lo, (size_t)(hi - lo), e->cnt[x], e->coded);
+                cd = e->coded;
+            }
+            put_rice(&u, &rb, cd, en->c, en->r);
+        }
+        lo = hi;
+    }
+    flush_bits(&u);
+    flush_bits(&rb);
+}
+
+/* the runs of the value coder: the movers, then each bucket's changed
+   words (start[x] is the end of bucket x's run, km that of the movers) */
+static PyObject *runs_list(const encoder_t *e)
+{
+    PyObject *runs = PyList_New(0);
+    if (!runs || list_append_size(runs, e->km) < 0)
+        goto fail;
+    for (size_t x = 0, lo = e->km; x < e->nb; lo = e->start[x], x++)
+        if (e->start[x] > lo && list_append_size(runs, (size_t)(e->start[x] - lo)) < 0)
+            goto fail;
+    return runs;
+fail:
+    Py_XDECREF(runs);
+    return NULL;
+}
+
+static void release(encoder_t *e)
+{
+    PyMem_RawFree(e->coded);
+    PyMem_RawFree(e->srank);
+    PyMem_RawFree(e->g.pos);
+    PyMem_RawFree(e->g.orank);
+    PyMem_RawFree(e->g.ob);
+    PyMem_RawFree(e->g.dv);
+    PyMem_Free(e->mem);
+}
+
 /* csparse_encode(old, new, word, shift, mask, positions uint32, listed_out uint32,
    signs_out, planes_out) -> (table, bits, runs): the sections 0 and 1 of a
    CSPARSE record for the changed positions (strictly increasing);
@@ -55,7 +280,9 @@ static int list_append_size(PyObject *list, size_t v)
    the cache: a 4 MiB bf16 chunk at 1%, mod_values 0.2-0.4 ms; a gather in
    position order afterwards still cost a tenth of the kernel's time on
    chunks just read). Raises ValueError on positions that do not
-   increase. */
+   increase. With positions None, the changed words are found in the same
+   pass (sranks_words), and the outputs are made here: (table, bits, runs,
+   positions, listed, signs, planes). */
 PyObject *csparse_encode(PyObject *self, PyObject *args)
 {
     Py_buffer a, b, pos = {0}, out = {0}, sg = {0}, pl = {0};
@@ -66,152 +293,58 @@ PyObject *csparse_encode(PyObject *self, PyObject *args)
         return NULL;
     PyObject *res = NULL, *table = NULL, *bits = NULL, *runs = NULL;
     PyObject *pos_b = NULL, *listed_b = NULL, *sg_b = NULL, *pl_b = NULL;
-    uint8_t *mem = NULL;
-    uint32_t *coded = NULL, *srank = NULL;
-    sgrow_t g = {NULL, NULL, NULL, 0, 0, NULL};
+    encoder_t e = {0};
     const int scan = po == Py_None;
     if (!scan && (PyObject_GetBuffer(po, &pos, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(oo, &out, PyBUF_WRITABLE) < 0 ||
                   PyObject_GetBuffer(so, &sg, PyBUF_WRITABLE) < 0 || PyObject_GetBuffer(plo, &pl, PyBUF_WRITABLE) < 0))
         goto done;
     if (check_bucket_fn(w, shift, mask) < 0)
         goto done;
-    size_t n = (size_t)a.len / w, k = scan ? 0 : (size_t)pos.len / 4, nb = (size_t)mask + 1;
+    e.w = w, e.shift = shift, e.mask = mask;
+    size_t n = e.n = (size_t)a.len / w, k = e.k = scan ? 0 : (size_t)pos.len / 4;
+    e.nb = (size_t)mask + 1;
     if (a.len != b.len || a.len % w || n >= UINT32_MAX ||
         (!scan && (pos.len % 4 || (size_t)out.len < 4 * k || (size_t)sg.len != (k + 7) / 8 || (size_t)pl.len != k * w))) {
         PyErr_SetString(PyExc_ValueError, "csparse_encode: bad buffer sizes");
         goto done;
     }
-    /* scratch: counts (4 nb + 1), bucket starts (nb + 1), entries (nb);
-       per changed word: bucket, rank (grown as the scan finds them), sorted
-       rank; coded (the largest complement) */
-    size_t cnt_n = 4 * nb + 1;
-    size_t need = 4 * cnt_n + 8 * (nb + 1) + sizeof(centry_t) * nb + 64;
-    mem = PyMem_Calloc(1, need);
-    g.cap = scan ? (n >> 6) + 256 : k;
-    if (g.cap > n && scan)
-        g.cap = n;
-    g.pos = scan ? PyMem_RawMalloc(4 * g.cap + 4) : NULL;
-    g.orank = PyMem_RawMalloc(4 * g.cap + 4);
-    g.ob = PyMem_RawMalloc(2 * g.cap + 2);
-    g.dv = PyMem_RawMalloc(8 * g.cap + 8);
-    if (!mem || (scan && !g.pos) || !g.orank || !g.ob || !g.dv) {
-        PyErr_NoMemory();
+    if (scratch(&e, scan) < 0)
         goto done;
-    }
-    uint32_t *cnt = (uint32_t *)mem;
-    uint64_t *start = (uint64_t *)(mem + ((4 * cnt_n + 7) & ~(size_t)7));
-    centry_t *ent = (centry_t *)(start + nb + 1);
-    int err;
-    size_t km = 0, ne = 0;
-    uint64_t ubits = 0, rbits = 0, mbits = 0;
-    int r_m = 0;
+    int err = 0;
     Py_BEGIN_ALLOW_THREADS
-    if (scan) {
-        err = 0;
-        k = sranks_words(w, a.buf, b.buf, n, shift, mask, &g, cnt);
-    } else {
-        err = ranks_words(w, a.buf, b.buf, n, shift, mask, pos.buf, k, g.ob, g.orank, cnt, g.dv);
-    }
+    if (scan)
+        e.k = sranks_words(w, a.buf, b.buf, n, shift, mask, &e.g, e.cnt);
+    else
+        err = ranks_words(w, a.buf, b.buf, n, shift, mask, pos.buf, k, e.g.ob, e.g.orank, e.cnt, e.g.dv);
     Py_END_ALLOW_THREADS
-    if (g.oom) {
+    if (e.g.oom) {
         PyErr_NoMemory();
         goto done;
     }
+    k = e.k;
     /* scanning, the outputs are made now that k is known */
     if (scan) {
-        pos_b = PyBytes_FromStringAndSize((const char *)g.pos, (Py_ssize_t)(4 * k));
+        pos_b = PyBytes_FromStringAndSize((const char *)e.g.pos, (Py_ssize_t)(4 * k));
         listed_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(4 * k));
         sg_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((k + 7) / 8));
         pl_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(k * w));
         if (!pos_b || !listed_b || !sg_b || !pl_b)
             goto done;
     }
-    srank = PyMem_RawMalloc(4 * k + 4);
-    if (!srank) {
+    e.srank = PyMem_RawMalloc(4 * k + 4);
+    if (!e.srank) {
         PyErr_NoMemory();
         goto done;
     }
-    const uint32_t *p = scan ? (const uint32_t *)PyBytes_AS_STRING(pos_b) : pos.buf;
-    uint32_t *listed = scan ? (uint32_t *)PyBytes_AS_STRING(listed_b) : out.buf;
-    const uint16_t *ob = g.ob;
-    const uint32_t *orank = g.orank;
+    e.pos = scan ? (const uint32_t *)PyBytes_AS_STRING(pos_b) : pos.buf;
+    e.listed = scan ? (uint32_t *)PyBytes_AS_STRING(listed_b) : out.buf;
+    e.signs = scan ? (uint8_t *)PyBytes_AS_STRING(sg_b) : sg.buf;
+    e.planes = scan ? (uint8_t *)PyBytes_AS_STRING(pl_b) : pl.buf;
     Py_BEGIN_ALLOW_THREADS
     if (!err) {
-        /* counting sort of the changed words by bucket (movers first), stable */
-        km = cnt[nb];
-        for (size_t i = 0; i < k; i++)
-            if (ob[i] != nb)
-                start[ob[i] + 1]++;
-        start[0] = km;
-        for (size_t x = 0; x < nb; x++)
-            start[x + 1] += start[x];
-        size_t mi = 0;
-        uint8_t *sgn = scan ? (uint8_t *)PyBytes_AS_STRING(sg_b) : sg.buf;
-        uint8_t *mp = scan ? (uint8_t *)PyBytes_AS_STRING(pl_b) : pl.buf;
-        const int bits = 8 * w;
-        const uint64_t full = w == 8 ? ~(uint64_t)0 : (((uint64_t)1 << bits) - 1);
-        memset(sgn, 0, (k + 7) / 8);
-        for (size_t i = 0; i < k; i++) {
-            uint64_t at;
-            if (ob[i] == nb) {
-                at = mi++;
-            } else {
-                at = start[ob[i]]++;
-                srank[at] = orank[i];
-            }
-            listed[at] = p[i];
-            /* as mod_values: the sign, and the magnitude less one, as planes */
-            uint64_t d = g.dv[i];
-            uint64_t neg = d >> (bits - 1), mag = ((neg ? (0 - d) & full : d) - 1) & full;
-            sgn[at >> 3] |= (uint8_t)(neg << (7 - (at & 7)));
-            for (int j = 0; j < w; j++)
-                mp[(size_t)j * k + at] = (uint8_t)(mag >> (8 * (w - 1 - j)));
-        }
-        if (km) {
-            uint64_t bb = 0;
-            r_m = rice_param(listed, km, &bb);
-            mbits = bb;
-        }
-        /* start[x] is now the end of bucket x's run; its begin is start[x - 1]
-           (km for 0). The complements need at most the largest of them. */
-        uint64_t lo = km, most = 0;
-        for (size_t x = 0; x < nb; x++) {
-            uint64_t kb = start[x] - lo;
-            if (kb && 2 * kb > cnt[x] && cnt[x] - kb > most)
-                most = cnt[x] - kb;
-            lo = start[x];
-        }
-        coded = PyMem_RawMalloc(4 * (size_t)most + 4);
-        if (!coded)
+        list_by_bucket(&e);
+        if (plan_entries(&e) < 0)
             err = 2;
-        lo = km;
-        for (size_t x = 0; x < nb && !err; x++) {
-            uint64_t hi = start[x];
-            size_t kb = (size_t)(hi - lo);
-            if (kb) {
-                uint32_t n_b = cnt[x];
-                int comp = 2 * (uint64_t)kb > n_b;
-                const uint32_t *cd = srank + lo;
-                size_t c = kb;
-                if (comp) {
-                    c = complement_of(srank + lo, kb, n_b, coded);
-                    cd = coded;
-                }
-                int r = 0;
-                uint64_t bb = 0;
-                if (c)
-                    r = rice_param(cd, c, &bb);
-                ent[ne].b = (uint32_t)x;
-                ent[ne].c = (uint32_t)c;
-                ent[ne].r = r;
-                ent[ne].mode = (uint32_t)(2 * r + comp);
-                ent[ne].ubits = c ? bb - (uint64_t)c * r : 0;
-                ubits += ent[ne].ubits;
-                rbits += (uint64_t)c * r;
-                ne++;
-            }
-            lo = hi;
-        }
     }
     Py_END_ALLOW_THREADS
     if (err == 2) {
@@ -222,64 +355,20 @@ PyObject *csparse_encode(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "csparse_encode: positions not increasing");
         goto done;
     }
-    uint64_t mubits = mbits - (uint64_t)km * r_m, mrbits = (uint64_t)km * r_m;
+    uint64_t mubits = e.mbits - (uint64_t)e.km * e.r_m, mrbits = (uint64_t)e.km * e.r_m;
     size_t ulen_m = (size_t)((mubits + 7) / 8), rlen_m = (size_t)((mrbits + 7) / 8);
-    size_t ulen = (size_t)((ubits + 7) / 8), rlen = (size_t)((rbits + 7) / 8);
-    table = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(10 * (5 + 3 * ne)));
+    size_t ulen = (size_t)((e.ubits + 7) / 8), rlen = (size_t)((e.rbits + 7) / 8);
+    table = table_bytes(&e, ulen_m, ulen);
     bits = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(ulen_m + rlen_m + ulen + rlen));
     if (!table || !bits)
         goto done;
-    uint8_t *t0 = (uint8_t *)PyBytes_AS_STRING(table), *t = t0;
-    put_varint(&t, km);
-    put_varint(&t, (uint64_t)r_m);
-    put_varint(&t, ulen_m);
-    put_varint(&t, ne);
-    uint32_t prevb = (uint32_t)-1;
-    for (size_t e = 0; e < ne; e++) {
-        put_varint(&t, (uint64_t)(ent[e].b - prevb - 1));
-        put_varint(&t, ent[e].c);
-        put_varint(&t, ent[e].mode);
-        prevb = ent[e].b;
-    }
-    put_varint(&t, ulen);
-    if (_PyBytes_Resize(&table, (Py_ssize_t)(t - t0)) < 0)
-        goto done;
     uint8_t *bp = (uint8_t *)PyBytes_AS_STRING(bits);
     Py_BEGIN_ALLOW_THREADS
-    bitw_t um = {bp, 0, 0}, rm = {bp + ulen_m, 0, 0};
-    if (km) {
-        put_rice(&um, &rm, listed, km, r_m);
-        flush_bits(&um);
-        flush_bits(&rm);
-    }
-    bitw_t u = {bp + ulen_m + rlen_m, 0, 0}, rb = {bp + ulen_m + rlen_m + ulen, 0, 0};
-    uint64_t lo = km;
-    size_t e = 0;
-    for (size_t x = 0; x < nb && e < ne; x++) {
-        uint64_t hi = start[x];
-        if (hi > lo) {
-            const uint32_t *cd = srank + lo;
-            size_t c = ent[e].c;
-            if (ent[e].mode & 1) {
-                complement_of(srank + lo, (size_t)(hi - lo), cnt[x], coded);
-                cd = coded;
-            }
-            put_rice(&u, &rb, cd, c, ent[e].r);
-            e++;
-        }
-        lo = hi;
-    }
-    flush_bits(&u);
-    flush_bits(&rb);
+    write_bits(&e, bp, ulen_m, rlen_m, ulen);
     Py_END_ALLOW_THREADS
-    /* the runs: the movers, then each bucket's changed words (start[x] is
-       the end of bucket x's run, km that of the movers) */
-    runs = PyList_New(0);
-    if (!runs || list_append_size(runs, km) < 0)
+    runs = runs_list(&e);
+    if (!runs)
         goto done;
-    for (size_t x = 0, lo = km; x < nb; lo = start[x], x++)
-        if (start[x] > lo && list_append_size(runs, (size_t)(start[x] - lo)) < 0)
-            goto done;
     res = scan ? PyTuple_Pack(7, table, bits, runs, pos_b, listed_b, sg_b, pl_b) : PyTuple_Pack(3, table, bits, runs);
 done:
     Py_XDECREF(pos_b);
@@ -289,13 +378,7 @@ done:
     Py_XDECREF(runs);
     Py_XDECREF(table);
     Py_XDECREF(bits);
-    PyMem_RawFree(coded);
-    PyMem_RawFree(srank);
-    PyMem_RawFree(g.pos);
-    PyMem_RawFree(g.orank);
-    PyMem_RawFree(g.ob);
-    PyMem_RawFree(g.dv);
-    PyMem_Free(mem);
+    release(&e);
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);
     if (pos.obj)
