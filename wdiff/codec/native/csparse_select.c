@@ -268,9 +268,252 @@ DEFINE_CSELECT(cselect_avx2_2, 2, __attribute__((target("avx2,bmi,popcnt"))), CS
 #undef COUNT_WINDOW
 #endif
 
+/* One call's work: the record's entries and what their check summed, the
+   scratch (one block, carved), and what each step hands the next. */
+typedef struct {
+    size_t n, km, nb, ne, kout;    /* words, movers, buckets, entries, listed words (out's length) */
+    int fused;                     /* no counts given: the pass counts them */
+    const int64_t *e, *cnt;        /* the entries (bucket, c, mode), the counts given */
+    uint64_t coded, rbits, plain;  /* coded indices, remainder bits, words of uncomplemented entries */
+    int any_comp;                  /* some entry is complemented */
+    uint8_t *mem;                  /* the scratch below: */
+    uint32_t **dst, **dend;        /*   per bucket: where its staged words go in the final order */
+    const uint32_t **ip, **ie;     /*   per entry: its coded indices */
+    uint32_t **edst, **edend;      /*   per entry: its share of out */
+    uint64_t *seen, *nx;           /*   per entry: its words before the tile, its next coded index */
+    uint64_t *elast, *eqmax;       /*   per entry: its last index, its largest quotient */
+    uint32_t *tables, *eb, *steps; /*   four count tables, each entry's bucket, the coded indices */
+    uint16_t *tags;                /*   the staged words' buckets */
+    uint32_t *mvm;                 /*   a mover mask per 16-word block of the largest tile */
+    uint8_t *ecomp;                /*   per entry: whether it is complemented */
+    cs_lists_t lists;
+} selector_t;
+
+/* the entries against the counts (or, fused, the chunk) and out; with
+   their totals. -1 with ValueError */
+static int check_entries(selector_t *s)
+{
+    const int64_t *e = s->e, *cnt = s->cnt;
+    const size_t n = s->n, km = s->km;
+    uint64_t listed = 0;
+    for (size_t x = 0; x < s->ne; x++) {
+        int64_t bx = e[3 * x], c = e[3 * x + 1], mode = e[3 * x + 2];
+        int64_t cap = s->fused ? (int64_t)n : (bx >= 0 && (size_t)bx < s->nb ? cnt[bx] : -1);
+        if (bx < 0 || (size_t)bx >= s->nb || (x && bx <= e[3 * (x - 1)]) || c < 0 || mode < 0 ||
+            mode > 2 * MAX_RICE + 1 || cap < 0 || cap >= (int64_t)UINT32_MAX || c > cap ||
+            ((mode & 1) && !s->fused && c == cap) || (c == 0 && mode != 1)) {
+            PyErr_SetString(PyExc_ValueError, "csparse_select: bad entries");
+            return -1;
+        }
+        s->coded += (uint64_t)c;
+        s->rbits += (uint64_t)c * (uint64_t)(mode >> 1);
+        listed += (mode & 1) ? (uint64_t)(cap - c) : (uint64_t)c;
+        s->plain += (mode & 1) ? 0 : (uint64_t)c;
+        s->any_comp |= (int)(mode & 1);
+    }
+    /* the buckets are disjoint: more coded words than the chunk's are not a
+       record (and scratch is sized by them) */
+    if ((!s->fused && listed != s->kout) || s->plain > s->kout || s->coded > n - (km < n ? km : n)) {
+        PyErr_SetString(PyExc_ValueError, "csparse_select: out does not hold the listed words");
+        return -1;
+    }
+    return 0;
+}
+
+/* scratch: per bucket dst, dend and four count tables; per entry its
+   bucket, pointers to its coded indices and into out (four), the words
+   of its bucket before the tile, its next coded index, its last index
+   and largest quotient, whether it is complemented; the coded indices
+   (coded), the staged words' buckets (kout - plain), a mover mask per
+   16-word block of the largest tile. -1 with MemoryError */
+static int carve_scratch(selector_t *s)
+{
+    const size_t nb = s->nb, ne = s->ne;
+    s->mem = PyMem_Calloc(1, nb * (2 * sizeof(uint32_t *) + 16) + ne * (4 * sizeof(uint32_t *) + 4 * 8 + 4 + 1) +
+                                 4 * (size_t)s->coded + 2 * (s->kout - (size_t)s->plain) + 4 * (CS_MAX_TILE / 16) +
+                                 4 * nb + 24 * ne + 4 * CS_MAX_TILE + 64);
+    if (!s->mem) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->dst = (uint32_t **)s->mem, s->dend = s->dst + nb;
+    s->ip = (const uint32_t **)(s->dend + nb), s->ie = s->ip + ne;
+    s->edst = (uint32_t **)(s->ie + ne), s->edend = s->edst + ne;
+    s->seen = (uint64_t *)(s->edend + ne), s->nx = s->seen + ne, s->elast = s->nx + ne, s->eqmax = s->elast + ne;
+    s->tables = (uint32_t *)(s->eqmax + ne), s->eb = s->tables + 4 * nb, s->steps = s->eb + ne;
+    s->tags = (uint16_t *)(s->steps + s->coded);
+    uint64_t *lsp = (uint64_t *)(((uintptr_t)(s->tags + (s->kout - (size_t)s->plain)) + 7) & ~(uintptr_t)7);
+    s->lists = (cs_lists_t){NULL, lsp, lsp + ne, lsp + 2 * ne, NULL};
+    s->mvm = (uint32_t *)(lsp + 3 * ne);
+    s->lists.words = s->mvm + CS_MAX_TILE / 16;
+    s->lists.entry = (int32_t *)(s->lists.words + CS_MAX_TILE);
+    s->ecomp = (uint8_t *)(s->lists.entry + nb);
+    return 0;
+}
+
+/* the movers increasing below n, and the streams as long as the entries
+   say, with zero padding; the quotients, from the unary stream, into steps */
+static int check_streams(selector_t *s, const uint32_t *mv, const uint8_t *un, size_t len, const uint8_t *rp,
+                         size_t rlen)
+{
+    int err = CS_OK;
+    for (size_t j = 0; j < s->km; j++)
+        if (mv[j] >= s->n || (j && mv[j] <= mv[j - 1]))
+            err = CS_BAD_MOVERS;
+    size_t last = 0;
+    uint64_t ones = 0, qtop = 0;
+    unary_quotients(un, len, s->steps, s->coded, &ones, &last, &qtop);
+    if (err)
+        ;
+    else if (ones != s->coded || (s->coded && len != last + 1) || (!s->coded && len))
+        err = CS_BAD_UNARY;
+    else if ((uint64_t)rlen != (s->rbits + 7) / 8)
+        err = CS_BAD_REMAINDER_LENGTH;
+    else {
+        for (uint64_t bt = s->rbits; bt < (uint64_t)rlen * 8; bt++)
+            if ((rp[bt >> 3] >> (7 - (bt & 7))) & 1)
+                err = CS_BAD_PADDING;
+    }
+    return err;
+}
+
+/* quotients and remainders into the coded indices, entry by entry,
+   each checked below n_b */
+static int decode_indices(selector_t *s, const uint8_t *rp)
+{
+    const int64_t *e = s->e;
+    bitr_t br = {rp, 0, 0, 0};
+    size_t qi = 0;
+    for (size_t x = 0; x < s->ne; x++) {
+        uint64_t c = (uint64_t)e[3 * x + 1], n_b = s->fused ? (uint64_t)s->n : (uint64_t)s->cnt[e[3 * x]];
+        int r = (int)(e[3 * x + 2] >> 1);
+        uint64_t prev = (uint64_t)-1;
+        for (uint64_t y = 0; y < c; y++, qi++) {
+            uint64_t q = s->steps[qi];
+            if (q > s->eqmax[x])
+                s->eqmax[x] = q;
+            if (q > (n_b >> r))
+                return CS_OUT_OF_RANGE;
+            uint64_t idx = prev + ((q << r) | get_bits(&br, r)) + 1;
+            if (idx >= n_b)
+                return CS_OUT_OF_RANGE;
+            s->steps[qi] = (uint32_t)idx;
+            prev = idx;
+        }
+        s->elast[x] = prev;
+    }
+    return CS_OK;
+}
+
+/* out: first the uncomplemented entries' words, each entry's share in
+   table order, then the staged words */
+static void lay_out(selector_t *s, uint32_t *out)
+{
+    const int64_t *e = s->e;
+    uint32_t *o = out;
+    const uint32_t *sx = s->steps;
+    for (size_t x = 0; x < s->ne; x++) {
+        int64_t c = e[3 * x + 1];
+        s->eb[x] = (uint32_t)e[3 * x];
+        s->ecomp[x] = (uint8_t)(e[3 * x + 2] & 1);
+        s->edst[x] = o;
+        o += s->ecomp[x] ? 0 : c;
+        s->edend[x] = o;
+        s->ip[x] = sx;
+        sx += c;
+        s->ie[x] = sx;
+    }
+    for (size_t b = 0; b < s->nb; b++)
+        s->lists.entry[b] = -1;
+    for (size_t x = 0; x < s->ne; x++)
+        s->lists.entry[s->eb[x]] = (int32_t)x;
+}
+
+/* the pass over ref for words of w bytes; nonzero when a write would
+   leave an entry's share */
+static int run_pass(selector_t *s, const uint8_t *ref, int w, int shift, uint64_t mask, const uint32_t *mv,
+                    uint32_t *sbase, uint32_t *send, size_t *staged)
+{
+#define CS_ARGS ref, s->n, shift, mask, mv, s->km, s->ne, s->eb, s->ecomp, s->ip, s->ie, s->edst, s->edend, s->seen, \
+                s->nx, s->tables, sbase, send, s->tags, staged, s->mvm, &s->lists
+    switch (w) {
+    case 2:
+#ifdef HAVE_AVX2_SCAN
+        if (cpu_avx2 && simd_on)
+            return cselect_avx2_2(CS_ARGS);
+#endif
+        return cselect_2(CS_ARGS);
+    case 4: return cselect_4(CS_ARGS);
+    default: return cselect_8(CS_ARGS);
+    }
+#undef CS_ARGS
+}
+
+/* counts_out from the pass; -1 unless every entry listed exactly its
+   words: guaranteed when the counts are those of ref with these movers
+   (every write of the pass is bounded by its entry's share of out all the
+   same) */
+static int check_lists(const selector_t *s, int64_t *counts, size_t staged)
+{
+    const int64_t *e = s->e;
+    int bad = 0;
+    for (size_t x = 0; x < s->nb; x++)
+        counts[x] = (int64_t)s->tables[x];
+    counts[s->nb] = (int64_t)s->km;
+    uint64_t total = 0;
+    for (size_t x = 0; x < s->ne; x++) {
+        int64_t bx = e[3 * x];
+        uint64_t n_b = (uint64_t)counts[bx], c = (uint64_t)e[3 * x + 1];
+        int r = (int)(e[3 * x + 2] >> 1);
+        if (s->edst[x] != s->edend[x] || s->nx[x] != CS_END ||
+            (c && (s->eqmax[x] > (n_b >> r) || s->elast[x] >= n_b)) || ((e[3 * x + 2] & 1) && c >= n_b))
+            bad = 1;
+        total += (e[3 * x + 2] & 1) ? n_b - c : c;
+    }
+    if (total != s->kout || staged != s->kout - s->plain)
+        bad = 1;
+    return bad ? -1 : 0;
+}
+
+/* the final order: each entry's share in table order, the complemented
+   ones from the staged words (stable: by position) */
+static int final_order(selector_t *s, uint32_t *out, const uint32_t *sbase, size_t staged, const int64_t *counts)
+{
+    const int64_t *e = s->e;
+    int err = CS_OK;
+    uint32_t *fin = PyMem_RawMalloc(4 * s->kout + 4);
+    if (!fin)
+        return CS_NO_MEMORY;
+    const uint32_t *src = out;
+    uint32_t *f = fin;
+    for (size_t x = 0; x < s->ne; x++) {
+        int64_t bx = e[3 * x], c = e[3 * x + 1];
+        if (e[3 * x + 2] & 1) {
+            s->dst[bx] = f;
+            f += counts[bx] - c;
+            s->dend[bx] = f;
+        } else {
+            memcpy(f, src, 4 * (size_t)c);
+            src += c;
+            f += c;
+        }
+    }
+    for (size_t y = 0; y < staged && !err; y++) {
+        uint16_t bx = s->tags[y];
+        if (s->dst[bx] < s->dend[bx])
+            *s->dst[bx]++ = sbase[y];
+        else
+            err = CS_OUT_OF_RANGE;
+    }
+    if (!err)
+        memcpy(out, fin, 4 * s->kout);
+    PyMem_RawFree(fin);
+    return err;
+}
+
 /* csparse_select(ref, word, shift, mask, movers uint32, entries int64 (E x 3:
-   bucket, c, mode), counts uint32/int64 n/a: counts int64 (mask + 1),
-   unary, remainder, out uint32) -> error code.
+   bucket, c, mode), counts int64 (mask + 1, or empty: fused), unary,
+   remainder, out uint32, counts_out int64 (mask + 2)) -> error code.
    The entries and counts are checked by the caller (buckets increasing and
    below mask + 1, c <= n_b, c < n_b when complemented, r <= MAX_RICE, the
    listed total = len(out)); here: the unary stream holds exactly sum(c)
@@ -286,210 +529,38 @@ PyObject *csparse_select(PyObject *self, PyObject *args)
                           &cout))
         return NULL;
     PyObject *res = NULL;
-    uint8_t *mem = NULL;
+    selector_t s = {0};
     if (check_bucket_fn(w, shift, mask) < 0)
         goto done;
-    size_t n = (size_t)a.len / w, km = (size_t)mv.len / 4, nb = (size_t)mask + 1, ne = (size_t)entb.len / 24;
-    size_t kout = (size_t)out.len / 4;
+    s.n = (size_t)a.len / w, s.km = (size_t)mv.len / 4, s.nb = (size_t)mask + 1, s.ne = (size_t)entb.len / 24;
+    s.kout = (size_t)out.len / 4;
     /* no counts: they are not known yet (fused: the pass counts them, into
        counts_out, and the bounds that need them are checked after it) */
-    int fused = cntb.len == 0;
-    if (a.len % w || n >= UINT32_MAX || mv.len % 4 || entb.len % 24 || ne > nb ||
-        (!fused && (size_t)cntb.len != 8 * nb) || out.len % 4 || (size_t)cout.len != 8 * (nb + 1)) {
+    s.fused = cntb.len == 0;
+    if (a.len % w || s.n >= UINT32_MAX || mv.len % 4 || entb.len % 24 || s.ne > s.nb ||
+        (!s.fused && (size_t)cntb.len != 8 * s.nb) || out.len % 4 || (size_t)cout.len != 8 * (s.nb + 1)) {
         PyErr_SetString(PyExc_ValueError, "csparse_select: bad buffer sizes");
         goto done;
     }
-    const int64_t *e = entb.buf, *cnt = cntb.buf;
+    s.e = entb.buf, s.cnt = cntb.buf;
+    if (check_entries(&s) < 0 || carve_scratch(&s) < 0)
+        goto done;
     int64_t *counts = cout.buf;
-    uint64_t coded = 0, rbits = 0, listed = 0, plain = 0;
-    int any_comp = 0;
-    for (size_t x = 0; x < ne; x++) {
-        int64_t bx = e[3 * x], c = e[3 * x + 1], mode = e[3 * x + 2];
-        int64_t cap = fused ? (int64_t)n : (bx >= 0 && (size_t)bx < nb ? cnt[bx] : -1);
-        if (bx < 0 || (size_t)bx >= nb || (x && bx <= e[3 * (x - 1)]) || c < 0 || mode < 0 ||
-            mode > 2 * MAX_RICE + 1 || cap < 0 || cap >= (int64_t)UINT32_MAX || c > cap ||
-            ((mode & 1) && !fused && c == cap) || (c == 0 && mode != 1)) {
-            PyErr_SetString(PyExc_ValueError, "csparse_select: bad entries");
-            goto done;
-        }
-        coded += (uint64_t)c;
-        rbits += (uint64_t)c * (uint64_t)(mode >> 1);
-        listed += (mode & 1) ? (uint64_t)(cap - c) : (uint64_t)c;
-        plain += (mode & 1) ? 0 : (uint64_t)c;
-        any_comp |= (int)(mode & 1);
-    }
-    /* the buckets are disjoint: more coded words than the chunk's are not a
-       record (and scratch is sized by them) */
-    if ((!fused && listed != kout) || plain > kout || coded > n - (km < n ? km : n)) {
-        PyErr_SetString(PyExc_ValueError, "csparse_select: out does not hold the listed words");
-        goto done;
-    }
-    /* scratch: per bucket dst, dend and four count tables; per entry its
-       bucket, pointers to its coded indices and into out (four), the words
-       of its bucket before the tile, its next coded index, its last index
-       and largest quotient, whether it is complemented; the coded indices
-       (coded), the staged words' buckets (kout - plain), a mover mask per
-       16-word block of the largest tile */
-    mem = PyMem_Calloc(1, nb * (2 * sizeof(uint32_t *) + 16) + ne * (4 * sizeof(uint32_t *) + 4 * 8 + 4 + 1) +
-                              4 * (size_t)coded + 2 * (kout - (size_t)plain) + 4 * (CS_MAX_TILE / 16) +
-                              4 * nb + 24 * ne + 4 * CS_MAX_TILE + 64);
-    if (!mem) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    uint32_t **dst = (uint32_t **)mem, **dend = dst + nb;
-    const uint32_t **ip = (const uint32_t **)(dend + nb), **ie = ip + ne;
-    uint32_t **edst = (uint32_t **)(ie + ne), **edend = edst + ne;
-    uint64_t *seen = (uint64_t *)(edend + ne), *nx = seen + ne, *elast = nx + ne, *eqmax = elast + ne;
-    uint32_t *tables = (uint32_t *)(eqmax + ne), *eb = tables + 4 * nb, *steps = eb + ne;
-    uint16_t *tags = (uint16_t *)(steps + coded);
-    uint64_t *lsp = (uint64_t *)(((uintptr_t)(tags + (kout - (size_t)plain)) + 7) & ~(uintptr_t)7);
-    cs_lists_t lists = {NULL, lsp, lsp + ne, lsp + 2 * ne, NULL};
-    uint32_t *mvm = (uint32_t *)(lsp + 3 * ne);
-    lists.words = mvm + CS_MAX_TILE / 16;
-    lists.entry = (int32_t *)(lists.words + CS_MAX_TILE);
-    uint8_t *ecomp = (uint8_t *)(lists.entry + nb);
-    int err = CS_OK;
+    int err;
     Py_BEGIN_ALLOW_THREADS
-    const uint32_t *mp = mv.buf;
-    for (size_t j = 0; j < km; j++)
-        if (mp[j] >= n || (j && mp[j] <= mp[j - 1]))
-            err = CS_BAD_MOVERS;
-    /* the quotients, from the unary stream: into steps */
-    size_t len = (size_t)un.len, last = 0;
-    uint64_t ones = 0, qtop = 0;
-    unary_quotients(un.buf, len, steps, coded, &ones, &last, &qtop);
-    if (err)
-        ;
-    else if (ones != coded || (coded && len != last + 1) || (!coded && len))
-        err = CS_BAD_UNARY;
-    else if ((uint64_t)rem.len != (rbits + 7) / 8)
-        err = CS_BAD_REMAINDER_LENGTH;
-    else {
-        const uint8_t *rp = rem.buf;
-        for (uint64_t bt = rbits; bt < (uint64_t)rem.len * 8; bt++)
-            if ((rp[bt >> 3] >> (7 - (bt & 7))) & 1)
-                err = CS_BAD_PADDING;
-    }
+    err = check_streams(&s, mv.buf, un.buf, (size_t)un.len, rem.buf, (size_t)rem.len);
+    if (!err)
+        err = decode_indices(&s, rem.buf);
     if (!err) {
-        /* quotients and remainders into the coded indices, entry by entry,
-           each checked below n_b */
-        bitr_t br = {rem.buf, 0, 0, 0};
-        size_t qi = 0;
-        for (size_t x = 0; x < ne && !err; x++) {
-            uint64_t c = (uint64_t)e[3 * x + 1], n_b = fused ? (uint64_t)n : (uint64_t)cnt[e[3 * x]];
-            int r = (int)(e[3 * x + 2] >> 1);
-            uint64_t prev = (uint64_t)-1;
-            for (uint64_t y = 0; y < c; y++, qi++) {
-                uint64_t q = steps[qi];
-                if (q > eqmax[x])
-                    eqmax[x] = q;
-                if (q > (n_b >> r)) {
-                    err = CS_OUT_OF_RANGE;
-                    break;
-                }
-                uint64_t idx = prev + ((q << r) | get_bits(&br, r)) + 1;
-                if (idx >= n_b) {
-                    err = CS_OUT_OF_RANGE;
-                    break;
-                }
-                steps[qi] = (uint32_t)idx;
-                prev = idx;
-            }
-            elast[x] = prev;
-        }
-    }
-    if (!err) {
-        /* out: first the uncomplemented entries' words, each entry's share in
-           table order, then the staged words */
-        uint32_t *o = out.buf;
-        const uint32_t *sx = steps;
-        for (size_t x = 0; x < ne; x++) {
-            int64_t c = e[3 * x + 1];
-            eb[x] = (uint32_t)e[3 * x];
-            ecomp[x] = (uint8_t)(e[3 * x + 2] & 1);
-            edst[x] = o;
-            o += ecomp[x] ? 0 : c;
-            edend[x] = o;
-            ip[x] = sx;
-            sx += c;
-            ie[x] = sx;
-        }
-        for (size_t b = 0; b < nb; b++)
-            lists.entry[b] = -1;
-        for (size_t x = 0; x < ne; x++)
-            lists.entry[eb[x]] = (int32_t)x;
-        int over;
         size_t staged = 0;
-        uint32_t *sbase = (uint32_t *)out.buf + plain, *send = (uint32_t *)out.buf + kout;
-#define CS_ARGS a.buf, n, shift, mask, mv.buf, km, ne, eb, ecomp, ip, ie, edst, edend, seen, nx, tables, sbase, send, tags, &staged, mvm, &lists
-        switch (w) {
-        case 2:
-#ifdef HAVE_AVX2_SCAN
-            if (cpu_avx2 && simd_on) {
-                over = cselect_avx2_2(CS_ARGS);
-                break;
-            }
-#endif
-            over = cselect_2(CS_ARGS);
-            break;
-        case 4: over = cselect_4(CS_ARGS); break;
-        default: over = cselect_8(CS_ARGS); break;
-        }
-#undef CS_ARGS
-        /* every entry lists exactly its words: guaranteed when the counts
-           are those of ref with these movers (every write above is bounded
-           by its entry's share of out all the same) */
-        if (over)
+        uint32_t *sbase = (uint32_t *)out.buf + s.plain, *send = (uint32_t *)out.buf + s.kout;
+        lay_out(&s, out.buf);
+        if (run_pass(&s, a.buf, w, shift, mask, mv.buf, sbase, send, &staged))
             err = CS_OUT_OF_RANGE;
-        for (size_t x = 0; x < nb; x++)
-            counts[x] = (int64_t)tables[x];
-        counts[nb] = (int64_t)km;
-        uint64_t total = 0;
-        for (size_t x = 0; x < ne; x++) {
-            int64_t bx = e[3 * x];
-            uint64_t n_b = (uint64_t)counts[bx], c = (uint64_t)e[3 * x + 1];
-            int r = (int)(e[3 * x + 2] >> 1);
-            if (edst[x] != edend[x] || nx[x] != CS_END ||
-                (c && (eqmax[x] > (n_b >> r) || elast[x] >= n_b)) || ((e[3 * x + 2] & 1) && c >= n_b))
-                err = CS_OUT_OF_RANGE;
-            total += (e[3 * x + 2] & 1) ? n_b - c : c;
-        }
-        if (total != kout || staged != kout - plain)
+        if (check_lists(&s, counts, staged) < 0)
             err = CS_OUT_OF_RANGE;
-        if (!err && any_comp) {
-            /* the final order: each entry's share in table order, the
-               complemented ones from the staged words (stable: by position) */
-            uint32_t *fin = PyMem_RawMalloc(4 * kout + 4);
-            if (!fin) {
-                err = CS_NO_MEMORY;
-            } else {
-                const uint32_t *src = out.buf;
-                uint32_t *f = fin;
-                for (size_t x = 0; x < ne; x++) {
-                    int64_t bx = e[3 * x], c = e[3 * x + 1];
-                    if (e[3 * x + 2] & 1) {
-                        dst[bx] = f;
-                        f += counts[bx] - c;
-                        dend[bx] = f;
-                    } else {
-                        memcpy(f, src, 4 * (size_t)c);
-                        src += c;
-                        f += c;
-                    }
-                }
-                for (size_t y = 0; y < staged && !err; y++) {
-                    uint16_t bx = tags[y];
-                    if (dst[bx] < dend[bx])
-                        *dst[bx]++ = sbase[y];
-                    else
-                        err = CS_OUT_OF_RANGE;
-                }
-                if (!err)
-                    memcpy(out.buf, fin, 4 * kout);
-                PyMem_RawFree(fin);
-            }
-        }
+        if (!err && s.any_comp)
+            err = final_order(&s, out.buf, sbase, staged, counts);
     }
     Py_END_ALLOW_THREADS
     if (err == CS_NO_MEMORY) {
@@ -498,7 +569,7 @@ PyObject *csparse_select(PyObject *self, PyObject *args)
     }
     res = PyLong_FromLong(err);
 done:
-    PyMem_Free(mem);
+    PyMem_Free(s.mem);
     PyBuffer_Release(&a);
     PyBuffer_Release(&mv);
     PyBuffer_Release(&entb);
