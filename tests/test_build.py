@@ -37,9 +37,10 @@ def test_portable_subset_builds_and_agrees_with_numpy(tmp_path):
 
     root = Path(__file__).resolve().parent.parent
     so = tmp_path / ("_native" + sysconfig.get_config_var("EXT_SUFFIX"))
+    sources = sorted(str(p) for p in (root / "wdiff" / "codec" / "native").glob("*.c"))
     cmd = [_compiler(), "-shared", "-fPIC", "-O1", "-std=c11", "-pedantic-errors", "-Wall", "-Werror",
            "-Wno-unused-parameter", "-DWDIFF_PORTABLE=1", f"-I{sysconfig.get_paths()['include']}",
-           str(root / "wdiff" / "codec" / "_native.c"), "-o", str(so), "-lm"]
+           *sources, "-o", str(so), "-lm"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     runner = (
@@ -90,3 +91,38 @@ def test_version_names_the_vector_kernels_this_cpu_runs():
         assert kernels.features().endswith(f"; this CPU: {want}"), kernels.features()
     finally:
         kernels.set_native(was)
+
+
+@pytest.mark.skipif(not os.environ.get("CI") and _compiler() is None, reason="no C compiler")
+def test_setup_leaves_out_the_flags_a_compiler_refuses(tmp_path):
+    """setup.py tries each GNU-style flag on the compiler at hand before it
+    uses it: a compiler that refuses one (here -Wextra, as a compiler of
+    another family might) still builds the extension, without that flag
+    and with the others. (The real compiler, at -O0 to keep this short.)"""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    log, cc = tmp_path / "cc.log", tmp_path / "cc"
+    cc.write_text("#!/bin/sh\n"
+                  f'echo "$*" >> "{log}"\n'
+                  'for a in "$@"; do [ "$a" = -Wextra ] && { echo "cc: unknown option -Wextra" >&2; exit 1; }; done\n'
+                  f'exec "{_compiler()}" "$@" -O0\n')
+    cc.chmod(0o755)
+    lib = tmp_path / "lib"
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(lib),
+                        "--build-temp", str(tmp_path / "tmp")], cwd=root, capture_output=True, text=True,
+                       env=dict(os.environ, CC=str(cc)), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sources = [line for line in log.read_text().splitlines() if " -c wdiff/codec/native/" in line]
+    assert len(sources) == len(list((root / "wdiff" / "codec" / "native").glob("*.c"))), sources
+    assert all("-Wextra" not in s.split() and "-std=c11" in s.split() for s in sources), sources
+    (so,) = (lib / "wdiff" / "codec").glob("_native*")
+    check = ("import importlib.util\n"
+             f"spec = importlib.util.spec_from_file_location('wdiff.codec._native', {str(so)!r})\n"
+             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+             "from wdiff.codec import kernels\n"
+             "assert kernels.contract_mismatch(m) is None, kernels.contract_mismatch(m)\n")
+    r = subprocess.run([sys.executable, "-c", check], cwd=root, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -53,6 +53,27 @@ def test_the_wheel_carries_types_spec_and_schemas(site):
     assert not [r for r in requires if "safetensors" in r and "extra ==" not in r], requires
 
 
+def test_the_wheel_and_the_sdist_carry_every_c_source(site, tmp_path):
+    """The extension is built from every file of wdiff/codec/native/ (setup.py
+    takes the folder's .c files): an sdist without one builds no extension,
+    softly (the numpy twins run), so both the sdist and the wheel carry them
+    all, the header with them."""
+    import tarfile
+
+    tree = {f"wdiff/codec/native/{p.name}" for p in (ROOT / "wdiff" / "codec" / "native").iterdir()
+            if p.suffix in (".c", ".h")}
+    assert "wdiff/codec/native/native.h" in tree and len(tree) > 2
+    assert tree <= set(site[1])
+    src = site[0].parent / "src"
+    r = subprocess.run([sys.executable, "-c", f"from setuptools import build_meta; build_meta.build_sdist({str(tmp_path)!r})"],
+                       cwd=src, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (sdist,) = tmp_path.glob("wdiff-*.tar.gz")
+    with tarfile.open(sdist) as t:
+        names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    assert tree <= names, tree - names
+
+
 @pytest.mark.parametrize("args,committed", [
     ((), "man/wdiff.1"), (("diff",), "man/wdiff-diff.1"), (("completion",), "man/wdiff-completion.1"),
     (("format",), "man/wdiff-format.5"),

@@ -1,7 +1,7 @@
 """The value coder of codec v2, in pure Python: the twin of
-``rc_values_encode`` and ``rc_values_decode`` in _native.c, bit for bit,
-for machines without the C extension (and as the reference the tests hold
-the C code to). See man/wdiff-format.5, "Value section".
+``rc_values_encode`` and ``rc_values_decode`` in native/rangecoder.c, bit
+for bit, for machines without the C extension (and as the reference the
+tests hold the C code to). See man/wdiff-format.5, "Value section".
 
 An adaptive binary range coder, LZMA's design (a 32-bit range, a 64-bit
 low with a carry held back in a cache), with 16-bit probabilities that
