@@ -223,6 +223,8 @@ def push(
     threads: int | None = None,
     anchor_every: int | None = None,
     anchor_when: float | None = None,
+    exclude: tuple[str, ...] | list[str] = (),
+    include: tuple[str, ...] | list[str] = (),
     reporter: Reporter = SILENT,
 ) -> PushResult:
     """Publish ``source`` on ``remote`` as the new head of its chain.
@@ -248,13 +250,15 @@ def push(
     it whole as an anchor (in the same chain write) every N pushes since the
     newest anchor, and ``anchor_when=FRACTION`` when catching up from the
     newest anchor would cost more than that fraction of its size.
+    ``exclude`` and ``include`` choose the files of a directory as
+    :func:`pack` does (trainer state is left out unless included).
     """
     from .ops.push import push as _push
 
     return _push(source, remote, base=base, anchor=anchor, label=label, part_size=part_size, fork=fork,
                  level=level, sign_key=sign_key, token=token, private=private, commit_message=commit_message,
                  adopt=adopt, allow_opaque=allow_opaque, threads=threads, anchor_every=anchor_every,
-                 anchor_when=anchor_when, reporter=reporter)
+                 anchor_when=anchor_when, exclude=exclude, include=include, reporter=reporter)
 
 
 def squash_remote(

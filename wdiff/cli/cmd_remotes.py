@@ -11,6 +11,8 @@ from ..defaults import DEFAULT_LEVEL, DEFAULT_PART_SIZE
 from ..errors import ExitCode, UsageError
 from . import output as o
 from .common import (
+    Exclude,
+    Include,
     Json,
     Level,
     MaxAge,
@@ -53,6 +55,8 @@ def push(
     anchor_when: Annotated[Optional[float], typer.Option("--anchor-when", metavar="FRACTION", help="With --base: also publish an anchor when catching up from the newest anchor would cost more than FRACTION of its size.", show_default=False)] = None,
     stage: Annotated[Optional[str], typer.Option("--stage", metavar="NAME", help="Store a part of a version (the files --only names) under the remote's stage NAME, not yet visible; `wdiff commit` publishes the parts as one version.", show_default=False)] = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", metavar="PATTERN", help="With --stage: the files this writer holds (a pattern as in .wdiffignore; repeatable).", show_default=False)] = None,
+    exclude: Exclude = None,
+    include: Include = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -90,9 +94,9 @@ def push(
 
     out = _setup(json_mode, quiet, verbose)
     if stage is not None or only:
-        if stage is None or anchor or fork or label or anchor_every or anchor_when:
+        if stage is None or anchor or fork or label or anchor_every or anchor_when or exclude or include:
             raise UsageError("--only goes with --stage; a staged part takes DIR, --base, --only and --sign only "
-                             "(label the version at wdiff commit)")
+                             "(label the version at wdiff commit; --only names its files)")
         from ..ops.stage import push_part
 
         part = push_part(source, remote, base=base, only=only or [], stage=stage, level=level, sign_key=sign,
@@ -107,7 +111,8 @@ def push(
     res = run_push(source, remote, base=base, anchor=anchor, label=label, part_size=_size_arg(part_size),
                    fork=fork, level=level, sign_key=sign, token=token, private=not public,
                    commit_message=commit_message, adopt=adopt, allow_opaque=allow_opaque, threads=threads,
-                   anchor_every=anchor_every, anchor_when=anchor_when, reporter=out.reporter())
+                   anchor_every=anchor_every, anchor_when=anchor_when, exclude=exclude or (), include=include or (),
+                   reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return

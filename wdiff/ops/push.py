@@ -78,6 +78,8 @@ def push(
     threads: int | None = None,
     anchor_every: int | None = None,
     anchor_when: float | None = None,
+    exclude: tuple[str, ...] | list[str] = (),
+    include: tuple[str, ...] | list[str] = (),
     reporter: Reporter = SILENT,
 ) -> PushResult:
     """Push a bundle file, or a checkpoint directory packed against ``base``
@@ -88,7 +90,9 @@ def push(
     time). A checkpoint directory must be one a loader can open, unless
     ``allow_opaque``. On the Hub: ``token`` (default: huggingface_hub's
     own), ``private`` for a repository the push creates, ``commit_message``
-    instead of wdiff's own.
+    instead of wdiff's own. ``exclude`` and ``include``: which files of a
+    checkpoint directory are packed, as :func:`~wdiff.ops.pack.pack` takes
+    them (trainer state is left out unless included).
 
     Anchor policy, for a checkpoint directory pushed with ``base``: the push
     also publishes an anchor of the same version, in the same chain write,
@@ -113,11 +117,13 @@ def push(
         fd, tmp = tempfile.mkstemp(prefix=".wdiff-push-", suffix=".wdb", dir=parent_dir)
         os.close(fd)
         try:
-            pack(None if anchor else base, source, tmp, level=level, threads=threads, reporter=reporter, overwrite=True)
+            rules = {"exclude": exclude, "include": include}
+            pack(None if anchor else base, source, tmp, level=level, threads=threads, reporter=reporter, overwrite=True,
+                 **rules)
             also = None
             if policy is not None:
                 also = (policy, lambda out: pack(None, source, out, level=level, threads=threads, reporter=reporter,
-                                                 overwrite=True))
+                                                 overwrite=True, **rules))
             return push_bundle(tmp, remote, label=label, part_size=part_size, fork=fork, sign_key=sign_key,
                                 adopt=adopt, reporter=reporter, token=token, private=private,
                                 commit_message=commit_message, also_anchor=also)
@@ -125,8 +131,9 @@ def push(
             for p in (tmp, tmp + signing.SUFFIX, tmp + ".anchor.wdb", tmp + ".anchor.wdb" + signing.SUFFIX):
                 if os.path.exists(p):
                     os.unlink(p)
-    if base is not None or anchor:
-        raise UsageError("--base and --anchor apply to a checkpoint directory, not to a bundle file")
+    if base is not None or anchor or exclude or include:
+        raise UsageError("--base, --anchor, --exclude and --include apply to a checkpoint directory, "
+                         "not to a bundle file (its files were chosen when it was packed)")
     return push_bundle(source, remote, label=label, part_size=part_size, fork=fork, sign_key=sign_key,
                         adopt=adopt, reporter=reporter, token=token, private=private, commit_message=commit_message)
 
