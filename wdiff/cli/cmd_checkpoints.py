@@ -9,6 +9,7 @@ import typer
 
 from ..defaults import DEFAULT_LEVEL
 from ..errors import ExitCode, UsageError
+from . import argkinds
 from . import output as o
 from .common import (
     Exclude,
@@ -59,6 +60,7 @@ def diff(
     from ..ops.diff import diff as run_diff
 
     out = _setup(json_mode, quiet, verbose)
+    argkinds.check_diff(a, b)
     res = run_diff(a, b, threads=threads, reporter=out.reporter(), exclude=exclude or (), include=include or ())
     if out.json:
         out.document(res.to_json())
@@ -180,6 +182,8 @@ def pack(
         if len(paths) != 2:
             raise UsageError("pack takes two checkpoint directories, A and B (or --anchor B)")
         a, b = paths
+    argkinds.check_diff(*(p for p in (a, b) if p is not None), command="pack")
+    argkinds.check_pack_output(output)
     res = run_pack(a, b, output, level=level, threads=threads, reporter=out.reporter(), overwrite=force,
                    exclude=exclude or (), include=include or (), format_version=format_version)
     if sign is not None:
@@ -240,7 +244,7 @@ def apply(
     from ..ops.apply import apply as run_apply
 
     out = _setup(json_mode, quiet, verbose)
-    _check_apply_order(bundle, base)
+    argkinds.check_apply(bundle, base)
     res = run_apply(bundle, base, output, in_place=in_place, abort=abort, trusted_keys=trusted_key,
                     require_signature=require_signature, threads=threads, reporter=out.reporter(),
                     exclude=exclude or (), include=include or ())
@@ -256,18 +260,6 @@ def apply(
     how = "updated in place" if res.in_place else "wrote"
     again = " (finished an interrupted apply)" if res.resumed else ""
     out.result(f"{how} {o.name(res.output)}{again}: {res.files} file{'s' if res.files != 1 else ''} verified, target {res.target_fingerprint.hex()[:16]}")
-
-
-def _check_apply_order(bundle: Path, base: Optional[Path]) -> None:
-    """`apply DIR BUNDLE` (git apply's and patch's order is not wdiff's) is a
-    usage mistake, refused before anything is read or written."""
-    if not bundle.is_dir():
-        return
-    if base is not None and base.is_file():
-        raise UsageError("the arguments are in the wrong order: BUNDLE comes first, then BASE",
-                         hint=f"wdiff apply {o.name(str(base))} {o.name(str(bundle))} ...")
-    raise UsageError(f"{o.name(str(bundle))}: is a directory, not a bundle file",
-                     hint="wdiff apply BUNDLE [BASE] (-o OUT | --in-place): the bundle file comes first")
 
 
 def _stored_how(res) -> str:

@@ -9,6 +9,7 @@ import typer
 
 from ..defaults import DEFAULT_LEVEL, DEFAULT_PART_SIZE
 from ..errors import ExitCode, UsageError
+from . import argkinds
 from . import output as o
 from .common import (
     Exclude,
@@ -93,6 +94,7 @@ def push(
     from ..ops.push import push as run_push
 
     out = _setup(json_mode, quiet, verbose)
+    argkinds.check_push(source, remote, base)
     if stage is not None or only:
         if stage is None or anchor or fork or label or anchor_every or anchor_when or exclude or include:
             raise UsageError("--only goes with --stage; a staged part takes DIR, --base, --only and --sign only "
@@ -172,9 +174,11 @@ def pull(
     from ..ops.pull import pull as run_pull
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_pull(remote, directory, to=to, trusted_keys=trusted_key, require_signature=require_signature,
-                   token=token, threads=threads, max_age=_age_arg(max_age), force=force, atomic=atomic,
-                   keep=keep, reporter=out.reporter())
+    argkinds.check_pull(remote, directory)
+    with argkinds.versions_of(remote):
+        res = run_pull(remote, directory, to=to, trusted_keys=trusted_key, require_signature=require_signature,
+                       token=token, threads=threads, max_age=_age_arg(max_age), force=force, atomic=atomic,
+                       keep=keep, reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return
@@ -218,6 +222,7 @@ def log(
     from ..ops.history import log as run_log
 
     out = _setup(json_mode, quiet, verbose)
+    argkinds.check_remote("log", remote)
     res = run_log(remote, trusted_keys=trusted_key, require_signature=require_signature, max_age=_age_arg(max_age),
                   reporter=out.reporter())
     if out.json:
@@ -264,8 +269,10 @@ def status(
     from ..ops.history import status as run_status
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_status(directory, remote, to=to, trusted_keys=trusted_key, require_signature=require_signature,
-                     max_age=_age_arg(max_age), threads=threads, reporter=out.reporter())
+    argkinds.check_status(directory, remote)
+    with argkinds.versions_of(remote):
+        res = run_status(directory, remote, to=to, trusted_keys=trusted_key, require_signature=require_signature,
+                         max_age=_age_arg(max_age), threads=threads, reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
     elif res.up_to_date:
@@ -335,7 +342,11 @@ def squash(
             raise UsageError("give either BUNDLE... -o FILE or --remote, not both")
         from ..ops.push import squash_remote
 
-        res = squash_remote(remote, start=start, to=to, base=base, sign_key=sign, threads=threads, reporter=reporter)
+        argkinds.check_remote("squash --remote", remote)
+        argkinds.check_squash((), base)
+        with argkinds.versions_of(remote):
+            res = squash_remote(remote, start=start, to=to, base=base, sign_key=sign, threads=threads,
+                                reporter=reporter)
         if out.json:
             out.document(res.to_json())
             return
@@ -348,6 +359,8 @@ def squash(
     if start is not None or to is not None:
         raise UsageError("--from and --to go with --remote")
     from ..ops.squash import squash as run_squash
+
+    argkinds.check_squash(bundles, base)
 
     res = run_squash(bundles, base, output, level=level, threads=threads, reporter=reporter, overwrite=force)
     if sign is not None:
@@ -403,9 +416,11 @@ def gc(
     from ..ops.gc import gc as run_gc
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_gc(remote, keep_last=keep_last, keep=keep or [], dry_run=dry_run, grace=_grace_arg(grace),
-                 sign_key=sign, token=token, work=str(work) if work is not None else None, threads=threads,
-                 reporter=out.reporter())
+    argkinds.check_remote("gc", remote, f" --keep-last {keep_last}")
+    with argkinds.versions_of(remote):
+        res = run_gc(remote, keep_last=keep_last, keep=keep or [], dry_run=dry_run, grace=_grace_arg(grace),
+                     sign_key=sign, token=token, work=str(work) if work is not None else None, threads=threads,
+                     reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return
@@ -464,6 +479,7 @@ def commit(
     from ..ops.stage import commit as run_commit
 
     out = _setup(json_mode, quiet, verbose)
+    argkinds.check_remote("commit", remote, f" --stage {argkinds.q(stage)} --expect {expect}")
     res = run_commit(remote, stage=stage, expect=expect, label=label, sign_key=sign, trusted_keys=trusted_key,
                      token=token, threads=threads, reporter=out.reporter())
     if out.json:

@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import ExitCode
+from . import argkinds
 from . import output as o
 from .common import (
     Json,
@@ -49,8 +50,10 @@ def verify(
     from ..ops.verify import verify as run_verify
 
     out = _setup(json_mode, quiet, verbose)
-    res = run_verify(directory, bundle=bundle, remote=remote, version=to, threads=threads,
-                     reporter=out.reporter())
+    argkinds.check_verify(directory, bundle, remote)
+    with argkinds.versions_of(remote or "REMOTE"):
+        res = run_verify(directory, bundle=bundle, remote=remote, version=to, threads=threads,
+                         reporter=out.reporter())
     if res.ok:
         if out.json:
             out.document(res.to_json())
@@ -115,6 +118,7 @@ def sign(
     from ..ops.signatures import sign_bundle
 
     out = _setup(json_mode, quiet, verbose)
+    argkinds.check_bundle("sign", bundle)
     secret = load_secret(str(key))
     sig = sign_bundle(bundle, secret, reporter=out.reporter(), key_path=key)
     if out.json:
@@ -142,6 +146,7 @@ def info(
     from ..ops.inspect import inspect as run_inspect
 
     out = _setup(json_mode, quiet, verbose)
+    argkinds.check_bundle("info", bundle)
     res = run_inspect(bundle)
     if out.json:
         out.document(res.to_json())
