@@ -122,10 +122,12 @@ def _diff_summary(res) -> str:
 
 def _diff_stat(out: o.Out, res) -> None:
     rows = []
+    # the percentages right-aligned, as git's --stat aligns its counts
+    width = max((len(o.pct(t.fraction)) for t in res.tensors if t.status == "modified"), default=0)
     for t in res.tensors:
         if t.status == "unchanged":
             continue
-        what = f"{o.pct(t.fraction)} changed" if t.status == "modified" else t.status
+        what = f"{o.pct(t.fraction):>{width}} changed" if t.status == "modified" else t.status
         rows.append([o.name(t.name, 70), "|", what])
     for f in res.files:
         rows.append([o.name(f.path, 70), "|", f"file {f.status}"])
@@ -199,7 +201,7 @@ def pack(
         f"({res.ratio:,.1f}x smaller{per})"
     )
     out.result(f"  {res.tensors_changed} of {res.tensors} tensors changed, {o.count(res.changed_elements)} elements; "
-               f"{res.files_stored} files stored {_stored_how(res)}")
+               f"{res.files_stored} file{'s' if res.files_stored != 1 else ''} stored {_stored_how(res)}")
     if out.verbose:
         for name, c in res.codecs.items():
             out.result(f"  {name:<7} {c.records:>7} records {o.size(c.bytes):>10}  {o.count(c.changed)} elements")

@@ -184,19 +184,20 @@ def pull(
         return
     for path in res.restored:
         out.warn(f"discarded the local changes to {o.name(path)}")
+    shown = o.name(str(directory))  # as given, as status names it (res.directory is absolute)
     if res.link and not res.up_to_date:
-        out.result(f"switched {o.name(res.link)} to {o.name(res.directory)}: "
+        out.result(f"switched {shown} to {o.name(res.directory)}: "
                    f"{res.before.hex()[:12] if res.before else 'an anchor'} -> {res.after.hex()[:12]} with "
                    f"{len(res.bundles)} bundle{'s' if len(res.bundles) != 1 else ''}, {o.size(res.downloaded)} downloaded")
     elif res.up_to_date:
-        out.result(f"{o.name(res.directory)} is already at {res.after.hex()[:12]}")
+        out.result(f"{shown} is already at {res.after.hex()[:12]}")
     for path in res.removed:  # --atomic: beyond --keep
         out.result(f"removed the old version {o.name(path)}")
     if res.link or res.up_to_date:
         return
     start = "an anchor" if res.from_anchor else res.before.hex()[:12] if res.before else "empty"
     how = "undoing" if res.stepped_back else "with"
-    out.result(f"updated {o.name(res.directory)}: {start} -> {res.after.hex()[:12]} {how} {len(res.bundles)} bundle"
+    out.result(f"updated {shown}: {start} -> {res.after.hex()[:12]} {how} {len(res.bundles)} bundle"
                f"{'s' if len(res.bundles) != 1 else ''}, {o.size(res.downloaded)} downloaded")
 
 
