@@ -256,6 +256,16 @@ def test_what_a_right_argument_is_stays_accepted(ws):
     ok("pull", "-q", "remote", "A", cwd=ws)  # a checkpoint at a version the remote knows
 
 
+def test_a_fifo_planted_where_a_remote_or_a_bundle_goes_is_never_read(ws):
+    """What an argument is, is found without reading a FIFO (which would
+    block): refused as a file (a remote's place) or by the bundle reader."""
+    os.mkfifo(ws / "step.wdb.fifo")
+    r = wdiff("pull", "step.wdb.fifo", "new", cwd=ws)
+    assert r.rc == USAGE and "is a file, not a remote" in r.err and r.hint, r
+    r = wdiff("info", "step.wdb.fifo", cwd=ws)
+    assert r.rc == 4 and "not a regular file" in r.err, r
+
+
 def test_a_url_that_lost_a_slash_creates_no_folder_through_the_library(ws):
     """open_remote, below the command line: hf:/org/name is not turned into
     a local folder "hf:" by a push."""

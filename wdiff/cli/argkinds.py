@@ -66,10 +66,16 @@ def kind_of(arg) -> str:
     if text.endswith(".safetensors"):
         return CHECKPOINT
     try:
-        with open(text, "rb") as f:
-            head = f.read(len(MAGIC))
+        # never blocks: a FIFO or a device swapped in since the stat is not read
+        fd = os.open(text, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return FILE
+    try:
+        head = os.read(fd, len(MAGIC)) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        head = b""
+    finally:
+        os.close(fd)
     return BUNDLE if head == MAGIC else FILE
 
 
