@@ -18,9 +18,7 @@ import os
 import shlex
 import stat
 
-from ..errors import UsageError
-from ..format.chain import NoSuchVersion
-from ..format.records import MAGIC
+from ..errors import NotFoundError, UsageError
 from ..ops.places import holds_checkpoint, holds_remote
 from ..paths import printable
 from ..remotes import near_url
@@ -65,6 +63,8 @@ def kind_of(arg) -> str:
         return FILE
     if text.endswith(".safetensors"):
         return CHECKPOINT
+    from ..format.records import MAGIC  # here: the format's modules cost ~0.1 s to import
+
     try:
         # never blocks: a FIFO or a device swapped in since the stat is not read
         fd = os.open(text, os.O_RDONLY | os.O_NONBLOCK)
@@ -318,7 +318,11 @@ def versions_of(remote):
     versions, or how to publish the first."""
     try:
         yield
-    except NoSuchVersion as e:
+    except NotFoundError as e:
+        from ..format.chain import NoSuchVersion  # imported by whatever raised one
+
+        if not isinstance(e, NoSuchVersion):
+            raise
         r = q(remote_text(remote))
         message = e.message.replace("the remote", printable(os.fspath(remote)))
         hint = (f"push the first version: wdiff push --anchor DIR {r}" if e.empty
