@@ -52,10 +52,10 @@ _wdiff() {
         push)
             case "$prev" in
                 --base) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-                --label|--part-size|-l|--level|--sign|--commit-message|--token|--anchor-every|--anchor-when|--stage|--only|-j|--threads) return ;;
+                --label|--part-size|-l|--level|--sign|--commit-message|--token|--anchor-every|--anchor-when|--stage|--only|--exclude|--include|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--base --anchor --label --part-size --fork -l --level --sign --public --commit-message --token --adopt --allow-opaque --anchor-every --anchor-when --stage --only --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--base --anchor --label --part-size --fork -l --level --sign --public --commit-message --token --adopt --allow-opaque --anchor-every --anchor-when --stage --only --exclude --include --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

@@ -76,6 +76,8 @@ complete -c wdiff -n '__fish_seen_subcommand_from push' -l anchor-every -x -d 'W
 complete -c wdiff -n '__fish_seen_subcommand_from push' -l anchor-when -x -d 'With --base: also publish an anchor when catching up from the newest anchor would cost more than FRACTION of its size'
 complete -c wdiff -n '__fish_seen_subcommand_from push' -l stage -x -d 'Store a part of a version (the files --only names) under the remotes stage NAME, not yet visible; `wdiff commit` publishes the parts as one version'
 complete -c wdiff -n '__fish_seen_subcommand_from push' -l only -x -d 'With --stage: the files this writer holds (a pattern as in .wdiffignore; repeatable)'
+complete -c wdiff -n '__fish_seen_subcommand_from push' -l exclude -x -d 'Leave out files matching PATTERN (gitignore syntax; repeatable), as .wdiffignore does'
+complete -c wdiff -n '__fish_seen_subcommand_from push' -l include -x -d 'Keep files matching PATTERN even if a default, .wdiffignore or --exclude leaves them out (repeatable)'
 complete -c wdiff -n '__fish_seen_subcommand_from push' -l json -d 'Print exactly one JSON document on stdout'
 complete -c wdiff -n '__fish_seen_subcommand_from push' -s q -l quiet -d 'Print nothing on success'
 complete -c wdiff -n '__fish_seen_subcommand_from push' -s v -l verbose -d 'More detail (repeatable)'

@@ -6,9 +6,10 @@
 - model and dataset repositories: create, info, preupload, atomic NDJSON commits (with
   ``parentCommit`` -> HTTP 412 when stale), per-commit trees (files stay readable at old shas),
   tree listing, paths-info, refs, commits, branch creation (``POST .../branch/{name}``, from
-  ``startingPoint``), visibility (a private repository is invisible without a valid token: 404,
-  as the Hub answers), the model card's YAML metadata reported by repo info (``cardData``,
-  ``tags``), and ``/resolve`` downloads (HEAD + GET, with ``Range``);
+  ``startingPoint``), visibility (a private repository is invisible without a valid token: the
+  Hub answers a request without one 401 "RepoNotFound", for a missing repository as well; with a
+  token, 404), the model card's YAML metadata reported by repo info (``cardData``, ``tags``), and
+  ``/resolve`` downloads (HEAD + GET, with ``Range``);
 - uploads through the legacy LFS protocol (``HF_HUB_DISABLE_XET=1``: batch + basic PUT + verify)
   and through Xet: the Xet token endpoints answer with a ``local://<tmp>/cas`` CAS URL, which
   hf_xet treats as a local folder where it runs its real chunking/dedup/reconstruction. The server
@@ -682,8 +683,17 @@ class _Handler(BaseHTTPRequestHandler):
         repo_id = f"{self.params['ns']}/{self.params['name']}"
         repo = self.hub._repos.get((self._repo_type(), repo_id))
         if repo is None or (repo.private and not self.authed):
-            raise HubError(404, f"Repository {repo_id} not found", "RepoNotFound")
+            raise self._not_found("Repository", repo_id)
         return repo
+
+    def _not_found(self, what: str, name: str) -> HubError:
+        """A repository or bucket this request may not see, as the Hub answers it: to a request
+        without a token, 401 whether it is private or missing (the client cannot tell which, and
+        huggingface_hub raises RepositoryNotFoundError for both, as ``hf download`` reports it); with
+        a valid token, 404."""
+        if self.headers.get("Authorization") is None:
+            return HubError(401, f"{what} not found", "RepoNotFound")
+        return HubError(404, f"{what} {name} not found", "RepoNotFound")
 
     def _commit(self, repo: Repo, rev: str) -> Commit:
         """Resolve a branch name (optionally ``refs/heads/<b>``) or a full commit sha."""
@@ -700,7 +710,7 @@ class _Handler(BaseHTTPRequestHandler):
         bucket_id = f"{self.params['ns']}/{self.params['name']}"
         bucket = self.hub._buckets.get(bucket_id)
         if bucket is None or (bucket.private and not self.authed):
-            raise HubError(404, f"Bucket {bucket_id} not found", "RepoNotFound")
+            raise self._not_found("Bucket", bucket_id)
         return bucket
 
     def _url_prefix(self, repo: Repo) -> str:

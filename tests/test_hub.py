@@ -204,9 +204,13 @@ def test_first_push_creates_a_private_repository_and_says_so(hub, versions, tmp_
     assert any(ev[0] == "warn" and "private" in ev[1] and "--public" in ev[1] for ev in rec.events)
     # the Hub hides it from anyone without a token: an anonymous pull finds nothing
     monkeypatch.delenv("HF_TOKEN")
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError) as e:
         wdiff.pull(URL, tmp_path / "anon")
-    assert any(r.status == 404 and not r.authorized and "/api/models/acme/deltas" in r.path for r in hub.log)
+    # as the Hub answers a request without a token: 401 "RepoNotFound", private or missing alike
+    assert any(r.status == 401 and not r.authorized and "/api/models/acme/deltas" in r.path for r in hub.log)
+    # so the message says it may be private and the hint how to log in (`hf download` says as much)
+    assert "private" in e.value.message and "no Hub token was sent" in e.value.message
+    assert "hf auth login" in e.value.hint and "HF_TOKEN" in e.value.hint
 
     wdiff.push(versions[0], "hf://acme/open", anchor=True, private=False, token=hub.token)
     assert hub.repo("acme/open").private is False

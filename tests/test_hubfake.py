@@ -131,8 +131,16 @@ def test_create_repo_and_repo_info(api, hub):
         api.repo_info(REPO, repo_type="dataset")
     with pytest.raises(RevisionNotFoundError):
         api.repo_info(REPO, revision="no-such-branch")
-    with pytest.raises(RepositoryNotFoundError):  # private repos are invisible without a token
+    with pytest.raises(RepositoryNotFoundError) as e:  # private repos are invisible without a token
         HfApi(endpoint=hub.endpoint, token=False).repo_info("org/data", repo_type="dataset")
+    # as the Hub answers: 401 to a request without a token, private or missing alike; 404 with one
+    assert e.value.response.status_code == 401
+    with pytest.raises(RepositoryNotFoundError) as e:
+        HfApi(endpoint=hub.endpoint, token=False).repo_info("org/missing")
+    assert e.value.response.status_code == 401
+    with pytest.raises(RepositoryNotFoundError) as e:
+        api.repo_info("org/missing")
+    assert e.value.response.status_code == 404
 
 
 def test_commit_then_download_new_and_old_revisions(api, hub, repo, tmp_path):

@@ -9,6 +9,7 @@ import typer
 
 from ..defaults import DEFAULT_LEVEL
 from ..errors import ExitCode, UsageError
+from . import argkinds
 from . import output as o
 from .common import (
     Exclude,
@@ -61,6 +62,7 @@ def diff(
     from ..ops.diff import diff as run_diff
 
     out = _setup(json_mode, quiet, verbose)
+    argkinds.check_diff(a, b)
     res = call(run_diff, options, cli=("stat", "exit_code", "all_"), reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
@@ -122,10 +124,12 @@ def _diff_summary(res) -> str:
 
 def _diff_stat(out: o.Out, res) -> None:
     rows = []
+    # the percentages right-aligned, as git's --stat aligns its counts
+    width = max((len(o.pct(t.fraction)) for t in res.tensors if t.status == "modified"), default=0)
     for t in res.tensors:
         if t.status == "unchanged":
             continue
-        what = f"{o.pct(t.fraction)} changed" if t.status == "modified" else t.status
+        what = f"{o.pct(t.fraction):>{width}} changed" if t.status == "modified" else t.status
         rows.append([o.name(t.name, 70), "|", what])
     for f in res.files:
         rows.append([o.name(f.path, 70), "|", f"file {f.status}"])
@@ -183,6 +187,8 @@ def pack(
         if len(paths) != 2:
             raise UsageError("pack takes two checkpoint directories, A and B (or --anchor B)")
         a, b = paths
+    argkinds.check_diff(*(p for p in (a, b) if p is not None), command="pack")
+    argkinds.check_pack_output(output)
     res = call(run_pack, options, cli=("paths", "anchor", "output", "sign_key"), a=a, b=b, out=output,
                reporter=out.reporter())
     if sign_key is not None:
@@ -198,7 +204,7 @@ def pack(
         f"({res.ratio:,.1f}x smaller{per})"
     )
     out.result(f"  {res.tensors_changed} of {res.tensors} tensors changed, {o.count(res.changed_elements)} elements; "
-               f"{res.files_stored} files stored {_stored_how(res)}")
+               f"{res.files_stored} file{'s' if res.files_stored != 1 else ''} stored {_stored_how(res)}")
     if out.verbose:
         for name, c in res.codecs.items():
             out.result(f"  {name:<7} {c.records:>7} records {o.size(c.bytes):>10}  {o.count(c.changed)} elements")
@@ -244,7 +250,7 @@ def apply(
     from ..ops.apply import apply as run_apply
 
     out = _setup(json_mode, quiet, verbose)
-    _check_apply_order(bundle, base)
+    argkinds.check_apply(bundle, base)
     res = call(run_apply, options, cli=("output",), out=output, reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
@@ -258,18 +264,6 @@ def apply(
     how = "updated in place" if res.in_place else "wrote"
     again = " (finished an interrupted apply)" if res.resumed else ""
     out.result(f"{how} {o.name(res.output)}{again}: {res.files} file{'s' if res.files != 1 else ''} verified, target {res.target_fingerprint.hex()[:16]}")
-
-
-def _check_apply_order(bundle: Path, base: Optional[Path]) -> None:
-    """`apply DIR BUNDLE` (git apply's and patch's order is not wdiff's) is a
-    usage mistake, refused before anything is read or written."""
-    if not bundle.is_dir():
-        return
-    if base is not None and base.is_file():
-        raise UsageError("the arguments are in the wrong order: BUNDLE comes first, then BASE",
-                         hint=f"wdiff apply {o.name(str(base))} {o.name(str(bundle))} ...")
-    raise UsageError(f"{o.name(str(bundle))}: is a directory, not a bundle file",
-                     hint="wdiff apply BUNDLE [BASE] (-o OUT | --in-place): the bundle file comes first")
 
 
 def _stored_how(res) -> str:

@@ -9,8 +9,11 @@ import typer
 
 from ..defaults import DEFAULT_LEVEL, DEFAULT_PART_SIZE
 from ..errors import ExitCode, UsageError
+from . import argkinds
 from . import output as o
 from .common import (
+    Exclude,
+    Include,
     Json,
     Level,
     MaxAge,
@@ -54,6 +57,8 @@ def push(
     anchor_when: Annotated[Optional[float], typer.Option("--anchor-when", metavar="FRACTION", help="With --base: also publish an anchor when catching up from the newest anchor would cost more than FRACTION of its size.", show_default=False)] = None,
     stage: Annotated[Optional[str], typer.Option("--stage", metavar="NAME", help="Store a part of a version (the files --only names) under the remote's stage NAME, not yet visible; `wdiff commit` publishes the parts as one version.", show_default=False)] = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", metavar="PATTERN", help="With --stage: the files this writer holds (a pattern as in .wdiffignore; repeatable).", show_default=False)] = None,
+    exclude: Exclude = None,
+    include: Include = None,
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -91,10 +96,11 @@ def push(
     from ..sync.push import push as run_push
 
     out = _setup(json_mode, quiet, verbose)
+    argkinds.check_push(source, remote, base)
     if stage is not None or only:
-        if stage is None or anchor or fork or label or anchor_every or anchor_when:
+        if stage is None or anchor or fork or label or anchor_every or anchor_when or exclude or include:
             raise UsageError("--only goes with --stage; a staged part takes DIR, --base, --only and --sign only "
-                             "(label the version at wdiff commit)")
+                             "(label the version at wdiff commit; --only names its files)")
         from ..sync.stage import push_part
 
         # (a staged part's version is labelled, published and signed by the commit)
@@ -121,7 +127,7 @@ def push(
 
 #: options of push that a staged part (push --stage) does not take
 _NOT_STAGED = ("anchor", "label", "part_size", "fork", "public", "commit_message", "adopt", "allow_opaque",
-               "anchor_every", "anchor_when")
+               "anchor_every", "anchor_when", "exclude", "include")
 
 
 # -- pull ---------------------------------------------------------------------------------
@@ -173,25 +179,28 @@ def pull(
     from ..sync.pull.inplace import pull as run_pull
 
     out = _setup(json_mode, quiet, verbose)
-    res = call(run_pull, options, max_age=_age_arg(max_age), reporter=out.reporter())
+    argkinds.check_pull(remote, directory)
+    with argkinds.versions_of(remote):
+        res = call(run_pull, options, max_age=_age_arg(max_age), reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return
     for path in res.restored:
         out.warn(f"discarded the local changes to {o.name(path)}")
+    shown = o.name(str(directory))  # as given, as status names it (res.directory is absolute)
     if res.link and not res.up_to_date:
-        out.result(f"switched {o.name(res.link)} to {o.name(res.directory)}: "
+        out.result(f"switched {shown} to {o.name(res.directory)}: "
                    f"{res.before.hex()[:12] if res.before else 'an anchor'} -> {res.after.hex()[:12]} with "
                    f"{len(res.bundles)} bundle{'s' if len(res.bundles) != 1 else ''}, {o.size(res.downloaded)} downloaded")
     elif res.up_to_date:
-        out.result(f"{o.name(res.directory)} is already at {res.after.hex()[:12]}")
+        out.result(f"{shown} is already at {res.after.hex()[:12]}")
     for path in res.removed:  # --atomic: beyond --keep
         out.result(f"removed the old version {o.name(path)}")
     if res.link or res.up_to_date:
         return
     start = "an anchor" if res.from_anchor else res.before.hex()[:12] if res.before else "empty"
     how = "undoing" if res.stepped_back else "with"
-    out.result(f"updated {o.name(res.directory)}: {start} -> {res.after.hex()[:12]} {how} {len(res.bundles)} bundle"
+    out.result(f"updated {shown}: {start} -> {res.after.hex()[:12]} {how} {len(res.bundles)} bundle"
                f"{'s' if len(res.bundles) != 1 else ''}, {o.size(res.downloaded)} downloaded")
 
 
@@ -218,6 +227,7 @@ def log(
     from ..sync.history import log as run_log
 
     out = _setup(json_mode, quiet, verbose)
+    argkinds.check_remote("log", remote)
     res = call(run_log, options, max_age=_age_arg(max_age), reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
@@ -264,7 +274,9 @@ def status(
     from ..sync.history import status as run_status
 
     out = _setup(json_mode, quiet, verbose)
-    res = call(run_status, options, cli=("exit_code",), max_age=_age_arg(max_age), reporter=out.reporter())
+    argkinds.check_status(directory, remote)
+    with argkinds.versions_of(remote):
+        res = call(run_status, options, cli=("exit_code",), max_age=_age_arg(max_age), reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
     elif res.up_to_date:
@@ -336,7 +348,10 @@ def squash(
         from ..sync.push import squash_remote
 
         # (--level: a squash on the remote writes at the default level)
-        res = call(squash_remote, options, cli=("bundles", "output", "overwrite", "level"), reporter=reporter)
+        argkinds.check_remote("squash --remote", remote)
+        argkinds.check_squash((), base)
+        with argkinds.versions_of(remote):
+            res = call(squash_remote, options, cli=("bundles", "output", "overwrite", "level"), reporter=reporter)
         if out.json:
             out.document(res.to_json())
             return
@@ -349,6 +364,8 @@ def squash(
     if start is not None or to is not None:
         raise UsageError("--from and --to go with --remote")
     from ..ops.squash import squash as run_squash
+
+    argkinds.check_squash(bundles, base)
 
     res = call(run_squash, options, cli=("output", "remote", "start", "to", "sign_key"), out=output, reporter=reporter)
     if sign_key is not None:
@@ -405,7 +422,9 @@ def gc(
     from ..sync.gc import gc as run_gc
 
     out = _setup(json_mode, quiet, verbose)
-    res = call(run_gc, options, grace=_grace_arg(grace), reporter=out.reporter())
+    argkinds.check_remote("gc", remote, f" --keep-last {keep_last}")
+    with argkinds.versions_of(remote):
+        res = call(run_gc, options, grace=_grace_arg(grace), reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return
@@ -465,6 +484,7 @@ def commit(
     from ..sync.stage import commit as run_commit
 
     out = _setup(json_mode, quiet, verbose)
+    argkinds.check_remote("commit", remote, f" --stage {argkinds.q(stage)} --expect {expect}")
     res = call(run_commit, options, reporter=out.reporter())
     if out.json:
         out.document(res.to_json())

@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import ExitCode
+from . import argkinds
 from . import output as o
 from .common import (
     Json,
@@ -51,7 +52,9 @@ def verify(
     from ..sync.verify import verify as run_verify
 
     out = _setup(json_mode, quiet, verbose)
-    res = call(run_verify, options, reporter=out.reporter())
+    argkinds.check_verify(directory, bundle, remote)
+    with argkinds.versions_of(remote or "REMOTE"):
+        res = call(run_verify, options, reporter=out.reporter())
     if res.ok:
         if out.json:
             out.document(res.to_json())
@@ -116,6 +119,7 @@ def sign(
     from ..ops.signing import sign_bundle
 
     out = _setup(json_mode, quiet, verbose)
+    argkinds.check_bundle("sign", bundle)
     secret = load_secret(str(key))
     sig = sign_bundle(bundle, secret, reporter=out.reporter(), key_path=key)
     if out.json:
@@ -144,6 +148,7 @@ def info(
     from ..ops.inspect import inspect as run_inspect
 
     out = _setup(json_mode, quiet, verbose)
+    argkinds.check_bundle("info", bundle)
     res = call(run_inspect, options)
     if out.json:
         out.document(res.to_json())

@@ -84,6 +84,17 @@ def chain_digest(raw: bytes) -> str:
     return "blake2b-256:" + hashlib.blake2b(raw, digest_size=32).hexdigest()
 
 
+class NoSuchVersion(NotFoundError):
+    """A version a user named (``--to``, ``--keep``, ``--from``) that the
+    chain does not hold, or none at all when the chain is empty
+    (``empty``). The chain does not know which remote it is read from: the
+    command line names it, and how to list its versions."""
+
+    def __init__(self, message: str, *, empty: bool = False, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.empty = empty
+
+
 @dataclass(frozen=True)
 class Part:
     path: str  # relative to the remote root
@@ -270,7 +281,7 @@ class Chain:
         fingerprint or an unambiguous prefix of at least 4 hex digits."""
         if spec is None or spec.lower() == "head":
             if self.head is None:
-                raise NotFoundError("the remote has no versions yet")
+                raise NoSuchVersion("the remote has no versions yet", empty=True)
             return self.head
         m = _BACK.fullmatch(spec)
         if m and not any(e.label == spec for e in self.entries):
@@ -284,8 +295,8 @@ class Chain:
             if len(hits) == 1:
                 return hits.pop()
             if len(hits) > 1:
-                raise NotFoundError(f"version {printable(spec)} is ambiguous: {len(hits)} versions start with it")
-        raise NotFoundError(f"no version {printable(spec)} on the remote")
+                raise NoSuchVersion(f"version {printable(spec)} is ambiguous: {len(hits)} versions start with it")
+        raise NoSuchVersion(f"no version {printable(spec)} on the remote")
 
     def _back(self, n: int, spec: str) -> bytes:
         """N steps back from the head, each to the parent of the entry that
@@ -297,7 +308,7 @@ class Chain:
         for k in range(n):
             parent = first[v].parent
             if parent is None:
-                raise NotFoundError(f"no version {printable(spec)} on the remote: it begins {k} version(s) before the head")
+                raise NoSuchVersion(f"no version {printable(spec)} on the remote: it begins {k} version(s) before the head")
             v = parent
         return v
 

@@ -26,13 +26,21 @@ from urllib.parse import unquote, urlparse
 from ..errors import UsageError
 from .base import Reader, Upload, Writer
 
-__all__ = ["Reader", "Upload", "Writer", "open_remote", "parse_remote", "suggest"]
+__all__ = ["Reader", "Upload", "Writer", "missing_remote", "near_url", "open_remote", "parse_remote", "suggest"]
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+#: schemes a remote URL is written with, when a user drops a slash or two
+_NEAR = re.compile(r"(hf|s3|s3a|gs|gcs|az|abfs|abfss)(?::/?|//)(?!/)(.+)", re.I | re.S)
+#: the Hub's web address of a repository, pasted from a browser
+_WEB = re.compile(r"(?:https?:/{1,2})?(?:www\.)?(?:huggingface\.co|hf\.co)/(?:(datasets|buckets)/)?"
+                  rf"({_NAME}/{_NAME})(?:/tree/([^/]+))?/*", re.I)
 
 
 def parse_remote(url: str) -> dict:
     """Split a remote URL into its parts; raises UsageError if unsupported."""
+    web = _WEB.fullmatch(url) if "://" in url else None
+    if web:
+        raise UsageError(f"{url} is the repository's web page, not a remote", hint=f"did you mean {near_url(url)}?")
     if url.startswith("hf://"):
         rest = url[len("hf://"):]
         kind = "model"
@@ -63,12 +71,45 @@ def parse_remote(url: str) -> dict:
     return {"kind": "local", "path": url}
 
 
+def near_url(text: str | os.PathLike) -> str | None:
+    """The remote URL that ``text`` was most likely meant to be, when it is
+    not one: ``hf:/ORG/NAME`` or ``hf:ORG/NAME`` (one slash or none, which
+    is what a path type keeps of ``hf://``: these read as local paths), or
+    a Hub web address (``https://huggingface.co/ORG/NAME``); else None."""
+    text = os.fspath(text)
+    web = _WEB.fullmatch(text)
+    if web:
+        kind, repo, rev = web.groups()
+        kind = kind.lower() if kind else None
+        return f"hf://{kind + '/' if kind else ''}{repo}{'@' + rev if rev and kind != 'buckets' else ''}"
+    m = _NEAR.fullmatch(text)
+    if m and "://" not in text:
+        return f"{m.group(1).lower()}://{m.group(2)}"
+    return None
+
+
+def missing_remote(store):
+    """The NotFoundError for a remote of which ``store.read_chain()`` found
+    no trace, with what the store can say about why (a Hub repository read
+    without a token may be a private one: the Hub does not say which) and
+    the next step."""
+    from ..errors import NotFoundError
+
+    said = store.why_absent()
+    if said is not None:
+        return NotFoundError(said[0], hint=said[1])
+    return NotFoundError(f"{store.url}: no such remote", hint=suggest(store.url))
+
+
 def suggest(url: str | os.PathLike) -> str | None:
     """A hint for a remote that was not found: ``you/model`` is read as a
     relative directory, but was most likely meant as a Hub repository."""
     url = os.fspath(url)
     if "://" in url or os.path.isabs(url) or os.path.lexists(url):
         return None
+    fixed = near_url(url)
+    if fixed is not None:
+        return f"did you mean {fixed}? A remote without a scheme is a local directory"
     if re.fullmatch(rf"{_NAME}/{_NAME}(?:@[^/]+)?", url) and not url.startswith("."):
         return f"did you mean hf://{url}? A remote without a scheme is a local directory"
     return None
@@ -93,6 +134,12 @@ def open_remote(url: str | os.PathLike, *, token: str | None = None, private: bo
     spec = parse_remote(url)
     if spec["kind"] == "local":
         from .local import LocalStore
+
+        fixed = near_url(url)
+        if fixed is not None and not os.path.lexists(spec["path"]):
+            # hf:/org/name would become a local folder "hf:" (a push creates it)
+            raise UsageError(f"{url} is not a remote URL: it would be read as a local path",
+                             hint=f"did you mean {fixed}?")
 
         return LocalStore(spec["path"], url)
     if spec["kind"] == "objstore":

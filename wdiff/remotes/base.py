@@ -74,6 +74,13 @@ class Reader(ABC):
         raises NotImplementedError, and the caller fetches whole objects."""
         raise NotImplementedError
 
+    def why_absent(self) -> tuple[str, str | None] | None:
+        """When :meth:`read_chain` found no remote at all: what this store
+        can say about why, as (message, next step), or None for the plain
+        "no such remote". A store that cannot tell a missing remote from
+        one it may not read without credentials says so."""
+        return None
+
     @abstractmethod
     def list(self, prefix: str = "") -> list[tuple[str, int]]:
         """(path relative to the remote root, size) of every object under

@@ -8,12 +8,12 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from ..errors import IntegrityError, NotFoundError, UsageError
+from ..errors import IntegrityError, UsageError
 from ..format.bundle import BundleReader
 from ..format.chain import Chain, Entry
 from ..fsutil import io_error
 from ..progress import SILENT, Reporter
-from ..remotes import suggest
+from ..remotes import missing_remote
 from ..statedir import StateDir
 from ..store.hashing import hexd, range_digest
 from . import trust
@@ -48,7 +48,7 @@ def read_verified(store, keys: list | None, *, max_age: float | None = None, rec
                          hint="give --trusted-key or set WDIFF_TRUSTED_KEYS")
     raw, token = store.read_chain()
     if raw is None and token is None:
-        raise NotFoundError(f"{store.url}: no such remote", hint=suggest(store.url))
+        raise missing_remote(store)
     if not keys:
         return ReadChain(Chain.decode(raw, where=store.url), raw, None)
     if raw is None:

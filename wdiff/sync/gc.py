@@ -40,7 +40,7 @@ from ..format.chain import GC_FOLDERS, Chain, Entry, Garbage
 from ..fsutil import scratch_dir
 from ..paths import PathLike
 from ..progress import SILENT, Reporter
-from ..remotes import open_remote
+from ..remotes import missing_remote, open_remote
 from ..store.hashing import hexd, short
 from . import trust
 from .fetch import download
@@ -201,7 +201,7 @@ def gc(
     store = open_remote(remote, token=token)
     raw, tok = store.read_chain()
     if raw is None:
-        raise NotFoundError(f"{store.url}: no chain on this remote" if tok is not None else f"{store.url}: no such remote")
+        raise NotFoundError(f"{store.url}: no chain on this remote") if tok is not None else missing_remote(store)
     chain = Chain.decode(raw, where=store.url)
     records = trust.places(None)
     if key is not None or not dry_run:  # a dry run changes nothing: it needs no key

@@ -83,6 +83,8 @@ def push(
     threads: int | None = None,
     anchor_every: int | None = None,
     anchor_when: float | None = None,
+    exclude: tuple[str, ...] | list[str] = (),
+    include: tuple[str, ...] | list[str] = (),
     reporter: Reporter = SILENT,
 ) -> PushResult:
     """Publish ``source`` on ``remote`` as the new head of its chain.
@@ -104,6 +106,10 @@ def push(
     default branch), and a model card when the repository has none.
     ``token`` is handed to huggingface_hub (default: ``HF_TOKEN`` or the
     stored login); ``commit_message`` replaces wdiff's own.
+
+    ``exclude`` and ``include``: which files of a checkpoint directory are
+    packed, as :func:`~wdiff.ops.pack.pack` takes them (trainer state is
+    left out unless included).
 
     Anchor policy, for a checkpoint directory pushed with ``base``: the push
     also publishes an anchor of the same version, in the same chain write,
@@ -128,11 +134,13 @@ def push(
         fd, tmp = tempfile.mkstemp(prefix=".wdiff-push-", suffix=".wdb", dir=parent_dir)
         os.close(fd)
         try:
-            pack(None if anchor else base, source, tmp, level=level, threads=threads, reporter=reporter, overwrite=True)
+            rules = {"exclude": exclude, "include": include}
+            pack(None if anchor else base, source, tmp, level=level, threads=threads, reporter=reporter, overwrite=True,
+                 **rules)
             also = None
             if policy is not None:
                 also = (policy, lambda out: pack(None, source, out, level=level, threads=threads, reporter=reporter,
-                                                 overwrite=True))
+                                                 overwrite=True, **rules))
             return push_bundle(tmp, remote, label=label, part_size=part_size, fork=fork, sign_key=sign_key,
                                 adopt=adopt, reporter=reporter, token=token, private=private,
                                 commit_message=commit_message, also_anchor=also)
@@ -140,8 +148,9 @@ def push(
             for p in (tmp, tmp + signing.SUFFIX, tmp + ".anchor.wdb", tmp + ".anchor.wdb" + signing.SUFFIX):
                 if os.path.exists(p):
                     os.unlink(p)
-    if base is not None or anchor:
-        raise UsageError("--base and --anchor apply to a checkpoint directory, not to a bundle file")
+    if base is not None or anchor or exclude or include:
+        raise UsageError("--base, --anchor, --exclude and --include apply to a checkpoint directory, "
+                         "not to a bundle file (its files were chosen when it was packed)")
     return push_bundle(source, remote, label=label, part_size=part_size, fork=fork, sign_key=sign_key,
                         adopt=adopt, reporter=reporter, token=token, private=private, commit_message=commit_message)
 

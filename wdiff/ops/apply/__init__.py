@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from ...errors import UsageError
+from ...errors import BaseMismatchError, UsageError
 from ...format import signature as signing
 from ...format.bundle import BundleReader
 from ...parallel import default_threads
@@ -17,6 +17,7 @@ from ..signing import open_signed_bundle
 from .copy import apply_copy
 from .inplace import apply_in_place
 from .result import ApplyResult
+from .wrongbase import explain
 
 __all__ = ["ApplyResult", "apply"]
 
@@ -63,6 +64,11 @@ def apply(
     try:
         return _apply(bundle, base, out, in_place=in_place, abort=abort, threads=threads, reporter=reporter,
                       rules=rules)
+    except BaseMismatchError as e:
+        if abort:
+            raise
+        # what the base is instead, and the next step (wrongbase.py)
+        raise explain(e, bundle, base, None if in_place else out, rules=rules, threads=threads) from None
     finally:
         if isinstance(bundle, BundleReader):
             bundle.close()

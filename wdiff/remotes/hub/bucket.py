@@ -19,6 +19,7 @@ from .transfer import (
     _refuse_large_chain,
     _routed_xet_upload_progress,
     _Staging,
+    absent,
     hub_errors,
 )
 
@@ -32,6 +33,7 @@ class BucketStore(Writer):
         self.bucket_id = bucket_id
         self.prefix = prefix
         self.private = private
+        self._token = token  # None: huggingface_hub's own (HF_TOKEN, stored login)
         self.api = HfApi(token=token)
 
     def _remote(self, path: str) -> str:
@@ -49,6 +51,9 @@ class BucketStore(Writer):
             return None
         back = {self._remote(p): p for p in paths}
         return {back[i.path]: i.size for i in infos if i.path in back and getattr(i, "size", None) is not None}
+
+    def why_absent(self) -> tuple[str, str]:
+        return absent(self.url, "bucket", self._token)
 
     def read_chain(self) -> tuple[bytes | None, object]:
         have = self._exists([CHAIN])

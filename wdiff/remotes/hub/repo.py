@@ -22,6 +22,7 @@ from .transfer import (
     _routed_xet_upload_progress,
     _Slice,
     _Staging,
+    absent,
     hub_errors,
 )
 
@@ -103,6 +104,9 @@ class RepoStore(Writer):
         self._fresh = raw is None
         self._raw = raw
         return raw, sha
+
+    def why_absent(self) -> tuple[str, str]:
+        return absent(self.url, "dataset repository" if self.repo_type == "dataset" else "repository", self._token)
 
     def _download_chain(self, sha: str) -> bytes | None:
         """The chain at commit ``sha`` (None when there is none there), in

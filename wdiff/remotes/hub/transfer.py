@@ -46,6 +46,24 @@ def hub_errors(url: str, what: str):
         raise RemoteError(f"{url}: {what}: {type(e).__name__}: {_short(e)}", hint="check the network; try again") from None
 
 
+def absent(url: str, what: str, token: str | None) -> tuple[str, str]:
+    """Why a Hub repository or bucket reads as absent, and the next step.
+    Asked without a token, the Hub answers a private repository exactly as
+    a missing one (HTTP 401, "Repository not found"), so a message that
+    said "no such remote" would send the owner of a private repository
+    (what a first push makes) looking for a typo; ``hf download`` says the
+    same. With a token, one that cannot read it gets a 404 too."""
+    from huggingface_hub.utils import build_hf_headers
+
+    sent = any(k.lower() == "authorization" for k in build_hf_headers(token=token))
+    if not sent:
+        return (f"{url}: no such {what}, or a private one: no Hub token was sent",
+                "if it is private (a first push makes it so), log in with `hf auth login` or set HF_TOKEN; "
+                "else check the name")
+    return (f"{url}: no such {what}, or one this token cannot read",
+            "check the name, and that the token (HF_TOKEN or `hf auth login`) belongs to an account that can read it")
+
+
 def _not_found() -> tuple:
     from huggingface_hub import errors as he
 
