@@ -283,6 +283,18 @@ def check_shard(header: Header, names: list[str], checksum: str, *, where: str) 
     return out
 
 
+def looks_like_delta(headers: list[Header]) -> bool:
+    """Whether tensor files are a delta's shards (every tensor U8 of shape
+    [len], each with a checksum in the metadata) rather than a checkpoint:
+    what a delta folder whose index is missing (or not written yet) looks
+    like, which the layout's own rule would take for a full version."""
+    tensors = [(h, t) for h in headers for t in h.tensors]
+    return bool(tensors) and all(
+        t.dtype == "U8" and t.shape == (t.nbytes,)
+        and any(f.fullmatch(str((h.metadata or {}).get(t.name.rsplit("/", 1)[-1], ""))) for f in _FORMS.values())
+        for h, t in tensors)
+
+
 # -- the export's ledger -----------------------------------------------------------------
 
 

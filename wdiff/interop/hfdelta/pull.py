@@ -25,12 +25,13 @@ import contextlib
 import os
 from dataclasses import dataclass
 
-from ...errors import BaseMismatchError, BusyError, LocalChangesError, UsageError
+from ...errors import BaseMismatchError, BusyError, FormatError, LocalChangesError, UsageError
 from ...format.bundle import BundleReader
 from ...format.journal import Txn
 from ...fsutil import (beside_lock_path, check_output, clear_dead_temps, fsync_dir, io_error, locked_beside,
                        remove_tree, temp_name)
 from ...ops.apply.inplace import TrustedBase, apply_in_place
+from ...ops.loadable import problems
 from ...ops.memsource import pack_memory
 from ...ops.pack import pack_pair
 from ...ops.pair import Pair
@@ -48,6 +49,7 @@ from ...store.hashing import hexd
 from ...store.ignore import DEFAULT_RULES
 from . import held as held_file
 from .held import Held
+from .layout import looks_like_delta
 from .reader import Source, SourceVersion, Step
 from .replay import Delta, InPlace, Overlay, Staged, replay
 from .writer import fsync_tree
@@ -170,6 +172,14 @@ def _seed(src: Source, run: list[Step], root: str, work: str, reporter: Reporter
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         got += src.fetch(full, rel, dest)
     ckpt = scan(root)
+    if looks_like_delta([f.header for f in ckpt.files if f.header is not None]):
+        raise FormatError(f"{printable(src.url)}: {full.dirname} has no index and holds only a delta's shards (U8 "
+                          "frames with checksums): a delta whose index is missing or not written yet, not a full "
+                          "version; nothing was changed")
+    broken = problems(ckpt)  # a part of a version is never taken for the whole
+    if broken:
+        raise FormatError(f"{printable(src.url)}: {full.dirname} is not a whole checkpoint: {'; '.join(broken[:5])}; "
+                          "nothing was changed")
     into = InPlace()
     got += _replay_run(src, run[1:], ckpt, into, work, full.key, reporter)
     into.sync()

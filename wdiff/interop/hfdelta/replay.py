@@ -38,6 +38,18 @@ def _region(path: str, offset: int, n: int) -> np.ndarray:
         raise io_error(path, e) from None
 
 
+def fresh_file(path: str, flags: int) -> int:
+    """A new, empty private file at ``path``: whatever was there (a link, a
+    hard link to a file elsewhere, a file of a killed run) is removed first,
+    never written through."""
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise io_error(path, e) from None
+
+
 def checksum_of(fmt: str, region: np.ndarray) -> str:
     h = hasher(fmt)
     for off in range(0, len(region), CHUNK):
@@ -51,10 +63,7 @@ class Staged:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        try:
-            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as e:
-            raise io_error(path, e) from None
+        self.fd = fresh_file(path, os.O_RDWR)
         self.size = 0
         self.at: dict[str, tuple[int, int]] = {}  # name -> (offset in the stage file, nbytes)
 

@@ -35,6 +35,7 @@ from ...store.checkpoint import KIND_TENSORS, Checkpoint, FileEntry, read_into
 from ...store.header import TensorInfo
 from ...store.record import Record
 from .frames import CHUNK, pread_exact
+from .replay import fresh_file
 from .layout import (INDEX, LEDGER, LEDGER_DIR, MAX_POSITION, DeltaIndex, Ledger, encode_index, shard_header,
                      shard_name)
 
@@ -159,7 +160,7 @@ def encode(changed: list[Changed], encoding: str, spool: str) -> list[tuple[int,
     (offset, length) of each, in ``changed``'s order."""
     spans = []
     try:
-        with open(spool, "wb") as out:
+        with os.fdopen(fresh_file(spool, os.O_WRONLY), "wb") as out:
             for c in changed:
                 start = out.tell()
                 _frame(c, encoding, out)
