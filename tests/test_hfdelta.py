@@ -263,3 +263,24 @@ def test_pull_follows_opaque_version_names(tmp_path):
     assert load_full(str(tmp_path / "D")) == c
     wd("pull", S, tmp_path / "D", "--layout", "hf-delta", "--to", "step-b1", "-q")
     assert load_full(str(tmp_path / "D")) == b
+
+
+def test_export_keeps_the_smaller_encoding_of_a_very_sparse_step(tmp_path):
+    from hfdelta_ref import encode
+
+    rng = np.random.default_rng(3)
+    a = {"w": rand(rng, "BF16", (512, 512)), "v": rand(rng, "BF16", (512, 512))}
+    b = dict(a)
+    raw = bytearray(a["w"].data)
+    for i in (10, 9000, 300000):
+        raw[i] ^= 1
+    b["w"] = type(a["w"])(a["w"].dtype, a["w"].shape, bytes(raw))
+    A, B = write_ckpt(tmp_path / "A", a), write_ckpt(tmp_path / "B", b)
+    push_all(tmp_path / "R", [A, B])
+    doc = json.loads(wd("export", tmp_path / "R", tmp_path / "OUT", "--json").stdout)
+    chosen = doc["written"][1]["encoding"]
+    sizes = {enc: len(encode(enc, a["w"].data, b["w"].data)) for enc in ("xor", "overwrite")}
+    assert sizes[chosen] == min(sizes.values()), (chosen, sizes)
+    rx = Receiver(str(tmp_path / "OUT"), str(tmp_path / "engine"))
+    rx.pull()
+    assert rx.tensors == ckpt_tensors(B)
