@@ -91,10 +91,10 @@ def history(chain: Chain, goal: bytes) -> list[bytes]:
     for e in chain.entries:
         first.setdefault(e.version, e)
     out, v = [goal], goal
-    while first[v].parent is not None:
+    while first[v].parent is not None and first[v].parent in first:  # (a gc may have dropped what came before)
         v = first[v].parent
-        if v in out or v not in first:
-            raise FormatError(f"the chain's history from {short(goal)} is not a line back to an anchor")
+        if v in out:
+            raise FormatError(f"the chain's history from {short(goal)} goes round in a loop")
         out.append(v)
     out.reverse()
     return out
@@ -200,7 +200,7 @@ def _run(remote: str, output, todo: list[bytes], last: bytes | None, before: int
         rb = _record(target)
         B = _scanned(target, rb)
         ledger = Ledger(version_text(n), fp, prev)
-        with output.staging(n) as folder:
+        with output.staging(n, w) as folder:
             if prev is None:
                 done = _full(output, n, folder, B, rb, Ledger(version_text(n), fp, None), threads)
             else:

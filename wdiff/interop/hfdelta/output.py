@@ -27,11 +27,11 @@ import json
 import os
 import re
 import secrets
+import shutil
 import stat
-import tempfile
 
 from ...errors import FormatError, IntegrityError, UsageError
-from ...fsutil import clear_dead_temps_at, io_error, open_regular_at, owner_tag
+from ...fsutil import clear_dead_temps_at, io_error, open_regular_at, owner_tag, scratch_dir
 from ...paths import printable
 from ...remotes import Upload, open_remote, parse_remote
 from ...statedir import StateDir
@@ -134,7 +134,7 @@ class LocalOutput:
         return Ledger.decode(raw, where=where)
 
     @contextlib.contextmanager
-    def staging(self, n: int):
+    def staging(self, n: int, work: str):
         """A new, empty folder for version ``n``, beside its final name."""
         name = f".{dir_name(n)}.wdiff-tmp-{owner_tag()}-{secrets.token_hex(4)}"
         try:
@@ -145,8 +145,6 @@ class LocalOutput:
         try:
             yield path
         finally:
-            import shutil
-
             with contextlib.suppress(FileNotFoundError):
                 shutil.rmtree(name, dir_fd=self.fd)
 
@@ -214,7 +212,7 @@ class StoreOutput:
     def _read(self, path: str, limit: int) -> bytes:
         from ...errors import NotFoundError
 
-        with tempfile.TemporaryDirectory(prefix="wdiff-export-") as t:
+        with scratch_dir("hfdelta") as t:
             dest = os.path.join(t, "x")
             try:
                 self.store.fetch(path, dest, max_size=limit)
@@ -232,9 +230,15 @@ class StoreOutput:
         return Ledger.decode(raw, where=f"{self.url}: {path}")
 
     @contextlib.contextmanager
-    def staging(self, n: int):
-        with tempfile.TemporaryDirectory(prefix=f"wdiff-export-{dir_name(n)}-") as t:
-            yield t
+    def staging(self, n: int, work: str):
+        """A new, empty folder for version ``n`` in the export's work folder."""
+        path = os.path.join(work, f"stage-{dir_name(n)}")
+        shutil.rmtree(path, ignore_errors=True)  # a killed export's
+        os.mkdir(path, 0o700)
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
 
     def commit(self, n: int, folder: str, files: list[str], sources: dict[str, str] | None = None) -> None:
         """Upload the checked version: ``files`` (relative paths, in order;

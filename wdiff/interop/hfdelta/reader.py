@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 
 from ...errors import BaseMismatchError, FormatError, IntegrityError, NotFoundError, UsageError
+from ...fsutil import scratch_dir
 from ...paths import printable, validate_relpath
 from ...remotes import open_remote, parse_remote
 from ...store.checkpoint import MAX_FILES, read_header
@@ -52,7 +53,7 @@ class Source:
         if spec["kind"] not in ("local", "objstore"):
             raise UsageError(f"{printable(url)}: --layout hf-delta reads a directory or an object store "
                              "(s3://, gs://, az://, ...)", hint="download the repository first, or use s3://")
-        self.url = os.path.abspath(spec["path"]) if spec["kind"] == "local" else url
+        self.url = os.path.abspath(spec["path"]) if spec["kind"] == "local" else url.rstrip("/")
         self.store = open_remote(url, token=token)
         self.versions = self._list()
         self.numbered = any(v.number is not None for v in self.versions.values())
@@ -175,9 +176,7 @@ class Source:
     # -- files -------------------------------------------------------------------------
 
     def read_small(self, path: str, limit: int) -> bytes:
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="wdiff-hfdelta-") as t:
+        with scratch_dir("hfdelta") as t:  # a killed run's is removed by the next
             dest = os.path.join(t, "x")
             self.store.fetch(path, dest, max_size=limit)
             with open(dest, "rb") as f:
