@@ -284,3 +284,52 @@ def test_export_keeps_the_smaller_encoding_of_a_very_sparse_step(tmp_path):
     rx = Receiver(str(tmp_path / "OUT"), str(tmp_path / "engine"))
     rx.pull()
     assert rx.tensors == ckpt_tensors(B)
+
+
+def test_killed_at_any_moment_an_export_leaves_whole_versions_only(tmp_path):
+    """SIGKILL at moments drawn over an uninterrupted export: OUT holds
+    only whole versions (each replays exactly), the next export continues
+    and leaves no temporary in OUT nor in the temporary directory."""
+    import random
+    import signal
+    import time
+
+    rng = np.random.default_rng(11)
+    t = {f"layer.{i}.w": rand(rng, "BF16", (512, 1024)) for i in range(6)}
+    dirs = []
+    for i in range(4):
+        dirs.append(write_ckpt(tmp_path / f"v{i}", t, shards=2))
+        t = {k: mutate(v, 0.02, rng) for k, v in t.items()}
+    R = tmp_path / "R"
+    push_all(R, dirs)
+    tmp = tmp_path / "tmp"
+    os.makedirs(tmp)
+    env = dict(os.environ, TMPDIR=str(tmp), NO_COLOR="1", WDIFF_THREADS="2")
+    t0 = time.monotonic()
+    wd("export", R, tmp_path / "probe", "-q", env=env)
+    took = time.monotonic() - t0
+    OUT = tmp_path / "OUT"
+    pick = random.Random(32)
+    seen = set()
+    for _ in range(6):
+        p = subprocess.Popen([*WD, "export", str(R), str(OUT), "-q"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        try:
+            p.wait(timeout=pick.uniform(0.1, 1.0) * took)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        if not OUT.exists():
+            continue
+        held = sorted(n for n in os.listdir(OUT) if n.startswith("weight_v"))
+        assert held == [f"weight_v{i:06d}" for i in range(len(held))]
+        seen.add(len(held))
+        rx = Receiver(str(OUT), str(tmp_path / "engine"))
+        for i in range(len(held)):
+            rx.pull(i)
+            assert rx.tensors == ckpt_tensors(dirs[i])
+    assert seen & {1, 2, 3}, seen  # some kills landed between two versions
+    wd("export", R, OUT, "-q", env=env)
+    assert sorted(os.listdir(OUT)) == [".wdiff"] + [f"weight_v{i:06d}" for i in range(4)]
+    assert tree(OUT) == tree(tmp_path / "probe")
+    assert os.listdir(tmp) == []
