@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from dataclasses import dataclass
 
-from ...errors import BaseMismatchError, FormatError, UsageError
+from ...errors import BaseMismatchError, FormatError, IntegrityError, UsageError
 from ...format import signature as signing
 from ...format.chain import Chain
-from ...fsutil import check_output, scratch_dir
+from ...fsutil import check_output, io_error, scratch_dir, temp_name
 from ...ops import trust
 from ...ops.fetch import read_verified
 from ...ops.places import refuse_checkpoint_as_remote
@@ -37,7 +38,7 @@ from ...paths import printable
 from ...progress import SILENT, Reporter
 from ...remotes import open_remote, parse_remote
 from ...statedir import StateDir
-from ...store import record
+from ...store import manifest, record
 from ...store.checkpoint import Checkpoint, scan
 from ...store.hashing import hexd, short
 from ...store.ignore import DEFAULT_RULES
@@ -189,6 +190,10 @@ def _scanned(directory: str, rec: record.Record) -> Checkpoint:
 
 def _run(remote: str, output, todo: list[bytes], last: bytes | None, before: int, w: str, opts: dict,
          written: list, threads: int, reporter: Reporter) -> None:
+    """``a`` holds the version before (the base of the next delta), ``b``
+    is pulled one version ahead of it; once a version is written, ``a``
+    takes ``b``'s changed files (checked against the chain's digests), so
+    every pull is one bundle, never a squash of two."""
     a, b = os.path.join(w, "a"), os.path.join(w, "b")
     n = before
     prev = last
@@ -206,11 +211,42 @@ def _run(remote: str, output, todo: list[bytes], last: bytes | None, before: int
             else:
                 ra = _record(a)
                 done = _delta(output, n, folder, _scanned(a, ra), B, ra, rb, ledger, w, threads)
+                _advance(a, b, ra, rb, threads)
         written.append(done)
-        if prev is not None:
-            a, b = b, a
         prev = fp
         n += 1
+
+
+def _advance(a: str, b: str, ra: record.Record, rb: record.Record, threads: int) -> None:
+    """Bring ``a`` (at ``ra``) to ``b``'s version (``rb``) by copying the
+    files that differ; those copies are hashed and must have ``rb``'s
+    digests (the files that did not change were checked when ``a`` got
+    them), and ``a``'s record says ``rb`` only then."""
+    old = {r.path: (r.kind, r.size, r.digest) for r in ra.files}
+    changed = {r.path for r in rb.files if old.get(r.path) != (r.kind, r.size, r.digest)}
+    with StateDir.open(a) as state:
+        record.forget(state)  # between two versions until the copies are checked
+        for path in sorted(changed):
+            dest = os.path.join(a, path)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            tmp = temp_name(dest)
+            try:
+                shutil.copyfile(os.path.join(b, path), tmp)
+                os.replace(tmp, dest)
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise io_error(dest, e) from None
+        for path in sorted(ra.paths - rb.paths):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(a, path))
+        ckpt = _scanned(a, rb)
+        sub = Checkpoint(root=ckpt.root, files=tuple(f for f in ckpt.files if f.path in changed))
+        got = {f.path: (f.kind, f.size, f.digest) for f in manifest.compute(sub, threads=threads).files}
+        want = {r.path: (r.kind, r.size, r.digest) for r in rb.files if r.path in changed}
+        if got != want or [f.path for f in ckpt.files] != [r.path for r in rb.files]:
+            raise IntegrityError(f"{a}: the copy of {b}'s changed files is not its version (a disk error?)")
+        record.write(state, rb)
 
 
 def _full(output, n: int, folder: str, B: Checkpoint, rb: record.Record, ledger: Ledger, threads: int) -> Exported:
