@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 import pytest
+import safetensors.numpy
 import xxhash
 import zstandard
 from factory import mutate, rand, tree, write_ckpt
@@ -138,6 +139,9 @@ def test_deltas_list_exactly_what_changed_as_the_strictest_reader_reads_them(tmp
             assert shard.startswith("model-") and shard.endswith(".safetensors")
             entries, sums = st_read((d / shard).read_bytes())
             assert set(entries) == {k for k, s in ix["weight_map"].items() if s == shard}
+            lib = safetensors.numpy.load_file(d / shard)  # the reference library reads it too
+            assert {k: v.tobytes() for k, v in lib.items()} == {k: e[2] for k, e in entries.items()}
+            assert all(v.dtype == np.uint8 and v.ndim == 1 for v in lib.values())
             for name, (dtype, shape, blob) in entries.items():
                 assert dtype == "U8" and shape == (len(blob),)
                 params = zstandard.get_frame_parameters(blob)
