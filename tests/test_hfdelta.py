@@ -337,3 +337,45 @@ def test_killed_at_any_moment_an_export_leaves_whole_versions_only(tmp_path):
         assert tree(OUT) == tree(tmp_path / "probe")
     assert seen & {1, 2, 3}, seen  # some kills landed between two versions
     assert os.listdir(tmp) == []
+
+
+def test_an_output_wdiff_did_not_write_is_refused(tmp_path, versions):
+    """OUT is input: its folders, links and ledgers steer the numbering only
+    once they check out; each planted one is refused and nothing written."""
+    R, OUT = tmp_path / "R", tmp_path / "OUT"
+    push_all(R, versions[:3])
+    wd("export", R, OUT, "--to", "HEAD~1", "-q")
+    base = snapshot(OUT)
+
+    def refused(code: int, why: str) -> None:
+        before = snapshot(OUT)
+        r = wd("export", R, OUT, check=False)
+        assert r.returncode == code and why in r.stderr, (r.returncode, r.stderr)
+        assert snapshot(OUT) == before
+
+    ledger = OUT / "weight_v000001" / ".wdiff" / "export.json"
+    good = ledger.read_bytes()
+    ledger.write_bytes(good.replace(b'"000001"', b'"x"'))
+    refused(4, "not a number")
+    doc = json.loads(good)
+    doc["fingerprint"] = "0" * 32
+    ledger.write_bytes(json.dumps(doc).encode())
+    refused(5, "another history")
+    ledger.write_bytes(good)
+    os.symlink(OUT / "weight_v000001", OUT / "weight_v000002")
+    refused(4, "not a folder")
+    os.unlink(OUT / "weight_v000002")
+    os.makedirs(OUT / "weight_v000003")
+    refused(4, "weight_v000002 is missing")
+    os.rmdir(OUT / "weight_v000003")
+    os.rename(ledger, tmp_path / "moved")
+    os.symlink(tmp_path / "moved", ledger)
+    refused(4, "a symbolic link")
+    os.unlink(ledger)
+    os.rename(tmp_path / "moved", ledger)
+    assert snapshot(OUT) == base
+    wd("export", R, OUT, "-q")
+    assert sorted(os.listdir(OUT)) == [".wdiff", "weight_v000000", "weight_v000001", "weight_v000002"]
+    # a refused first export leaves no OUT behind
+    assert wd("export", tmp_path / "R-empty-missing", tmp_path / "NEW", check=False).returncode == 3
+    assert not (tmp_path / "NEW").exists()

@@ -72,11 +72,13 @@ class LocalOutput:
         self.path = os.path.abspath(path)
         self.url = self.path
         self.fd = -1
+        self._made = False
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> LocalOutput:
         if os.path.lexists(self.path) and not os.path.isdir(self.path):
             raise UsageError(f"{self.path}: exists and is not a directory")
+        self._made = not os.path.lexists(self.path)
         try:
             os.makedirs(self.path, exist_ok=True)
             self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -99,6 +101,11 @@ class LocalOutput:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if self._made and exc and exc[0] is not None:  # a refused export leaves no OUT it made
+            with contextlib.suppress(OSError):
+                if os.listdir(self.path) == [".wdiff"] and os.listdir(os.path.join(self.path, ".wdiff")) in (
+                        [], ["export.lock"]):
+                    shutil.rmtree(self.path)
 
     def count(self) -> int:
         """How many versions OUT holds (numbered 0 to count - 1)."""
