@@ -371,3 +371,18 @@ def test_killed_at_any_moment_a_pull_leaves_the_old_version_or_the_new(tmp_path)
         assert sorted(os.listdir(D / ".wdiff")) == ["hfdelta.json", "lock", "state.json"]
         assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
     assert len(outcomes) >= 2, outcomes
+
+
+def test_part_of_a_full_version_is_never_taken_for_the_whole(tmp_path):
+    """A full version whose index names a shard that is not there (an upload
+    under way, a lost file) is refused (4); nothing is created."""
+    from factory import write_ckpt
+
+    rng = np.random.default_rng(4)
+    S = tmp_path / "S"
+    write_ckpt(S / "weight_v000000", {f"w{i}": rand(rng, "F32", (16, 16)) for i in range(4)}, shards=2,
+               companions={"config.json": b"{}"})
+    os.unlink(S / "weight_v000000" / "model-00002-of-00002.safetensors")
+    r = wd("pull", S, tmp_path / "D", "--layout", "hf-delta", check=False)
+    assert r.returncode == 4 and "not a whole checkpoint" in r.stderr, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["S"]

@@ -42,8 +42,8 @@ def export(
     removed or reshaped, another config). Each version is built from
     checkpoints that wdiff's own pull verified, read back once written, and
     checked against the chain's digests before it becomes visible: in a
-    directory it is renamed into place whole; in an object store its index,
-    then its ledger (.wdiff/export.json), is written last. Run it again (from
+    directory it is renamed into place whole; in an object store a delta's
+    index, then the ledger (.wdiff/export.json), goes up last. Run it again (from
     cron, after each push) and it adds the new versions and never rewrites
     one; an OUT whose last version is not on the chain's history is refused
     (status 5). Readers of the layout get no base digest, no signature and

@@ -152,7 +152,7 @@ def _todo(chain: Chain, line: list[bytes], output, before: int, start: str | Non
                 raise UsageError(f"--from {printable(start, 80)} is not on the history of {short(goal)}")
             first = line.index(s)
         return line[first:], None
-    last = output.ledger(before - 1).fingerprint
+    last = output.ledger(before - 1).fingerprint  # (each ledger names its own folder's number)
     if start is not None and chain.resolve(start) != output.ledger(0).fingerprint:
         raise UsageError(f"{output.url} holds versions already: --from only chooses the first one exported",
                          hint="drop --from, or export into a new output")
@@ -259,7 +259,11 @@ def _full(output, n: int, folder: str, B: Checkpoint, rb: record.Record, ledger:
         os.makedirs(os.path.join(folder, LEDGER_DIR))
         with open(os.path.join(folder, LEDGER), "wb") as f:
             f.write(ledger.encode())
-        order = sorted(B.files, key=lambda f: (f.path == INDEX, f.path))
+        # a full version's index goes up first: a reader that sees part of
+        # the upload finds shards the index names missing (pull --layout
+        # hf-delta refuses that), where without it the part would pass for
+        # the whole; a delta's index, the layout's commit point, goes last
+        order = sorted(B.files, key=lambda f: (f.path != INDEX, f.path))
         output.commit(n, folder, [f.path for f in order] + [LEDGER], {f.path: f.abspath for f in order})
     return Exported(dir_name(n), ledger.fingerprint, True, None, 0, 0, B.total_bytes)
 

@@ -10,8 +10,9 @@ temporaries of killed exports are removed by the next. Every path in OUT is
 reached from OUT's descriptor without following links: a version folder or
 ledger that is a link is refused.
 
-An object store has no rename: the version's files go up in order, the
-index (the layout's commit point) and then the ledger last. Before the
+An object store has no rename: the version's files go up in order, a
+delta's index (the layout's commit point) and then the ledger last (a full
+version's own index first: see export.py). Before the
 first object, ``.wdiff/export-pending.json`` names the version being
 written, so that the next export knows a ledger-less folder of that number
 for the debris of an interrupted one and replaces it; any other folder
@@ -35,7 +36,7 @@ from ...fsutil import clear_dead_temps_at, io_error, open_regular_at, owner_tag,
 from ...paths import printable
 from ...remotes import Upload, open_remote, parse_remote
 from ...statedir import StateDir
-from .layout import LEDGER, LEDGER_DIR, MAX_LEDGER_BYTES, Ledger, dir_name, number_of
+from .layout import LEDGER, LEDGER_DIR, MAX_LEDGER_BYTES, Ledger, dir_name, number_of, version_text
 
 PENDING = f"{LEDGER_DIR}/export-pending.json"
 _TEMP = re.compile(r"\.(weight_v[0-9]{6,9})\.wdiff-tmp-[0-9]+-[0-9]+-[0-9a-f]{8}")
@@ -50,6 +51,13 @@ def open_output(url, *, token: str | None = None):
     if spec["kind"] == "objstore":
         return StoreOutput(url, open_remote(url, token=token))
     raise UsageError(f"{printable(url)}: export writes a directory or an object store (s3://, gs://, az://, ...)")
+
+
+def _own(ledger: Ledger, n: int, where: str) -> Ledger:
+    if ledger.version != version_text(n):
+        raise IntegrityError(f"{where}: the ledger of {dir_name(n)} names version {ledger.version}; "
+                             "it was not written there by wdiff export")
+    return ledger
 
 
 def _check_numbers(where: str, numbers: list[int]) -> int:
@@ -138,7 +146,7 @@ class LocalOutput:
         finally:
             for fd in reversed(fds):
                 os.close(fd)
-        return Ledger.decode(raw, where=where)
+        return _own(Ledger.decode(raw, where=where), n, where)
 
     @contextlib.contextmanager
     def staging(self, n: int, work: str):
@@ -234,7 +242,7 @@ class StoreOutput:
             raw = self._read(path, MAX_LEDGER_BYTES)
         except FileNotFoundError:
             raise IntegrityError(f"{self.url}: {path} is missing: not written by wdiff export") from None
-        return Ledger.decode(raw, where=f"{self.url}: {path}")
+        return _own(Ledger.decode(raw, where=f"{self.url}: {path}"), n, f"{self.url}: {path}")
 
     @contextlib.contextmanager
     def staging(self, n: int, work: str):
