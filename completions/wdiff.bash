@@ -13,7 +13,7 @@ _wdiff() {
         esac
     done
     if [[ -z "$cmd" ]]; then
-        COMPREPLY=($(compgen -W "diff pack apply push pull log status squash gc commit verify keygen sign info demo man completion --version --help -h" -- "$cur"))
+        COMPREPLY=($(compgen -W "diff pack apply push pull log status squash gc commit export verify keygen sign info demo man completion --version --help -h" -- "$cur"))
         return
     fi
     case "$cmd" in
@@ -62,10 +62,10 @@ _wdiff() {
             ;;
         pull)
             case "$prev" in
-                --to|--trusted-key|--token|--max-age|--keep|-j|--threads) return ;;
+                --to|--trusted-key|--token|--max-age|--keep|--layout|-j|--threads) return ;;
             esac
             if [[ "$cur" == -* ]]; then
-                COMPREPLY=($(compgen -W "--to --trusted-key --require-signature --token --max-age --force --atomic --keep --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+                COMPREPLY=($(compgen -W "--to --trusted-key --require-signature --token --max-age --force --atomic --keep --layout --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi
@@ -117,6 +117,16 @@ _wdiff() {
             esac
             if [[ "$cur" == -* ]]; then
                 COMPREPLY=($(compgen -W "--stage --expect --label --sign --trusted-key --token --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
+            else
+                COMPREPLY=($(compgen -f -- "$cur"))
+            fi
+            ;;
+        export)
+            case "$prev" in
+                --layout|--from|--to|--work|--trusted-key|--token|-j|--threads) return ;;
+            esac
+            if [[ "$cur" == -* ]]; then
+                COMPREPLY=($(compgen -W "--layout --from --to --work --trusted-key --require-signature --token --json -q --quiet -v --verbose -j --threads -h --help" -- "$cur"))
             else
                 COMPREPLY=($(compgen -f -- "$cur"))
             fi

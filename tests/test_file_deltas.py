@@ -391,13 +391,13 @@ def test_small_companion_files_stay_whole_and_version_1(tmp_path):
 
 SLOW = """
 import sys, time
-from wdiff.ops import filedelta
-real = filedelta.write_all
+from wdiff.ops import companions
+real = companions.write_all
 def slow(fd, data, off):
     time.sleep(0.01)
     real(fd, data, off)
-filedelta.write_all = slow
-filedelta.PIECE = 256 * 1024
+companions.write_all = slow
+companions.PIECE = 256 * 1024
 import wdiff
 """
 

@@ -70,6 +70,10 @@ def documents(tmp_path_factory) -> list[tuple[str, int, dict]]:
     run("status", B, "R", "--to", "v1")
     run("pull", "R", "P")
     run("pull", "R", "P")  # up to date
+    run("export", "R", "HF")
+    run("export", "R", "HF")  # up to date
+    run("pull", "HF", "HP", "--layout", "hf-delta")
+    run("pull", "HF", "HP", "--layout", "hf-delta")  # up to date
     run("verify", "C", "--remote", "R")
     run("verify", "C", "--bundle", "d.wdb")
     run("verify", A, "--remote", "R", want=4)

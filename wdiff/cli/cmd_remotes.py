@@ -145,6 +145,7 @@ def pull(
     force: Annotated[bool, typer.Option("--force", help="Discard local changes to the checkpoint's own files (restored from the remote); files that are not part of it are kept. A DIR with no record, at a version the remote does not know, is replaced (its .git/ and .cache/ are kept).")] = False,
     atomic: Annotated[bool, typer.Option("--atomic", help="DIR is a symbolic link: build the new version beside its target, then switch the link to it in one rename.")] = False,
     keep: Annotated[Optional[int], typer.Option("--keep", metavar="N", min=0, help="With --atomic: how many version directories that --atomic made for this link stay beside it, counting the one it points to; the oldest beyond N are removed after the switch. 0 keeps all. [default: 2]", show_default=False)] = None,
+    layout: Annotated[str, typer.Option("--layout", metavar="LAYOUT", help="wdiff: REMOTE is a wdiff remote. hf-delta: REMOTE (a directory or an object store) holds weight_vNNNNNN/ folders of the delta layout slime writes; --to names one (4, 000004), each delta is checked against its checksums and base_version (see the hf-delta guide).")] = "wdiff",
     json_mode: Json = False,
     quiet: Quiet = False,
     verbose: Verbose = 0,
@@ -176,12 +177,24 @@ def pull(
     holding files you added or changed is never removed.
     """
     options = dict(locals())
-    from ..sync.pull.inplace import pull as run_pull
-
     out = _setup(json_mode, quiet, verbose)
+    if layout == "hf-delta":
+        if trusted_keys or require_signature or max_age or atomic or keep is not None:
+            raise UsageError("--layout hf-delta takes --to, --force and --token: the layout has no signatures, "
+                             "and --atomic is for wdiff remotes")
+        from ..interop.hfdelta.pull import pull_hfdelta
+        from .cmd_interop import render_hfpull
+
+        render_hfpull(out, pull_hfdelta(remote, directory, to=to, force=force, token=token, threads=threads,
+                                        reporter=out.reporter()))
+        return
+    if layout != "wdiff":
+        raise UsageError(f"no layout {layout!r} (pull reads: wdiff, hf-delta)")
+    from ..sync.pull import pull as run_pull
+
     argkinds.check_pull(remote, directory)
     with argkinds.versions_of(remote):
-        res = call(run_pull, options, max_age=_age_arg(max_age), reporter=out.reporter())
+        res = call(run_pull, options, cli=("layout",), max_age=_age_arg(max_age), reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
         return

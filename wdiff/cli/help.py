@@ -54,6 +54,14 @@ EXAMPLES: dict[str, list[str]] = {
         "# current -> step-17: build each version beside it, switch the link,",
         "# keep the newest 3 version directories",
         "*/5 * * * * wdiff pull -q --atomic --keep 3 hf://acme/p /srv/p/current",
+        "# follow a slime trainer's weight_vNNNNNN/ folders",
+        "wdiff pull /mnt/slime/deltas /models/policy --layout hf-delta",
+    ],
+    "export": [
+        "wdiff export hf://acme/policy /srv/weights --layout hf-delta",
+        "wdiff export /mnt/shared/deltas s3://rl/policy --layout hf-delta",
+        "# crontab: add each new version for SGLang's /pull_weights",
+        "*/5 * * * * wdiff export -q hf://acme/policy /srv/weights --work /var/wd",
     ],
     "log": [
         "wdiff log hf://acme/policy",
@@ -122,7 +130,13 @@ EXIT_NOTES: dict[str, str] = {
     "won the race (run it again); 6 and 7 remote errors.",
     "pull": "0 the directory is at the version (nothing to do counts); 8 another pull holds the "
     "directory; 4 a download was damaged (run again); 3 no such remote or version; 9 the disk lacks "
-    "what the pull needs (it says how much, before it writes anything).",
+    "what the pull needs (it says how much, before it writes anything). With --layout hf-delta: 4 a "
+    "checksum does not match, or an index, shard or frame is malformed; 5 a delta's base_version is not "
+    "the version DIR holds, or DIR was changed since; 3 a version or a file its index names is missing; "
+    "DIR is unchanged by every refusal.",
+    "export": "0 written (or up to date); 3 no such remote or version; 4 a version written did not check out "
+    "against the chain's digests (nothing of it is visible), or OUT holds a version wdiff did not write; 5 OUT's "
+    "last version is not on the chain's history; 8 another export holds OUT.",
     "log": "0 listed; 3 the remote does not exist.",
     "commit": "0 published (or already there); 3 a part is missing (rerun its writer); 4 a part is "
     "unsigned, untrusted, damaged or not of this remote and stage; 5 two parts hold one file, the parts are not "
