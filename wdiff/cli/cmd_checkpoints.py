@@ -9,7 +9,7 @@ import typer
 
 from ..defaults import DEFAULT_LEVEL
 from ..errors import ExitCode, UsageError
-from . import output as o
+from . import interrupts, output as o
 from .common import (
     Exclude,
     Include,
@@ -59,6 +59,7 @@ def diff(
     from ..ops.diff import diff as run_diff
 
     out = _setup(json_mode, quiet, verbose)
+    interrupts.arm(interrupts.read_only)
     res = run_diff(a, b, threads=threads, reporter=out.reporter(), exclude=exclude or (), include=include or ())
     if out.json:
         out.document(res.to_json())
@@ -172,6 +173,7 @@ def pack(
     from ..ops.pack import pack as run_pack
 
     out = _setup(json_mode, quiet, verbose)
+    interrupts.arm(interrupts.written, output)
     if anchor:
         if len(paths) != 1:
             raise UsageError("--anchor takes exactly one checkpoint directory (B)")
@@ -240,6 +242,7 @@ def apply(
     from ..ops.apply import apply as run_apply
 
     out = _setup(json_mode, quiet, verbose)
+    interrupts.arm(interrupts.apply, bundle, base, output, in_place=in_place, abort=abort)
     _check_apply_order(bundle, base)
     res = run_apply(bundle, base, output, in_place=in_place, abort=abort, trusted_keys=trusted_key,
                     require_signature=require_signature, threads=threads, reporter=out.reporter(),

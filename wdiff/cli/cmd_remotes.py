@@ -9,7 +9,7 @@ import typer
 
 from ..defaults import DEFAULT_LEVEL, DEFAULT_PART_SIZE
 from ..errors import ExitCode, UsageError
-from . import output as o
+from . import interrupts, output as o
 from .common import (
     Json,
     Level,
@@ -89,12 +89,14 @@ def push(
     from ..ops.push import push as run_push
 
     out = _setup(json_mode, quiet, verbose)
+    interrupts.arm(interrupts.remote_write, remote, what="the push adds its version")
     if stage is not None or only:
         if stage is None or anchor or fork or label or anchor_every or anchor_when:
             raise UsageError("--only goes with --stage; a staged part takes DIR, --base, --only and --sign only "
                              "(label the version at wdiff commit)")
         from ..ops.stage import push_part
 
+        interrupts.arm(interrupts.staged, remote, stage)
         part = push_part(source, remote, base=base, only=only or [], stage=stage, level=level, sign_key=sign,
                          token=token, threads=threads, reporter=out.reporter())
         if out.json:
@@ -163,31 +165,45 @@ def pull(
     the one before it, for a rollback; 0 keeps all); a directory it did not
     make (the one the link first pointed to, one you renamed) or one
     holding files you added or changed is never removed.
+
+    -v says where DIR stands, the plan (which bundles, their sizes, from
+    where), the disk it needs and has, and where the time went; -vv each
+    part too (on stderr: stdout keeps the result). Interrupted (Ctrl-C), a
+    pull says what it kept: the same command resumes its downloads, or
+    finishes the update it had begun in DIR.
     """
     from ..ops.pull import pull as run_pull
 
     out = _setup(json_mode, quiet, verbose)
+    interrupts.arm(interrupts.pull, remote, directory, atomic=atomic)
+    reporter = out.reporter(timings=True)
     res = run_pull(remote, directory, to=to, trusted_keys=trusted_key, require_signature=require_signature,
                    token=token, threads=threads, max_age=_age_arg(max_age), force=force, atomic=atomic,
-                   keep=keep, reporter=out.reporter())
+                   keep=keep, reporter=reporter)
+    reporter.summary()
     if out.json:
         out.document(res.to_json())
         return
     for path in res.restored:
         out.warn(f"discarded the local changes to {o.name(path)}")
+    v = res.labels
+    if res.finished:
+        what = "rollback" if res.finished == "rollback" else "apply"
+        done = "" if res.bundles else f": {o.name(res.directory)} is at {o.version(res.after, v)}"
+        out.result(f"finished the interrupted {what}{done}")
     if res.link and not res.up_to_date:
         out.result(f"switched {o.name(res.link)} to {o.name(res.directory)}: "
-                   f"{res.before.hex()[:12] if res.before else 'an anchor'} -> {res.after.hex()[:12]} with "
+                   f"{o.version(res.before, v, none='an anchor')} -> {o.version(res.after, v)} with "
                    f"{len(res.bundles)} bundle{'s' if len(res.bundles) != 1 else ''}, {o.size(res.downloaded)} downloaded")
     elif res.up_to_date:
-        out.result(f"{o.name(res.directory)} is already at {res.after.hex()[:12]}")
+        out.result(f"{o.name(res.directory)} is already at {o.version(res.after, v)}")
     for path in res.removed:  # --atomic: beyond --keep
         out.result(f"removed the old version {o.name(path)}")
-    if res.link or res.up_to_date:
+    if res.link or res.up_to_date or not res.bundles:
         return
-    start = "an anchor" if res.from_anchor else res.before.hex()[:12] if res.before else "empty"
+    start = "an anchor" if res.from_anchor else o.version(res.before, v, none="empty")
     how = "undoing" if res.stepped_back else "with"
-    out.result(f"updated {o.name(res.directory)}: {start} -> {res.after.hex()[:12]} {how} {len(res.bundles)} bundle"
+    out.result(f"updated {o.name(res.directory)}: {start} -> {o.version(res.after, v)} {how} {len(res.bundles)} bundle"
                f"{'s' if len(res.bundles) != 1 else ''}, {o.size(res.downloaded)} downloaded")
 
 
@@ -213,6 +229,7 @@ def log(
     from ..ops.history import log as run_log
 
     out = _setup(json_mode, quiet, verbose)
+    interrupts.arm(interrupts.read_only)
     res = run_log(remote, trusted_keys=trusted_key, require_signature=require_signature, max_age=_age_arg(max_age),
                   reporter=out.reporter())
     if out.json:
@@ -259,36 +276,40 @@ def status(
     from ..ops.history import status as run_status
 
     out = _setup(json_mode, quiet, verbose)
+    interrupts.arm(interrupts.read_only)
     res = run_status(directory, remote, to=to, trusted_keys=trusted_key, require_signature=require_signature,
                      max_age=_age_arg(max_age), threads=threads, reporter=out.reporter())
+    v = res.labels
+    cur, tgt = o.version(res.current, v), o.version(res.target, v)
     if out.json:
         out.document(res.to_json())
     elif res.up_to_date:
-        out.result(f"{o.name(res.directory)} is up to date at {res.target.hex()[:12]}")
+        out.result(f"{o.name(res.directory)} is up to date at {tgt}")
     elif res.changed:
         n = len(res.changed)
         names = ", ".join(o.name(p) for p in res.changed[:5]) + (f" and {n - 5} more" if n > 5 else "")
-        where = "at the target" if res.current == res.target else f"behind {res.target.hex()[:12]}"
-        out.result(f"{o.name(res.directory)} is at {res.current.hex()[:12]} ({where}) with local changes to "
+        where = "the target" if res.current == res.target else f"behind {tgt}"
+        how = " from an anchor" if res.from_anchor else ""
+        out.result(f"{o.name(res.directory)} is at {cur}, {where}, with local changes to "
                    f"{n} file{'s' if n != 1 else ''}: {names}; `wdiff pull` refuses to discard them "
-                   f"(--force restores them; {o.size(res.download)} to download)")
+                   f"(--force restores them{how}; {o.size(res.download)} to download)")
     elif not res.exists:
-        out.result(f"{o.name(res.directory)} does not exist; `wdiff pull` would create it at {res.target.hex()[:12]} "
+        out.result(f"{o.name(res.directory)} does not exist; `wdiff pull` would create it at {tgt} "
                    f"from an anchor ({res.behind} bundle{'s' if res.behind != 1 else ''}, {o.size(res.download)} to download)")
     elif res.ahead:
         back = f"a pull back there fetches {o.size(res.download)}" + (" (from an anchor)" if res.from_anchor else "")
         out.result(f"{o.name(res.directory)} is {res.ahead} version{'s' if res.ahead != 1 else ''} ahead of "
-                   f"{res.target.hex()[:12]}, at {res.current.hex()[:12]} ({back})")
+                   f"{tgt}, at {cur} ({back})")
     elif res.behind < 0:
-        out.result(f"{o.name(res.directory)} is at {res.current.hex()[:12]}; the remote cannot rebuild {res.target.hex()[:12]}")
+        out.result(f"{o.name(res.directory)} is at {cur}; the remote cannot rebuild {tgt}")
     elif not res.known:
-        out.result(f"{o.name(res.directory)} holds a version the remote does not know ({res.current.hex()[:12]}); "
-                   f"`wdiff pull` refuses to replace it, --force rebuilds it at {res.target.hex()[:12]} from an anchor "
+        out.result(f"{o.name(res.directory)} holds a version the remote does not know ({cur}); "
+                   f"`wdiff pull` refuses to replace it, --force rebuilds it at {tgt} from an anchor "
                    f"({res.behind} bundle{'s' if res.behind != 1 else ''}, {o.size(res.download)} to download)")
     else:
-        how = "from an anchor" if res.from_anchor else f"from {res.current.hex()[:12]}"
+        how = "from an anchor" if res.from_anchor else f"from {cur}"
         out.result(f"{o.name(res.directory)} is {res.behind} bundle{'s' if res.behind != 1 else ''} behind "
-                   f"{res.target.hex()[:12]} ({how}; {o.size(res.download)} to download)")
+                   f"{tgt}: {how}, {o.size(res.download)} to download")
     if exit_code and not res.up_to_date:
         raise typer.Exit(int(ExitCode.DIFFERENCES))
 
@@ -330,6 +351,7 @@ def squash(
             raise UsageError("give either BUNDLE... -o FILE or --remote, not both")
         from ..ops.push import squash_remote
 
+        interrupts.arm(interrupts.remote_write, remote, what="the squash adds its bundle")
         res = squash_remote(remote, start=start, to=to, base=base, sign_key=sign, threads=threads, reporter=reporter)
         if out.json:
             out.document(res.to_json())
@@ -344,6 +366,7 @@ def squash(
         raise UsageError("--from and --to go with --remote")
     from ..ops.squash import squash as run_squash
 
+    interrupts.arm(interrupts.written, output)
     res = run_squash(bundles, base, output, level=level, threads=threads, reporter=reporter, overwrite=force)
     if sign is not None:
         from ..ops.signatures import sign_bundle
@@ -398,6 +421,7 @@ def gc(
     from ..ops.gc import gc as run_gc
 
     out = _setup(json_mode, quiet, verbose)
+    interrupts.arm(interrupts.gc, remote)
     res = run_gc(remote, keep_last=keep_last, keep=keep or [], dry_run=dry_run, grace=_grace_arg(grace),
                  sign_key=sign, token=token, work=str(work) if work is not None else None, threads=threads,
                  reporter=out.reporter())
@@ -459,6 +483,7 @@ def commit(
     from ..ops.stage import commit as run_commit
 
     out = _setup(json_mode, quiet, verbose)
+    interrupts.arm(interrupts.commit, remote, stage)
     res = run_commit(remote, stage=stage, expect=expect, label=label, sign_key=sign, trusted_keys=trusted_key,
                      token=token, threads=threads, reporter=out.reporter())
     if out.json:

@@ -27,6 +27,7 @@ from . import trust
 from .apply.copy import apply_copy
 from .fetch import accept
 from .pull_keep import DEFAULT_KEEP, SAFE_NAME as _SAFE_NAME, Versions
+from .pullplan import Route, held_bundles, note_route
 from .pullspace import check as check_space, need_of
 from .pullwork import PullResult, clear_work, fetch_run, open_verified, record_target, tidy_state
 from .squash import squash_from
@@ -59,7 +60,8 @@ def pull_atomic(remote, link: str, *, to, trusted_keys, require_signature, token
     goal = chain.resolve(to)
     # the link's own lock (two --atomic pulls), and the one every writer of the
     # old directory holds: this pull writes into its .wdiff (work area, temps)
-    return _pull_locked(store, keys, read, chain, goal, link, old, threads, reporter, keep)
+    res = _pull_locked(store, keys, read, chain, goal, link, old, threads, reporter, keep)
+    return dataclasses.replace(res, labels=chain.labels())
 
 
 def _pull_locked(store, keys, read, chain, goal: bytes, link: str, old: str, threads: int,
@@ -104,8 +106,11 @@ def _build(store, keys, read, chain, goal: bytes, link: str, old: str, threads: 
             run, _ = plan(chain, EMPTY_FINGERPRINT, goal)
         work = state.sub("pull")
         try:
+            note_route(reporter, chain, Route(tuple(run), from_anchor), url=store.url, directory=link,
+                       current=current, goal=goal, held=held_bundles(work))
             siblings = os.path.dirname(old)  # the new version is written beside the old one
-            check_space(need_of(run, work, whole=True), work_at=work.path, files_at=siblings, what=link)
+            check_space(need_of(run, work, whole=True), work_at=work.path, files_at=siblings, what=link,
+                        reporter=reporter)
             paths, downloaded = fetch_run(store, keys, run, work, reporter)
             check_space(need_of(run, work, whole=True), work_at=work.path, files_at=siblings, what=link)
             bundle = paths[0]
