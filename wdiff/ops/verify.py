@@ -1,5 +1,8 @@
 """``verify``: check a checkpoint directory against what wdiff recorded for
-it: the target of a bundle, or a version on a remote.
+it: the target of a bundle, a version on a remote, or (given neither) the
+record the last pull or in-place apply left in it (``DIR/.wdiff/state.json``:
+the version, and the size and digest of each of its files; files it does
+not list are not the checkpoint's, and are not read).
 
 Every file is hashed (the manifest cache is bypassed: a verification must
 read the bytes) and compared file by file and tensor by tensor, so a failure
@@ -16,8 +19,11 @@ from ..format.bundle import BundleReader
 from ..fsutil import scratch_dir
 from ..parallel import default_threads
 from ..progress import SILENT, Reporter
-from ..store import manifest
+from ..paths import STATE_DIR
+from ..statedir import StateDir
+from ..store import manifest, record
 from ..store.checkpoint import KIND_TENSORS, scan
+from ..store.ignore import DEFAULT_RULES
 from ..store.hashing import hexd, tree
 
 SCHEMA = "wdiff.verify/1"
@@ -60,12 +66,22 @@ class VerifyResult:
 def verify(directory, *, bundle=None, remote=None, version: str | None = None,
            threads: int | None = None, reporter: Reporter = SILENT) -> VerifyResult:
     """Check ``directory`` against the target of ``bundle``, or against
-    ``version`` (default: the head) of ``remote``."""
-    if (bundle is None) == (remote is None):
-        raise UsageError("verify needs exactly one of a bundle or a remote to check against")
+    ``version`` (default: the head) of ``remote``; given neither, against
+    the directory's own record of the version it was brought to."""
+    if bundle is not None and remote is not None:
+        raise UsageError("verify checks against a bundle or a remote, not both")
+    if version is not None and remote is None:
+        raise UsageError("--to names a version of the remote: it goes with --remote")
     threads = threads or default_threads()
     directory = os.fspath(directory)
-    if bundle is not None:
+    rules = DEFAULT_RULES
+    if bundle is None and remote is None:
+        recorded = _record(directory)
+        expected_files = {r.path: r for r in recorded.files}
+        expected = recorded.version
+        rules = DEFAULT_RULES.tracking(recorded.paths)  # untracked files are not the checkpoint's
+        source = os.path.join(directory, STATE_DIR, record.NAME)
+    elif bundle is not None:
         with BundleReader(bundle) as r:
             expected_files = {f.path: f for f in r.index.files}
             expected = r.index.target_fingerprint
@@ -80,7 +96,8 @@ def verify(directory, *, bundle=None, remote=None, version: str | None = None,
         expected = chain.resolve(version)
         expected_files = _files_of(store, chain, expected, reporter)
         source = store.url
-    ckpt = scan(directory)
+    ckpt = scan(directory, rules=rules, keep=frozenset(expected_files)) if rules is not DEFAULT_RULES \
+        else scan(directory)
     reporter.phase("verify", ckpt.total_bytes)
     m = manifest.compute(ckpt, threads=threads, reporter=reporter, use_cache=False)  # read every byte
     problems = []
@@ -104,6 +121,24 @@ def verify(directory, *, bundle=None, remote=None, version: str | None = None,
     problems.extend(Problem(p, "unexpected") for p in have if p not in expected_files)
     reporter.done()
     return VerifyResult(directory, expected, m.fingerprint, source, tuple(problems))
+
+
+def _record(directory: str) -> record.Record:
+    """DIR's record, read strictly (a planted one is refused, never obeyed);
+    a usage error naming the other sources when there is none."""
+    state = StateDir.open(directory, create=False) if os.path.isdir(directory) else None
+    recorded = None
+    if state is not None:
+        with state:
+            recorded = record.read(state)
+    if recorded is None:
+        if not os.path.isdir(directory):
+            scan(directory)  # the error of a path that is not a checkpoint directory
+        raise UsageError(
+            f"{directory}: has no record of a pull or an in-place apply (.wdiff/state.json) to check it against",
+            hint="give what it should be: --bundle BUNDLE (its target) or --remote REMOTE [--to VERSION]",
+        )
+    return recorded
 
 
 def _files_of(store, chain, version: bytes, reporter: Reporter) -> dict:
