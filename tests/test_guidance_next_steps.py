@@ -287,3 +287,35 @@ def test_verify_checks_a_directory_against_its_own_record(world):
     assert "NOTES.txt" not in r.stderr  # not the checkpoint's: never read
     r = wd("verify", A)
     assert r.returncode == 2 and "no record" in r.stderr and "--bundle" in r.stderr and "--remote" in r.stderr
+
+
+def test_an_interrupted_push_says_how_to_tell_whether_it_landed(world, tmp_path):
+    """A push waiting for the remote's lock (held here) gets Ctrl-C: the
+    message says the chain write is the push's last step and how to see
+    whether it happened; the remote is as it was."""
+    from uxkit import interrupted_while_waiting
+
+    t, A, B, C, R, sizes = world
+    before = (R / "chain.json").read_bytes()
+    r = interrupted_while_waiting(R / ".lock", signal.SIGINT, "push", "--anchor", C, R)
+    assert r.rc == 130, r
+    assert f"`wdiff log {R}` shows whether it was" in r.err and f"run `wdiff push --anchor {C} {R}` again" in r.err, r
+    assert (R / "chain.json").read_bytes() == before
+
+
+def test_a_label_from_the_remote_never_drives_the_terminal(world, tmp_path):
+    """Labels come from the remote's chain: in messages and -v notes they
+    are escaped, never written raw (THREATS class 1: state is input)."""
+    import shutil
+
+    t, A, B, C, R, sizes = world
+    R2 = tmp_path / "R2"
+    shutil.copytree(R, R2)
+    chain = json.loads((R2 / "chain.json").read_bytes())
+    for e in chain["entries"]:
+        e["label"] = "step-\x1b]0;owned\x07\x1b[2J" + (e["label"] or "")
+    (R2 / "chain.json").write_text(json.dumps(chain))
+    for args in (["pull", "-vv", R2, tmp_path / "d"], ["status", tmp_path / "d", R2], ["pull", R2, tmp_path / "d"]):
+        r = ok(*args)
+        assert "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout + r.stderr, r
+        assert "step-" in r.stdout + r.stderr
