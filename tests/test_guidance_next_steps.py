@@ -258,7 +258,7 @@ def test_verbose_pull_lists_the_plan_and_times_on_stderr(world):
     assert verbose.stdout.replace("v1", "v0") == quiet.stdout
     err = verbose.stderr
     assert "is empty; step-3 (" in err and f"is the head on {R}" in err, err
-    assert f"plan: 3 bundles from an anchor, " in err and f"to download from {R}" in err, err
+    assert "plan: 3 bundles from an anchor, " in err and f"to download from {R}" in err, err
     for label, prev in (("step-1", "anchor"), ("step-2", "step-1 ("), ("step-3", "step-2 (")):
         assert any(line.strip().startswith(f"apply {prev}") and f"-> {label} (" in line for line in err.splitlines()), err
     assert "took " in err and "download " in err, err
