@@ -25,6 +25,10 @@ class Reporter:
     def warn(self, message: str) -> None:
         """Something the user should know; the operation goes on."""
 
+    def note(self, message: str, *, level: int = 1) -> None:
+        """Detail for a verbose run: what the operation plans and does
+        (``level`` 1: shown with -v; 2: with -vv). Never needed to act."""
+
     def done(self) -> None:
         """The operation finished (or failed); remove any live display."""
 

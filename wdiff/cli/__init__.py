@@ -125,11 +125,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..errors import ExitCode, WdiffError
     from ..paths import printable
-    from . import output
+    from . import interrupts, output
     from .app import app
     from .state import STATE
 
     args = list(sys.argv[1:] if argv is None else argv)
+    interrupts.reset(args)
     STATE.out = output.Out(json_mode=True) if _wants_json(args) else None
     command = _lazy_group(app)
     debug = os.environ.get(ENV_DEBUG, "") not in ("", "0")
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(code)
 
     def interrupted() -> int:
-        return fail(ExitCode.INTERRUPTED, "interrupted", "interrupted")
+        # what was kept, and the next step: the command armed a describer
+        return fail(ExitCode.INTERRUPTED, "interrupted", *interrupts.describe())
 
     with _Signalled() as signalled:
         try:

@@ -9,7 +9,7 @@ import typer
 
 from ..defaults import DEFAULT_LEVEL
 from ..errors import ExitCode, UsageError
-from . import argkinds
+from . import argkinds, interrupts
 from . import output as o
 from .common import (
     Exclude,
@@ -63,6 +63,7 @@ def diff(
 
     out = _setup(json_mode, quiet, verbose)
     argkinds.check_diff(a, b)
+    interrupts.arm(interrupts.read_only)
     res = call(run_diff, options, cli=("stat", "exit_code", "all_"), reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
@@ -179,6 +180,7 @@ def pack(
     from ..ops.pack import pack as run_pack
 
     out = _setup(json_mode, quiet, verbose)
+    interrupts.arm(interrupts.written, output)
     if anchor:
         if len(paths) != 1:
             raise UsageError("--anchor takes exactly one checkpoint directory (B)")
@@ -251,6 +253,7 @@ def apply(
 
     out = _setup(json_mode, quiet, verbose)
     argkinds.check_apply(bundle, base)
+    interrupts.arm(interrupts.apply, bundle, base, output, in_place=in_place, abort=abort)
     res = call(run_apply, options, cli=("output",), out=output, reporter=out.reporter())
     if out.json:
         out.document(res.to_json())

@@ -9,7 +9,7 @@ import typer
 
 from ..defaults import DEFAULT_LEVEL, DEFAULT_PART_SIZE
 from ..errors import ExitCode, UsageError
-from . import argkinds
+from . import argkinds, interrupts
 from . import output as o
 from .common import (
     Exclude,
@@ -97,6 +97,7 @@ def push(
 
     out = _setup(json_mode, quiet, verbose)
     argkinds.check_push(source, remote, base)
+    interrupts.arm(interrupts.remote_write, remote, what="the push adds its version")
     if stage is not None or only:
         if stage is None or anchor or fork or label or anchor_every or anchor_when or exclude or include:
             raise UsageError("--only goes with --stage; a staged part takes DIR, --base, --only and --sign only "
@@ -104,6 +105,7 @@ def push(
         from ..sync.stage import push_part
 
         # (a staged part's version is labelled, published and signed by the commit)
+        interrupts.arm(interrupts.staged, remote, stage)
         part = call(push_part, options, cli=_NOT_STAGED, only=only or [], reporter=out.reporter())
         if out.json:
             out.document(part.to_json())
@@ -175,6 +177,12 @@ def pull(
     the one before it, for a rollback; 0 keeps all); a directory it did not
     make (the one the link first pointed to, one you renamed) or one
     holding files you added or changed is never removed.
+
+    -v says where DIR stands, the plan (which bundles, their sizes, from
+    where), the disk it needs and has, and where the time went; -vv each
+    part too (on stderr: stdout keeps the result). Interrupted (Ctrl-C), a
+    pull says what it kept: the same command resumes its downloads, or
+    finishes the update it had begun in DIR.
     """
     options = dict(locals())
     out = _setup(json_mode, quiet, verbose)
@@ -193,27 +201,35 @@ def pull(
     from ..sync.pull import pull as run_pull
 
     argkinds.check_pull(remote, directory)
+    interrupts.arm(interrupts.pull, remote, directory, atomic=atomic)
+    reporter = out.reporter(timings=True)
     with argkinds.versions_of(remote):
-        res = call(run_pull, options, cli=("layout",), max_age=_age_arg(max_age), reporter=out.reporter())
+        res = call(run_pull, options, cli=("layout",), max_age=_age_arg(max_age), reporter=reporter)
+    reporter.summary()
     if out.json:
         out.document(res.to_json())
         return
     for path in res.restored:
         out.warn(f"discarded the local changes to {o.name(path)}")
     shown = o.name(str(directory))  # as given, as status names it (res.directory is absolute)
+    v = res.labels
+    if res.finished:
+        what = "rollback" if res.finished == "rollback" else "apply"
+        done = "" if res.bundles else f": {shown} is at {o.version(res.after, v)}"
+        out.result(f"finished the interrupted {what}{done}")
     if res.link and not res.up_to_date:
         out.result(f"switched {shown} to {o.name(res.directory)}: "
-                   f"{res.before.hex()[:12] if res.before else 'an anchor'} -> {res.after.hex()[:12]} with "
+                   f"{o.version(res.before, v, none='an anchor')} -> {o.version(res.after, v)} with "
                    f"{len(res.bundles)} bundle{'s' if len(res.bundles) != 1 else ''}, {o.size(res.downloaded)} downloaded")
     elif res.up_to_date:
-        out.result(f"{shown} is already at {res.after.hex()[:12]}")
+        out.result(f"{shown} is already at {o.version(res.after, v)}")
     for path in res.removed:  # --atomic: beyond --keep
         out.result(f"removed the old version {o.name(path)}")
-    if res.link or res.up_to_date:
+    if res.link or res.up_to_date or not res.bundles:
         return
-    start = "an anchor" if res.from_anchor else res.before.hex()[:12] if res.before else "empty"
+    start = "an anchor" if res.from_anchor else o.version(res.before, v, none="empty")
     how = "undoing" if res.stepped_back else "with"
-    out.result(f"updated {shown}: {start} -> {res.after.hex()[:12]} {how} {len(res.bundles)} bundle"
+    out.result(f"updated {shown}: {start} -> {o.version(res.after, v)} {how} {len(res.bundles)} bundle"
                f"{'s' if len(res.bundles) != 1 else ''}, {o.size(res.downloaded)} downloaded")
 
 
@@ -241,6 +257,7 @@ def log(
 
     out = _setup(json_mode, quiet, verbose)
     argkinds.check_remote("log", remote)
+    interrupts.arm(interrupts.read_only)
     res = call(run_log, options, max_age=_age_arg(max_age), reporter=out.reporter())
     if out.json:
         out.document(res.to_json())
@@ -288,36 +305,40 @@ def status(
 
     out = _setup(json_mode, quiet, verbose)
     argkinds.check_status(directory, remote)
+    interrupts.arm(interrupts.read_only)
     with argkinds.versions_of(remote):
         res = call(run_status, options, cli=("exit_code",), max_age=_age_arg(max_age), reporter=out.reporter())
+    v = res.labels
+    cur, tgt = o.version(res.current, v), o.version(res.target, v)
     if out.json:
         out.document(res.to_json())
     elif res.up_to_date:
-        out.result(f"{o.name(res.directory)} is up to date at {res.target.hex()[:12]}")
+        out.result(f"{o.name(res.directory)} is up to date at {tgt}")
     elif res.changed:
         n = len(res.changed)
         names = ", ".join(o.name(p) for p in res.changed[:5]) + (f" and {n - 5} more" if n > 5 else "")
-        where = "at the target" if res.current == res.target else f"behind {res.target.hex()[:12]}"
-        out.result(f"{o.name(res.directory)} is at {res.current.hex()[:12]} ({where}) with local changes to "
+        where = "the target" if res.current == res.target else f"behind {tgt}"
+        how = " from an anchor" if res.from_anchor else ""
+        out.result(f"{o.name(res.directory)} is at {cur}, {where}, with local changes to "
                    f"{n} file{'s' if n != 1 else ''}: {names}; `wdiff pull` refuses to discard them "
-                   f"(--force restores them; {o.size(res.download)} to download)")
+                   f"(--force restores them{how}; {o.size(res.download)} to download)")
     elif not res.exists:
-        out.result(f"{o.name(res.directory)} does not exist; `wdiff pull` would create it at {res.target.hex()[:12]} "
+        out.result(f"{o.name(res.directory)} does not exist; `wdiff pull` would create it at {tgt} "
                    f"from an anchor ({res.behind} bundle{'s' if res.behind != 1 else ''}, {o.size(res.download)} to download)")
     elif res.ahead:
         back = f"a pull back there fetches {o.size(res.download)}" + (" (from an anchor)" if res.from_anchor else "")
         out.result(f"{o.name(res.directory)} is {res.ahead} version{'s' if res.ahead != 1 else ''} ahead of "
-                   f"{res.target.hex()[:12]}, at {res.current.hex()[:12]} ({back})")
+                   f"{tgt}, at {cur} ({back})")
     elif res.behind < 0:
-        out.result(f"{o.name(res.directory)} is at {res.current.hex()[:12]}; the remote cannot rebuild {res.target.hex()[:12]}")
+        out.result(f"{o.name(res.directory)} is at {cur}; the remote cannot rebuild {tgt}")
     elif not res.known:
-        out.result(f"{o.name(res.directory)} holds a version the remote does not know ({res.current.hex()[:12]}); "
-                   f"`wdiff pull` refuses to replace it, --force rebuilds it at {res.target.hex()[:12]} from an anchor "
+        out.result(f"{o.name(res.directory)} holds a version the remote does not know ({cur}); "
+                   f"`wdiff pull` refuses to replace it, --force rebuilds it at {tgt} from an anchor "
                    f"({res.behind} bundle{'s' if res.behind != 1 else ''}, {o.size(res.download)} to download)")
     else:
-        how = "from an anchor" if res.from_anchor else f"from {res.current.hex()[:12]}"
+        how = "from an anchor" if res.from_anchor else f"from {cur}"
         out.result(f"{o.name(res.directory)} is {res.behind} bundle{'s' if res.behind != 1 else ''} behind "
-                   f"{res.target.hex()[:12]} ({how}; {o.size(res.download)} to download)")
+                   f"{tgt}: {how}, {o.size(res.download)} to download")
     if exit_code and not res.up_to_date:
         raise typer.Exit(int(ExitCode.DIFFERENCES))
 
@@ -363,6 +384,7 @@ def squash(
         # (--level: a squash on the remote writes at the default level)
         argkinds.check_remote("squash --remote", remote)
         argkinds.check_squash((), base)
+        interrupts.arm(interrupts.remote_write, remote, what="the squash adds its bundle")
         with argkinds.versions_of(remote):
             res = call(squash_remote, options, cli=("bundles", "output", "overwrite", "level"), reporter=reporter)
         if out.json:
@@ -379,6 +401,7 @@ def squash(
     from ..ops.squash import squash as run_squash
 
     argkinds.check_squash(bundles, base)
+    interrupts.arm(interrupts.written, output)
 
     res = call(run_squash, options, cli=("output", "remote", "start", "to", "sign_key"), out=output, reporter=reporter)
     if sign_key is not None:
@@ -436,6 +459,7 @@ def gc(
 
     out = _setup(json_mode, quiet, verbose)
     argkinds.check_remote("gc", remote, f" --keep-last {keep_last}")
+    interrupts.arm(interrupts.gc, remote)
     with argkinds.versions_of(remote):
         res = call(run_gc, options, grace=_grace_arg(grace), reporter=out.reporter())
     if out.json:
@@ -498,6 +522,7 @@ def commit(
 
     out = _setup(json_mode, quiet, verbose)
     argkinds.check_remote("commit", remote, f" --stage {argkinds.q(stage)} --expect {expect}")
+    interrupts.arm(interrupts.commit, remote, stage)
     res = call(run_commit, options, reporter=out.reporter())
     if out.json:
         out.document(res.to_json())

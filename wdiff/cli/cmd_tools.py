@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import ExitCode
-from . import argkinds
+from . import argkinds, interrupts
 from . import output as o
 from .common import (
     Json,
@@ -45,7 +45,11 @@ def verify(
     Reads every byte of DIR (the manifest cache is not trusted here) and
     compares it, file by file and tensor by tensor, with the target of a
     bundle or a version on a remote. Names what differs, is missing, or
-    should not be there.
+    should not be there. With neither --bundle nor --remote, DIR is checked
+    file by file against its own record (DIR/.wdiff/state.json, which the
+    last pull or in-place apply left: the version and each file's digest);
+    files the record does not list are not the checkpoint's, and are not
+    read.
     """
     options = dict(locals())
     from ..errors import IntegrityError
@@ -53,6 +57,7 @@ def verify(
 
     out = _setup(json_mode, quiet, verbose)
     argkinds.check_verify(directory, bundle, remote)
+    interrupts.arm(interrupts.read_only)
     with argkinds.versions_of(remote or "REMOTE"):
         res = call(run_verify, options, reporter=out.reporter())
     if res.ok:
@@ -69,6 +74,9 @@ def verify(
     # wdiff.error/1 document, with verify's own document as its details
     raise IntegrityError(
         f"{directory}: {len(res.problems)} problem(s); fingerprint {res.actual.hex()[:16]}, expected {res.expected.hex()[:16]}",
+        hint=(f"`wdiff pull REMOTE {o.name(str(directory))} --force` restores the checkpoint's files from the remote "
+              f"it came from; `wdiff status {o.name(str(directory))} REMOTE` says what that downloads")
+        if bundle is None and remote is None else None,
         details=res.to_json(),
     )
 
@@ -149,6 +157,7 @@ def info(
 
     out = _setup(json_mode, quiet, verbose)
     argkinds.check_bundle("info", bundle)
+    interrupts.arm(interrupts.read_only)
     res = call(run_inspect, options)
     if out.json:
         out.document(res.to_json())

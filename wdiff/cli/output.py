@@ -9,7 +9,9 @@ import math
 import os
 import re
 import sys
+import time
 
+from ..format.chain import version_name
 from ..paths import printable
 from ..progress import Reporter, size_text
 
@@ -23,11 +25,12 @@ class Out:
         self.json = json_mode
         self._live: list[TerminalReporter] = []
 
-    def reporter(self) -> TerminalReporter:
+    def reporter(self, *, timings: bool = False) -> TerminalReporter:
         """A progress reporter whose display this invocation owns: it is
         taken down before the first line of the result, whether or not the
-        operation said it was done (an early return, an error)."""
-        r = TerminalReporter(self)
+        operation said it was done (an early return, an error). With
+        ``timings``, -v also says how long each phase took."""
+        r = TerminalReporter(self, timings=timings)
         self._live.append(r)
         return r
 
@@ -60,6 +63,11 @@ class Out:
         if not self.quiet:
             self.close()
             sys.stderr.write(f"wdiff: warning: {text}\n")
+
+
+def _timing(what: str, dt: float, n: int, *, sep: str = ": ") -> str:
+    rate = f" ({size_text(int(n / dt))}/s)" if n and dt >= 0.01 else ""
+    return f"{what}{sep}{size_text(n)} in {dt:.2f} s{rate}" if n else f"{what}{sep}{dt:.2f} s"
 
 
 def _jsonable(x):
@@ -101,6 +109,16 @@ def parse_size(text: str) -> int:
     if not math.isfinite(value) or value != int(value) and not unit:
         raise ValueError(f"not a whole number of bytes: {text!r}")
     return int(value)
+
+
+def version(fp: bytes | None, labels: dict | None = None, *, none: str = "nothing") -> str:
+    """A version as messages name it: by its label where the remote gives
+    one, then its fingerprint as ``wdiff log`` shows it (``step-4
+    (dea9c1b2c3d4)``); the fingerprint alone otherwise."""
+    if fp is None:
+        return none
+    label = (labels or {}).get(fp)
+    return version_name(fp, {fp: name(label, 80)} if label else None)
 
 
 def count(n: int) -> str:
@@ -145,14 +163,21 @@ def table(rows: list[list[str]], *, right: set[int] = frozenset()) -> list[str]:
 
 class TerminalReporter(Reporter):
     """Progress bars on stderr, only when stderr is a terminal and the user
-    did not ask for -q or --json; warnings go to stderr unless -q."""
+    did not ask for -q or --json; warnings go to stderr unless -q; with -v
+    (-vv) the operation's notes of its level, and with ``timings`` how long
+    its phases took (-v: :meth:`summary`, once; -vv: each as it ends), on
+    stderr too: stdout keeps the result alone."""
 
-    def __init__(self, out: Out) -> None:
+    def __init__(self, out: Out, *, timings: bool = False) -> None:
         self.out = out
         self._progress = None
         self._task = None
         self._enabled = (sys.stderr.isatty() and not out.quiet and not out.json
                          and os.environ.get("TERM") != "dumb")
+        self._timings = timings and out.verbose > 0 and not out.quiet
+        self._timed: list | None = None  # [name, start, bytes] of the phase being timed
+        self._times: dict[str, list] = {}  # phase name -> [seconds, bytes], in the order they began
+        self._t0 = time.monotonic()
 
     def _start(self):
         """The display starts with the first phase, not before: a command
@@ -184,6 +209,9 @@ class TerminalReporter(Reporter):
         self._progress.start()
 
     def phase(self, name: str, total: int | None = None) -> None:
+        self._end_phase()
+        if self._timings:
+            self._timed = [name, time.monotonic(), 0]
         if self._progress is None:
             if not self._enabled:
                 return
@@ -193,6 +221,8 @@ class TerminalReporter(Reporter):
         self._task = self._progress.add_task(name, total=total)
 
     def advance(self, n: int) -> None:
+        if self._timed is not None:
+            self._timed[2] += n
         if self._progress is not None and self._task is not None:
             self._progress.advance(self._task, n)
 
@@ -202,7 +232,40 @@ class TerminalReporter(Reporter):
         else:
             self.out.warn(message)
 
+    def file(self, name: str, size: int) -> None:
+        self.note(f"fetching {name} ({size_text(size)})", level=2)
+
+    def note(self, message: str, *, level: int = 1) -> None:
+        if self.out.quiet or self.out.verbose < level:
+            return
+        text = printable(message, 4000, backslashes=False)
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False)
+        else:
+            sys.stderr.write(text + "\n")
+
+    def _end_phase(self) -> None:
+        """With timings: the phase that ends, its bytes and seconds (-vv)."""
+        if self._timed is None:
+            return
+        what, t0, n = self._timed
+        self._timed = None
+        dt = time.monotonic() - t0
+        got = self._times.setdefault(what, [0.0, 0])
+        got[0] += dt
+        got[1] += n
+        self.note(_timing(what, dt, n), level=2)
+
+    def summary(self) -> None:
+        """-v with timings: one line of where the time went, phase by phase."""
+        self._end_phase()
+        if not self._times:
+            return
+        parts = [_timing(what, dt, n, sep=" ") for what, (dt, n) in self._times.items()]
+        self.note(f"took {time.monotonic() - self._t0:.2f} s: " + ", ".join(parts))
+
     def done(self) -> None:
+        self._end_phase()
         if self._progress is not None:
             self._progress.stop()
             self._progress = None

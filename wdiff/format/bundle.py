@@ -55,7 +55,11 @@ class BundleWriter:
         self._pos = 0
         self._chain = xxhash.xxh3_128()
         self.count = 0
-        self._write(fmt.pack_preamble(version))
+        try:
+            self._write(fmt.pack_preamble(version))
+        except BaseException:  # a full disk, Ctrl-C: no temp left behind (no `with` owns it yet)
+            self.abort()
+            raise
 
     def _write(self, data) -> None:
         try:

@@ -142,6 +142,16 @@ class Entry:
         return d
 
 
+def version_name(version: bytes | None, labels: dict | None = None) -> str:
+    """A version by its label where it has one, then its fingerprint as
+    ``wdiff log`` shows it: ``step-4 (dea9c1b2c3d4)``; the fingerprint alone
+    otherwise, and "nothing" for None (before an anchor)."""
+    if version is None:
+        return "nothing"
+    label = (labels or {}).get(version)
+    return f"{label} ({hexd(version)[:12]})" if label else hexd(version)[:12]
+
+
 def part_paths(bundle_id: bytes, n_parts: int) -> list[str]:
     h = hexd(bundle_id)
     if n_parts == 1:
@@ -311,6 +321,20 @@ class Chain:
                 raise NoSuchVersion(f"no version {printable(spec)} on the remote: it begins {k} version(s) before the head")
             v = parent
         return v
+
+    def name(self, version: bytes | None) -> str:
+        """A version as messages name it (:func:`version_name`)."""
+        return version_name(version, self.labels())
+
+    def labels(self) -> dict[bytes, str]:
+        """The label of each labelled version: that of the first entry that
+        names it with one (its push; a later anchor or squash of it may
+        repeat it)."""
+        out: dict[bytes, str] = {}
+        for e in self.entries:
+            if e.label:
+                out.setdefault(e.version, e.label)
+        return out
 
     def path(self, start: bytes | None, goal: bytes) -> list[Entry] | None:
         """The cheapest run of entries (fewest bytes, then fewest entries) from

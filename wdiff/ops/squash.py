@@ -234,6 +234,8 @@ def squash_from(
         first = steps[0].reader.index
         A = check_base_listing(first, base) if rules is None else check_base_listing(first, base, rules=rules)
         if A is not None:
+            if base_fingerprint is None:
+                reporter.phase("check base", A.total_bytes)  # its own bar (and time), not the download's
             fp = base_fingerprint or manifest.compute(A, threads=threads, reporter=reporter).fingerprint
             if fp != first.base_fingerprint:
                 raise BaseMismatchError(f"{A.root}: is not the first bundle's base (fingerprint {fp.hex()[:16]})")

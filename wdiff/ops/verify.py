@@ -1,5 +1,8 @@
 """``verify``: check a checkpoint directory against what wdiff recorded for
-it: the target of a bundle (a version on a remote: wdiff.sync.verify).
+it: the target of a bundle, or (given none) the record the last pull or
+in-place apply left in it (``DIR/.wdiff/state.json``: the version, and the
+size and digest of each of its files; files it does not list are not the
+checkpoint's, and are not read). A version on a remote: wdiff.sync.verify.
 
 Every file is hashed (the manifest cache is bypassed: a verification must
 read the bytes) and compared file by file and tensor by tensor, so a failure
@@ -11,13 +14,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..errors import UsageError
 from ..format.bundle import BundleReader
 from ..parallel import default_threads
-from ..paths import PathLike
+from ..paths import STATE_DIR, PathLike
 from ..progress import SILENT, Reporter
-from ..store import manifest
+from ..statedir import StateDir
+from ..store import manifest, version_record
 from ..store.checkpoint import KIND_TENSORS, scan
 from ..store.hashing import hexd, tree
+from ..store.ignore import DEFAULT_RULES
 
 SCHEMA = "wdiff.verify/1"
 
@@ -67,16 +73,29 @@ def verify_bundle(directory: PathLike, bundle: PathLike, *, threads: int | None 
     return check(directory, expected, expected_files, os.fspath(bundle), threads=threads, reporter=reporter)
 
 
+def verify_recorded(directory: PathLike, *, threads: int | None = None, reporter: Reporter = SILENT) -> VerifyResult:
+    """Check ``directory`` against its own record of the version a pull or
+    an in-place apply brought it to; files the record does not list are
+    untracked, and not read."""
+    directory = os.fspath(directory)
+    recorded = _record(directory)
+    return check(directory, recorded.version, {r.path: r for r in recorded.files},
+                 os.path.join(directory, STATE_DIR, version_record.NAME), threads=threads, reporter=reporter,
+                 rules=DEFAULT_RULES.tracking(recorded.paths))
+
+
 def check(directory: PathLike, expected: bytes, expected_files: dict, source: str, *, threads: int | None = None,
-          reporter: Reporter = SILENT) -> VerifyResult:
+          reporter: Reporter = SILENT, rules=None) -> VerifyResult:
     """Hash every byte of ``directory`` and hold it against ``expected``
     (a fingerprint) and ``expected_files`` (path -> the bundle index's file
-    entry), naming each file and tensor that differs."""
+    entry, or the record's row), naming each file and tensor that differs.
+    ``rules``: which files are the checkpoint's (default: the scan's)."""
     threads = threads or default_threads()
     directory = os.fspath(directory)
     # a file the version lists is read whatever the ignore rules say (a
     # version pushed with --include optimizer.pt holds one): not "missing"
-    ckpt = scan(directory, keep=frozenset(expected_files))
+    keep = frozenset(expected_files)
+    ckpt = scan(directory, keep=keep) if rules is None else scan(directory, rules=rules, keep=keep)
     reporter.phase("verify", ckpt.total_bytes)
     m = manifest.compute(ckpt, threads=threads, reporter=reporter, use_cache=False)  # read every byte
     problems = []
@@ -101,3 +120,20 @@ def check(directory: PathLike, expected: bytes, expected_files: dict, source: st
     reporter.done()
     return VerifyResult(directory, expected, m.fingerprint, source, tuple(problems))
 
+
+def _record(directory: str) -> version_record.Record:
+    """DIR's record, read strictly (a planted one is refused, never obeyed);
+    a usage error naming the other sources when there is none."""
+    state = StateDir.open(directory, create=False) if os.path.isdir(directory) else None
+    recorded = None
+    if state is not None:
+        with state:
+            recorded = version_record.read(state)
+    if recorded is None:
+        if not os.path.isdir(directory):
+            scan(directory)  # the error of a path that is not a checkpoint directory
+        raise UsageError(
+            f"{directory}: has no record of a pull or an in-place apply (.wdiff/state.json) to check it against",
+            hint="give what it should be: --bundle BUNDLE (its target) or --remote REMOTE [--to VERSION]",
+        )
+    return recorded

@@ -1,6 +1,6 @@
 """log and status: what a remote holds, and where a directory stands against
-it. ``plan`` finds the cheapest run of bundles from a directory's version
-(or from an anchor) to the one wanted; pull follows it."""
+it: status reports the route a pull would take from there
+(:func:`wdiff.ops.pullplan.route`, the pull's own) and what it downloads."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from ..store.hashing import hexd
 from . import trust
 from .fetch import read_verified
 from .places import refuse_checkpoint_as_remote
+from .pull.plan import remote_index, route
 from .pull.space import to_download
-from .rollback import plan_back
-from .tracked import EMPTY_FINGERPRINT, fingerprint_of, local_state, plan, plan_recorded
+from .tracked import EMPTY_FINGERPRINT, fingerprint_of, local_state
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class StatusResult:
     behind: int  # bundles a pull to ``target`` would apply; -1 when no path exists
     download: int  # bytes a pull would fetch
     from_anchor: bool = False
-    labels: dict = field(default_factory=dict)
+    labels: dict = field(default_factory=dict)  # the remote's labels of its versions, for messages
     ahead: int = 0  # versions the directory is past ``target`` along the chain
     exists: bool = True  # False: no such directory yet (a pull creates it)
     recorded: bool = False  # ``current`` is the version DIR's record names (untracked files not counted)
@@ -124,33 +124,24 @@ def status(directory: PathLike, remote: str, *, to: str | None = None, trusted_k
         current, changed = recorded.version, local.changed
     else:
         local, current, changed = None, fingerprint_of(directory, threads, reporter), ()
+    work = StateDir.open(directory, "pull", create=False) if os.path.isdir(directory) else None
     try:
-        run, from_anchor = plan_recorded(chain, local, goal) if local is not None else plan(chain, current, goal)
-        behind, download = len(run), _download(directory, chain, current, goal, run, from_anchor, local)
+        # the route the pull (with --force, for local changes) would take,
+        # less what an interrupted pull left verified in the work area
+        r = route(chain, goal, current=current, local=local, index_of=lambda e: remote_index(store, e, work))
+        behind, download, from_anchor = len(r.run), to_download(r.downloads(), work), r.from_anchor
     except NotFoundError:
         behind, download, from_anchor = -1, 0, True
+    finally:
+        if work is not None:
+            work.close()
     # a directory at a later version of the chain is ahead of the target,
     # not behind it, whatever a pull back there would cost
     back = chain.path(goal, current) if current != goal and current in chain.versions else None
     reporter.done()
     return StatusResult(store.url, directory, current, current in chain.versions or current == EMPTY_FINGERPRINT,
-                        goal, behind, download, from_anchor, ahead=len(back) if back else 0,
+                        goal, behind, download, from_anchor, labels=chain.labels(), ahead=len(back) if back else 0,
                         exists=os.path.isdir(directory), recorded=recorded is not None, changed=changed)
-
-
-def _download(directory: str, chain, current: bytes, goal: bytes, run, from_anchor: bool, local) -> int:
-    """The bytes the pull would download: along the run it takes (undoing
-    the bundles between when that costs less than the anchor, as the pull
-    does), less what an interrupted pull left verified in the work area."""
-    if run and (local is None or (from_anchor and not local.changed)):
-        run = plan_back(chain, current, goal, run) or run
-    if not os.path.isdir(directory):
-        return sum(e.size for e in run)
-    work = StateDir.open(directory, "pull", create=False)
-    if work is None:
-        return sum(e.size for e in run)
-    with work:
-        return to_download(run, work)
 
 
 def _record_of(directory: str) -> version_record.Record | None:

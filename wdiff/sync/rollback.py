@@ -171,7 +171,7 @@ def finish_interrupted(chain: Chain, bundle_id: str, directory: str, work: State
         return False
     if not ok:
         return False
-    reporter.warn(f"finishing an interrupted rollback (to {short(r.index.target_fingerprint)})")
+    reporter.note(f"finishing the interrupted rollback (to {short(r.index.target_fingerprint)})")
     apply_in_place(path, directory, abort=False, threads=threads, reporter=reporter,
                    beside_locked=True)  # under the pull's lock
     work.unlink(name)

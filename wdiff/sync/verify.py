@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..errors import NotFoundError, UsageError
 from ..format.bundle import BundleReader
 from ..fsutil import scratch_dir
-from ..ops.verify import VerifyResult, check, verify_bundle
+from ..ops.verify import VerifyResult, check, verify_bundle, verify_recorded
 from ..paths import PathLike
 from ..progress import SILENT, Reporter
 from ..remotes import open_remote
@@ -18,11 +18,17 @@ def verify(directory: PathLike, *, bundle: PathLike | None = None, remote: str |
            version: str | None = None, threads: int | None = None, reporter: Reporter = SILENT) -> VerifyResult:
     """Read every byte of ``directory`` (the manifest cache is not trusted
     here) and check it against the target of ``bundle``, or against
-    ``version`` (default: the head) of ``remote``. Returns a
+    ``version`` (default: the head) of ``remote``; given neither, against
+    the directory's own record of the version a pull or an in-place apply
+    brought it to (files it does not list are not read). Returns a
     :class:`VerifyResult` naming what differs, is missing, or should not be
     there."""
-    if (bundle is None) == (remote is None):
-        raise UsageError("verify needs exactly one of a bundle or a remote to check against")
+    if bundle is not None and remote is not None:
+        raise UsageError("verify checks against a bundle or a remote, not both")
+    if version is not None and remote is None:
+        raise UsageError("--to names a version of the remote: it goes with --remote")
+    if bundle is None and remote is None:
+        return verify_recorded(directory, threads=threads, reporter=reporter)
     if bundle is not None:
         return verify_bundle(directory, bundle, threads=threads, reporter=reporter)
     store = open_remote(remote)

@@ -30,6 +30,7 @@ from ..fetch import accept
 from ..tracked import EMPTY_FINGERPRINT, fingerprint_of, local_state, plan
 from .keep import DEFAULT_KEEP, Versions
 from .keep import SAFE_NAME as _SAFE_NAME
+from .plan import Route, held_bundles, note_route
 from .space import check as check_space
 from .space import need_of
 from .work import PullResult, clear_work, fetch_run, open_verified, record_target, tidy_state
@@ -60,7 +61,8 @@ def pull_atomic(remote, link: str, *, to, trusted_keys, require_signature, token
     goal = chain.resolve(to)
     # the link's own lock (two --atomic pulls), and the one every writer of the
     # old directory holds: this pull writes into its .wdiff (work area, temps)
-    return _pull_locked(store, keys, read, chain, goal, link, old, threads, reporter, keep)
+    res = _pull_locked(store, keys, read, chain, goal, link, old, threads, reporter, keep)
+    return dataclasses.replace(res, labels=chain.labels())
 
 
 def _pull_locked(store, keys, read, chain, goal: bytes, link: str, old: str, threads: int,
@@ -105,8 +107,11 @@ def _build(store, keys, read, chain, goal: bytes, link: str, old: str, threads: 
             run, _ = plan(chain, EMPTY_FINGERPRINT, goal)
         work = state.sub("pull")
         try:
+            note_route(reporter, chain, Route(tuple(run), from_anchor), url=store.url, directory=link,
+                       current=current, goal=goal, held=held_bundles(work))
             siblings = os.path.dirname(old)  # the new version is written beside the old one
-            check_space(need_of(run, work, whole=True), work_at=work.path, files_at=siblings, what=link)
+            check_space(need_of(run, work, whole=True), work_at=work.path, files_at=siblings, what=link,
+                        reporter=reporter)
             paths, downloaded = fetch_run(store, keys, run, work, reporter)
             check_space(need_of(run, work, whole=True), work_at=work.path, files_at=siblings, what=link)
             bundle = paths[0]

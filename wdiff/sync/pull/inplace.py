@@ -22,20 +22,18 @@ DIR or parent directory it made, behind.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import re
-import shutil
 
-from ...errors import (BaseMismatchError, BusyError, Interrupted, LocalChangesError, NotFoundError, RemoteError,
-                        UsageError, WdiffError, WdiffIOError)
+from ...errors import (BaseMismatchError, BusyError, Interrupted, LocalChangesError, RemoteError, UsageError,
+                        WdiffError, WdiffIOError)
 from ...format.bundle import reading
 from ...format.journal import Txn
-from ...fsutil import beside_lock_path, fsync_dir, io_error, locked_beside, owner_alive, owner_tag, remove_tree
-from ...ops.apply import apply
-from ...ops.apply.inplace import apply_in_place, restorable
-from ...ops.squash import squash, squash_from
+from ...fsutil import beside_lock_path, io_error, locked_beside
+from ...ops.apply.inplace import apply_in_place
+from ...ops.squash import squash_from
 from ...parallel import default_threads
-from ...paths import RESERVED, STATE_DIR, PathLike, printable
+from ...paths import STATE_DIR, PathLike, printable
 from ...progress import SILENT, Reporter
 from ...statedir import StateDir
 from ...store import manifest, version_record
@@ -43,10 +41,12 @@ from ...store.checkpoint import scan
 from ...store.hashing import hexd, short
 from ...store.ignore import DEFAULT_RULES
 from ..fetch import accept, download
-from ..rollback import finish_interrupted, plan_back, step_back
-from ..tracked import EMPTY_FINGERPRINT, LocalState, fingerprint_of, local_state, plan, plan_recorded
+from ..rollback import finish_interrupted, step_back
+from ..tracked import EMPTY_FINGERPRINT, LocalState, fingerprint_of, local_state
 from .atomic import pull_atomic
+from .beside import rebuild_beside, sweep
 from .keep import DEFAULT_KEEP
+from .plan import held_bundles, note_route, route
 from .space import NoSpace, need_of
 from .space import check as check_space
 from .work import (PullResult, fetch_run, finish_squash, open_verified, prune_work, record_target, tidy_state,
@@ -115,14 +115,15 @@ def pull(
     try:
         # the lock sits beside the directory: a pull may swap the directory itself
         with locked_beside(beside_lock_path(directory), what=directory):
-            _sweep(parent, name, old_too=False)
+            sweep(parent, name, old_too=False)
             created = not os.path.lexists(directory)
             had_state = not created and os.path.lexists(os.path.join(directory, STATE_DIR))
             try:
                 if created:  # what the pull downloads must fit before DIR exists
-                    run, _ = plan(chain, EMPTY_FINGERPRINT, goal)
-                    check_space(need_of(run, None, whole=True), work_at=directory, files_at=directory,
-                                what=directory)
+                    r = route(chain, goal, current=EMPTY_FINGERPRINT)
+                    note_route(reporter, chain, r, url=store.url, directory=directory, current=None, goal=goal)
+                    check_space(need_of(r.run, None, whole=True), work_at=directory, files_at=directory,
+                                what=directory, reporter=reporter)
                     try:
                         os.mkdir(directory)
                     except OSError as e:
@@ -130,7 +131,7 @@ def pull(
                 res = _pull_locked(store, chain, keys, directory, to, threads, reporter, force, checked=created,
                                    made_state=not had_state)
                 accept(store, read, records)  # after any swap: DIR/.wdiff is the new directory's
-                _sweep(parent, name, old_too=True)
+                sweep(parent, name, old_too=True)
             except BaseException:
                 _tidy(directory, created=created, had_state=had_state)  # still under the lock
                 raise
@@ -138,7 +139,7 @@ def pull(
         _remove_empty(list(reversed(made)))
         raise
     reporter.done()
-    return res
+    return dataclasses.replace(res, labels=chain.labels())
 
 
 def _make_parents(parent: str) -> list[str]:
@@ -194,9 +195,19 @@ def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter:
 
 def _pull_in(store, chain, keys, journal, directory: str, work: StateDir, state: StateDir, to, threads: int,
              reporter: Reporter, force: bool, checked: bool) -> PullResult:
-    """The pull itself, under both locks, with the work area open."""
+    """The pull itself, under both locks, with the work area open; first,
+    the apply an interrupted pull left half done, which the result names."""
+    finished = None
     if journal is not None:
-        _finish_interrupted(store, chain, keys, journal, directory, work, threads, reporter)
+        finished = _finish_interrupted(store, chain, keys, journal, directory, work, threads, reporter)
+    res = _pull_on(store, chain, keys, directory, work, state, to, threads, reporter, force, checked)
+    if finished is None:
+        return res
+    return dataclasses.replace(res, finished=finished, up_to_date=False)
+
+
+def _pull_on(store, chain, keys, directory: str, work: StateDir, state: StateDir, to, threads: int,
+             reporter: Reporter, force: bool, checked: bool) -> PullResult:
     goal = chain.resolve(to)
     recorded = version_record.read(state)  # strict: a planted one is refused, never obeyed
     if recorded is not None:
@@ -229,25 +240,31 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
     ends in a BaseMismatchError before anything is written. A directory at a
     version the remote does not know, with no record of a pull, is replaced
     only with ``force``: what it holds may be someone's work."""
-    run, from_anchor = plan(chain, current, goal)
+    r = route(chain, goal, current=current)
+    run, from_anchor, back = list(r.run), r.from_anchor, r.back
     before = current if current in chain.versions else None
     if not run:
         _adopt(state, directory, threads, reporter)
         return PullResult(store.url, directory, before, goal, up_to_date=True)
-    back = plan_back(chain, current, goal, run)
     fetched = 0
     if back:  # a rollback: undoing the bundles between costs less than the anchor
         if guessed:  # the inverses are built from DIR's bytes: plan from them, not from a guess
             return _bring(store, chain, keys, directory, work, state, fingerprint_of(directory, threads, reporter),
                           goal, False, threads, reporter, force)
-        got = _stepping_back(store, chain, keys, directory, work, back, run, threads, reporter)
+        _note(reporter, store, chain, r, directory, current, goal, work)
+        got = _stepping_back(store, chain, keys, directory, work, list(back), run, threads, reporter)
         if got.done:
             return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in reversed(back)),
                               got.downloaded, stepped_back=True)
         reporter.warn(f"cannot step back along the chain ({got.why}); rebuilding from an anchor")
         fetched = got.downloaded
         current = fingerprint_of(directory, threads, reporter)
-        run, from_anchor = plan(chain, current, goal)
+        r = route(chain, goal, current=current)
+        r = dataclasses.replace(r, back=None)
+        run, from_anchor = list(r.run), r.from_anchor
+    empty = current == EMPTY_FINGERPRINT
+    if not (checked and empty):  # a DIR this pull made: its route was noted when it was checked
+        _note(reporter, store, chain, r, directory, current, goal, work)
     empty = current == EMPTY_FINGERPRINT
     rebuild = from_anchor and not empty
     if rebuild and current not in chain.versions and not force:
@@ -258,15 +275,16 @@ def _bring(store, chain, keys, directory: str, work: StateDir, state: StateDir, 
             "which a pull cannot replace with a rebuilt copy; nothing was changed",
             hint="empty it (or pull into a new directory inside it), then pull again",
         )
+    exact = True
     if not (checked and empty):  # a DIR this pull made was checked before it was
-        _check(run, work, directory, whole=from_anchor)
+        exact = _check(run, work, directory, whole=from_anchor, reporter=reporter)
     bundles, downloaded = fetch_run(store, keys, run, work, reporter)
     downloaded += fetched
-    _check_again(run, work, directory, whole=from_anchor)
+    _check_again(run, work, directory, whole=from_anchor, reporter=reporter if not exact else SILENT)
     if rebuild:
         with reading(bundles[-1]) as last:
             target = last.index
-        _rebuild_beside(directory, bundles, work, state, threads, reporter)
+        rebuild_beside(directory, bundles, work, state, threads, reporter)
         with StateDir.open(directory) as fresh:  # the new directory's own state
             record_target(fresh, target)
     else:
@@ -342,44 +360,48 @@ def _bring_local(store, chain, keys, directory: str, work: StateDir, local: Loca
     if local.changed and not force:
         _refuse_local_changes(directory, local)  # before anything is downloaded
     before = local.version if local.version in chain.versions else None
-    run, from_anchor = plan_recorded(chain, local, goal)
+    probed = [0]
+
+    def index_of(e):
+        """The index of the run's first bundle, which says whether it
+        carries the changed files whole: downloaded (the way by deltas
+        needs it anyway), after the disk check."""
+        _check([e], work, directory, whole=False, reporter=reporter)
+        path, n = download(store, e, work, reporter, keys=keys)
+        probed[0] += n
+        with reading(path) as r:
+            return r.index
+
+    r = route(chain, goal, current=local.version, local=local, index_of=index_of)
+    run, from_anchor = list(r.run), r.from_anchor
     if not run:
         return PullResult(store.url, directory, before, goal, up_to_date=True)
-    if from_anchor and not local.changed:
-        stepped = _step_back(store, chain, keys, directory, work, local.version, goal, run, before, threads, reporter)
+    _note(reporter, store, chain, r, directory, local.version, goal, work)
+    if r.back:
+        stepped = _step_back(store, chain, keys, directory, work, list(r.back), goal, run, before, threads, reporter)
         if stepped is not None:
             return stepped
     replace = set(local.changed)
     if not from_anchor:
-        _check(run, work, directory, whole=False)
+        exact = _check(run, work, directory, whole=False, reporter=reporter)
         paths, downloaded = fetch_run(store, keys, run, work, reporter)
-        with reading(paths[0]) as first:
-            unrestorable = restorable(first.index, replace)
-        if not unrestorable:
-            _check_again(run, work, directory, whole=False)
-            _apply_run(directory, work, local, paths, replace, force, threads, reporter)
-            return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in run), downloaded,
-                              restored=tuple(sorted(replace)))
-        # a changed file that no delta of the run carries whole: from an anchor
-        reporter.warn(f"{directory}: {', '.join(printable(p) for p in unrestorable[:5])} cannot be restored from "
+        _check_again(run, work, directory, whole=False, reporter=reporter if not exact else SILENT)
+        _apply_run(directory, work, local, paths, replace, force, threads, reporter)
+        return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in run), downloaded + probed[0],
+                          restored=tuple(sorted(replace)))
+    if r.unrestorable:  # a changed file that no delta of the run carries whole: from an anchor
+        reporter.warn(f"{directory}: {', '.join(printable(p) for p in r.unrestorable[:5])} cannot be restored from "
                       "the deltas; restoring from an anchor")
-        anchored = chain.path(None, goal)
-        if anchored is None:
-            raise NotFoundError(f"no anchor leads to version {short(goal)}; the remote cannot restore "
-                                f"{', '.join(printable(p) for p in unrestorable[:5])}")
-        run = anchored
-    else:
-        downloaded = 0
-    _check(run, work, directory, whole=True)
-    paths, n = fetch_run(store, keys, run, work, reporter)
-    downloaded += n
-    _check_again(run, work, directory, whole=True)
+    exact = _check(run, work, directory, whole=True, reporter=reporter)
+    paths, downloaded = fetch_run(store, keys, run, work, reporter)
+    downloaded += probed[0]
+    _check_again(run, work, directory, whole=True, reporter=reporter if not exact else SILENT)
     bundle = paths[0]
     if len(paths) > 1:
         bundle = work.where(f"squash-anchor-{short(goal)}.wdb")
         squash_from(paths, None, bundle, threads=threads, reporter=reporter, overwrite=True, check_out=False)
-    with reading(bundle) as r:
-        clashes = _clashes(directory, r.index, local.recorded)
+    with reading(bundle) as rd:
+        clashes = _clashes(directory, rd.index, local.recorded)
     if clashes and not force:
         _refuse_local_changes(directory, local, clashes)
     apply_in_place(bundle, directory, abort=False, threads=threads, reporter=reporter, over=True, beside_locked=True,
@@ -388,14 +410,11 @@ def _bring_local(store, chain, keys, directory: str, work: StateDir, local: Loca
                       from_anchor=True, restored=tuple(sorted(replace | set(clashes))))
 
 
-def _step_back(store, chain, keys, directory: str, work: StateDir, current: bytes, goal: bytes, run, before,
+def _step_back(store, chain, keys, directory: str, work: StateDir, back, goal: bytes, run, before,
                threads: int, reporter: Reporter) -> PullResult | None:
     """A recorded directory going back to an older version: undo the bundles
-    between through their inverses when that costs less than the anchor
-    ``run``; None when it does not, or cannot (the anchor run follows)."""
-    back = plan_back(chain, current, goal, run)
-    if not back:
-        return None
+    ``back`` through their inverses (the route found that cheaper than the
+    anchor ``run``); None when it cannot (the anchor run follows)."""
     got = _stepping_back(store, chain, keys, directory, work, back, run, threads, reporter)
     if got.done:
         return PullResult(store.url, directory, before, goal, tuple(e.bundle for e in reversed(back)),
@@ -447,22 +466,31 @@ def _stepping_back(store, chain, keys, directory: str, work: StateDir, back, run
                    reporter: Reporter):
     """Undo ``back`` through its inverses (rollback.step_back), after the
     disk check: its downloads, and an in-place apply of each inverse."""
-    _check(back, work, directory, whole=False)
+    _check(back, work, directory, whole=False, reporter=reporter)
     prune_work(work, back)
     return step_back(store, chain, keys, directory, work, back, budget=sum(e.size for e in run),
                      threads=threads, reporter=reporter)
 
 
-def _check(run, work: StateDir, directory: str, *, whole: bool) -> None:
+def _check(run, work: StateDir, directory: str, *, whole: bool, reporter: Reporter = SILENT) -> bool:
     """Refuse before anything is downloaded when the disk lacks what the
-    plan needs (pullspace). A rebuild writes beside DIR, on its disk."""
-    check_space(need_of(run, work, whole=whole), work_at=work.path, files_at=directory, what=directory)
+    plan needs (pullspace); -v says what it needs and has. A rebuild
+    writes beside DIR, on its disk. True: the count was exact."""
+    need = need_of(run, work, whole=whole)
+    check_space(need, work_at=work.path, files_at=directory, what=directory, reporter=reporter)
+    return need.exact
 
 
-def _check_again(run, work: StateDir, directory: str, *, whole: bool) -> None:
+def _check_again(run, work: StateDir, directory: str, *, whole: bool, reporter: Reporter = SILENT) -> None:
     """Check again once the bundles are here, before DIR is touched: exact
     where the store could not read their indexes before the download."""
-    check_space(need_of(run, work, whole=whole), work_at=work.path, files_at=directory, what=directory)
+    check_space(need_of(run, work, whole=whole), work_at=work.path, files_at=directory, what=directory,
+                reporter=reporter)
+
+
+def _note(reporter: Reporter, store, chain, r, directory: str, current: bytes, goal: bytes, work: StateDir) -> None:
+    note_route(reporter, chain, r, url=store.url, directory=directory, current=current, goal=goal,
+               held=held_bundles(work))
 
 
 def _clear_quietly(state: StateDir, *, only_empty: bool = False) -> None:
@@ -498,100 +526,26 @@ def _remove_empty(dirs: list[str]) -> None:
 
 
 def _finish_interrupted(store, chain, keys, journal, directory: str, work: StateDir, threads: int,
-                        reporter: Reporter) -> None:
+                        reporter: Reporter) -> str:
     """A pull killed while applying left a journal: finish that apply first,
     but only when its bundle is one of the verified chain, checked again in
     this run (every part's digest, the signature with trusted keys), or
     the inverse or squash that pull built from such bundles, joining two
-    versions of the chain."""
+    versions of the chain. What it finished: "rollback" or "apply"."""
     entry = next((e for e in chain.entries if hexd(e.bundle) == journal.bundle_id), None)
-    if entry is None and (finish_interrupted(chain, journal.bundle_id, directory, work, threads=threads,
-                                             reporter=reporter)
-                          or finish_squash(chain, journal.bundle_id, directory, work, threads=threads,
-                                           reporter=reporter)):
-        return
+    if entry is None and finish_interrupted(chain, journal.bundle_id, directory, work, threads=threads,
+                                            reporter=reporter):
+        return "rollback"
+    if entry is None and finish_squash(chain, journal.bundle_id, directory, work, threads=threads,
+                                       reporter=reporter):
+        return "apply"
     if entry is None:
         raise BusyError(
             f"{directory}: an in-place apply that this pull did not start (bundle {journal.bundle_id[:12]}, "
             "which the remote's chain does not hold) was interrupted here",
             hint="finish it (or --abort it) with wdiff apply BUNDLE DIR --in-place",
         )
+    reporter.note(f"finishing the interrupted apply of {chain.name(entry.parent)} -> {chain.name(entry.version)}")
     path, _ = download(store, entry, work, reporter, keys=keys)
     apply_in_place(path, directory, abort=False, threads=threads, reporter=reporter, beside_locked=True)
-
-
-def _debris(name: str) -> re.Pattern:
-    # the copy, apply's temp for it (PID-START-RANDOM) or apply's lock beside it
-    tail = r"(?:\.wdiff-tmp-[0-9a-f-]+|\.wdiff-lock)?"
-    return re.compile(rf"^\.\.?{re.escape(name)}\.wdiff-(new|old)-(\d+)(?:-(\d+))?{tail}$")
-
-
-def _sweep(parent: str, name: str, *, old_too: bool) -> None:
-    """Remove the copies dead pulls left beside DIR (the caller holds DIR's
-    beside lock, so no live pull of DIR owns any). A previous DIR
-    (``-old-``) goes only once DIR is whole again."""
-    pat = _debris(name)
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for n in names:
-        m = pat.match(n)
-        if not m or (m.group(1) == "old" and not old_too):
-            continue
-        if owner_alive(int(m.group(2)), int(m.group(3)) if m.group(3) else None):
-            continue
-        p = os.path.join(parent, n)
-        try:
-            if os.path.isdir(p) and not os.path.islink(p):
-                shutil.rmtree(p)
-            else:
-                os.unlink(p)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise io_error(p, e) from None
-
-
-def _rebuild_beside(directory: str, bundles: list[str], work: StateDir, state: StateDir, threads: int,
-                    reporter: Reporter) -> None:
-    """The directory holds a version the remote does not know: build the
-    wanted version beside it from an anchor, then swap the two directories
-    by rename, holding DIR's own lock (no in-place apply runs meanwhile).
-    The old content is kept until the new one is complete and verified; a
-    crash between the two renames leaves both as hidden siblings and no
-    directory, which the next pull treats as empty (and whose debris it
-    removes). ``.git/`` and ``.cache/`` move over to the new directory."""
-    parent, name = os.path.split(directory)
-    tag = owner_tag()
-    fresh = os.path.join(parent, f".{name}.wdiff-new-{tag}")
-    old = os.path.join(parent, f".{name}.wdiff-old-{tag}")
-    with state.lock(what=directory):
-        carried: list[str] = []
-        swapped = False
-        try:
-            bundle = bundles[0]
-            if len(bundles) > 1:
-                bundle = work.where("squash-anchor.wdb")
-                squash(bundles, None, bundle, threads=threads, reporter=reporter, overwrite=True)
-            apply(bundle, None, fresh, threads=threads, reporter=reporter)
-            for keep in sorted(RESERVED - {STATE_DIR}):
-                if os.path.lexists(os.path.join(directory, keep)):
-                    os.rename(os.path.join(directory, keep), os.path.join(fresh, keep))
-                    carried.append(keep)
-            os.rename(directory, old)
-            swapped = True
-            os.rename(fresh, directory)
-            fsync_dir(parent)
-        except OSError as e:
-            if not swapped:
-                for keep in carried:
-                    os.rename(os.path.join(fresh, keep), os.path.join(directory, keep))
-            elif not os.path.lexists(directory):
-                os.rename(old, directory)  # put the user's directory back
-                swapped = False
-            raise io_error(directory, e) from None
-        finally:
-            if not swapped or os.path.isdir(directory):
-                remove_tree(fresh)
-    remove_tree(old)
+    return "apply"

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from ...errors import WdiffIOError
 from ...format.bundle import BundleReader
 from ...ops.apply.inplace import derive_plan
-from ...progress import size_text
+from ...progress import SILENT, Reporter, size_text
 from ...statedir import StateDir
 from ..fetch import work_names
 
@@ -70,7 +70,7 @@ class Need:
 def to_download(run, work: StateDir | None) -> int:
     """Bytes of ``run`` a pull still downloads, given what the work area
     ``work`` holds (an interrupted pull's bundles and parts)."""
-    return need_of(run, work, whole=False).downloads
+    return need_of(run, work, whole=False).downloads if run else 0
 
 
 def need_of(run, work: StateDir | None, *, whole: bool) -> Need:
@@ -103,20 +103,24 @@ def need_of(run, work: StateDir | None, *, whole: bool) -> Need:
     return Need(downloads, files, temporary)
 
 
-def check(need: Need, *, work_at: str, files_at: str, what: str) -> None:
+def check(need: Need, *, work_at: str, files_at: str, what: str, reporter: Reporter = SILENT) -> None:
     """Refuse, with nothing written, when the disks lack what ``need`` says:
     the downloads and temporary space on the work area's file system, the
-    new files on that of ``files_at`` (the same one, but for --atomic)."""
+    new files on that of ``files_at`` (the same one, but for --atomic).
+    ``reporter`` notes (-v) what the pull needs and what the disks have."""
     want: dict[int, list] = {}
     for path, n in ((work_at, need.downloads + need.temporary), (files_at, need.files)):
         dev, free = _free(path)
         got = want.setdefault(dev, [0, free, path])
         got[0] += n
+    parts = f"downloads {size_text(need.downloads)}, new files {size_text(need.files)}, " \
+            f"temporary {size_text(need.temporary)}"
     for total, free, path in want.values():
+        disk = "" if path == what else f", on the file system of {path}"
+        has = "free space unknown" if free is None else f"has {size_text(free)}"
+        later = "" if need.exact else "; the new files are counted once the bundles are here"
+        reporter.note(f"disk: needs {size_text(total)} free, {has} ({parts}{disk}){later}")
         if free is not None and total > free:
-            parts = f"downloads {size_text(need.downloads)}, new files {size_text(need.files)}, " \
-                    f"temporary {size_text(need.temporary)}"
-            disk = "" if path == what else f", on the file system of {path}"
             raise NoSpace(
                 f"{what}: a pull needs {size_text(total)} free, has {size_text(free)} ({parts}{disk}); "
                 f"the checkpoint was left as it was ({os.strerror(errno.ENOSPC)})",

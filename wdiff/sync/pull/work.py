@@ -14,11 +14,13 @@ next pull resumes them, and removes the whole area once it succeeds.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 
 from ...errors import WdiffError
 from ...format import signature as signing
 from ...format.bundle import BundleReader
+from ...format.journal import Txn
 from ...ops.apply.inplace import apply_in_place
 from ...paths import STATE_DIR
 from ...progress import Reporter
@@ -47,6 +49,9 @@ class PullResult:
     link: str | None = None  # --atomic: the link that now points at ``directory``
     stepped_back: bool = False  # undid ``bundles`` (newest first) through their inverses
     removed: tuple[str, ...] = ()  # --atomic: old version directories removed beyond --keep
+    finished: str | None = None  # what this pull finished first: an interrupted "apply" or "rollback"
+    #: the labels of the remote's versions, for messages (not in the JSON document: see ``wdiff log``)
+    labels: dict = field(default_factory=dict, compare=False, repr=False)
 
     def to_json(self) -> dict:
         return {
@@ -62,6 +67,7 @@ class PullResult:
             "downloaded_bytes": self.downloaded,
             "restored": list(self.restored),
             "link": self.link,
+            "finished_interrupted": self.finished is not None,
         } | ({"removed": list(self.removed)} if self.link else {})
 
 def open_verified(remote, directory: str, purpose: str, *, token, trusted_keys, require_signature, max_age,
@@ -108,6 +114,44 @@ def work_names_held(state: StateDir) -> list[str] | None:
         return None
     with w:
         return w.names()
+
+
+@dataclass(frozen=True)
+class Left:
+    """What a directory holds of wdiff's after a command on it stopped: for
+    saying what comes next (an interrupted command's message)."""
+
+    journal: bool  # an in-place apply that began and did not finish (DIR holds parts of two versions)
+    version: bytes | None  # the version its record names (None: no record)
+    kept: int  # bytes of downloads in the pull work area, which the next pull verifies and reuses
+
+
+def left_in(directory: str) -> Left | None:
+    """What ``directory/.wdiff`` holds now, read without creating, locking
+    or following anything; None when there is no such directory or it
+    cannot be read (a message is all this is for: it never steers a write)."""
+    try:
+        if not os.path.isdir(directory):
+            return None
+        state = StateDir.open(directory, create=False)
+        if state is None:
+            return Left(False, None, 0)
+        with state:
+            journal = state.kind("txn") is not None and Txn(state).read_journal() is not None
+            try:
+                version = version_record.read(state)
+            except WdiffError:
+                version = None
+            kept = 0
+            work = state.sub("pull", create=False)
+            if work is not None:
+                with work:
+                    for n in work.names():
+                        st = os.stat(n, dir_fd=work.fd, follow_symlinks=False)
+                        kept += st.st_size if stat.S_ISREG(st.st_mode) else 0
+            return Left(journal, version.version if version is not None else None, kept)
+    except (OSError, WdiffError):
+        return None
 
 
 def clear_work(state: StateDir) -> None:
@@ -166,7 +210,7 @@ def finish_squash(chain, bundle_id: str, directory: str, work: StateDir, *, thre
         except Exception:  # noqa: BLE001 - a damaged file is not ours to finish
             continue
         if ours:
-            reporter.warn(f"finishing an interrupted pull (to {short(r.index.target_fingerprint)})")
+            reporter.note(f"finishing the interrupted apply (to {short(r.index.target_fingerprint)})")
             apply_in_place(work.where(name), directory, abort=False, threads=threads, reporter=reporter,
                            beside_locked=True)  # under the pull's lock
             work.unlink(name)
