@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -180,3 +179,114 @@ def snapshot(model) -> dict[str, bytes]:
 def differing(a: dict[str, bytes], b: dict[str, bytes]) -> list[str]:
     """The parameters whose bytes differ (or that only one side has)."""
     return sorted(n for n in a.keys() | b.keys() if a.get(n) != b.get(n))
+
+
+# -- the benchmark -----------------------------------------------------------------------
+
+MODELS = {
+    "llama": {"layers": 2},
+    "moe": {"layers": 8, "experts": 256, "expert_inter": 32},
+}
+
+
+def _push_versions(root: str, cfg: dict, runs: int, density: float) -> tuple[list[str], str, list[int]]:
+    """v0 .. v<runs> (each a sparse step of every tensor from the one
+    before) pushed to a directory remote; their directories and part sizes."""
+    w = random_weights(cfg, seed=1)
+    dirs, sizes = [], []
+    remote = os.path.join(root, "remote")
+    for k in range(runs + 1):
+        if k:
+            w = sparse_step(w, density=density, seed=100 + k)
+        d = write_model(os.path.join(root, f"v{k}"), cfg, w)
+        args = ["--anchor"] if k == 0 else ["--base", dirs[-1]]
+        subprocess.run([sys.executable, "-m", "wdiff", "push", "-q", d, remote, "--label", f"v{k}", *args], check=True)
+        dirs.append(d)
+    with open(os.path.join(remote, "chain.json")) as f:
+        sizes = [e["size"] for e in json.load(f)["entries"]]
+    return dirs, remote, sizes
+
+
+def _engine(args) -> dict:
+    """(the engine process) time ``runs`` updates and ``runs`` reloads."""
+    from vllm import LLM
+
+    from wdiff.bench import vllm as named  # functions sent to the worker go by their module's name, not __main__
+
+    work = json.loads(args.engine)
+    dirs, remote = work["dirs"], work["remote"]
+    t = time.perf_counter()
+    llm = LLM(model=dirs[0], weight_transfer_config={"backend": "wdiff"}, **ENGINE_ARGS)
+    start = time.perf_counter() - t
+    llm.init_weight_transfer_engine({"init_info": {"remote": remote, "cache_dir": work["cache"]}})
+    updates, parts, reloads = [], [], []
+    for k in range(1, len(dirs)):
+        t = time.perf_counter()
+        llm.start_weight_update()
+        llm.update_weights({"update_info": {"version": f"v{k}"}})
+        llm.finish_weight_update(f"v{k}")
+        updates.append(time.perf_counter() - t)
+        parts.append(llm.collective_rpc(named._last_update)[0])
+    for k in range(1, len(dirs)):
+        t = time.perf_counter()
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": dirs[k]})
+        reloads.append(time.perf_counter() - t)
+    llm.llm_engine.engine_core.shutdown()
+    return {"start": start, "updates": updates, "parts": parts, "reloads": reloads}
+
+
+def _last_update(worker) -> dict:
+    r = worker.weight_transfer_engine.last
+    return {"tensors": r.tensors, "bytes": r.bytes, "seconds": r.seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m wdiff.bench.vllm", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="llama,moe", help="comma-separated: " + ", ".join(MODELS))
+    ap.add_argument("--runs", type=int, default=3, help="updates and reloads timed per model")
+    ap.add_argument("--density", type=float, default=0.01, help="fraction of every tensor's elements a step moves")
+    ap.add_argument("--layers", type=int, help="decoder layers (default: the model's)")
+    ap.add_argument("--experts", type=int, help="experts per layer of the moe model")
+    ap.add_argument("--engine", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.engine:
+        print("RESULT " + json.dumps(_engine(args)), flush=True)
+        return 0
+    rows = []
+    for name in args.models.split(","):
+        kw = dict(MODELS[name])
+        if args.layers:
+            kw["layers"] = args.layers
+        if args.experts and "experts" in kw:
+            kw["experts"] = args.experts
+        cfg = llama_config(**kw)
+        specs = tensor_specs(cfg)
+        with tempfile.TemporaryDirectory(prefix="wdiff-bench-vllm-") as root:
+            dirs, remote, sizes = _push_versions(root, cfg, args.runs, args.density)
+            work = {"dirs": dirs, "remote": remote, "cache": os.path.join(root, "cache")}
+            env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1", VLLM_LOGGING_LEVEL="WARNING")
+            out = subprocess.run([sys.executable, "-m", "wdiff.bench.vllm", "--engine", json.dumps(work)],
+                                 capture_output=True, text=True, env=env)
+            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+            if out.returncode != 0 or not lines:
+                sys.stderr.write(out.stderr[-6000:])
+                return 2
+            r = json.loads(lines[-1][len("RESULT "):])
+        med = statistics.median
+        rows.append({
+            "model": name, "tensors": len(specs), "model_mb": sum(s.nbytes for s in specs) / 1e6,
+            "delta_mb": med(sizes[1:]) / 1e6, "handed": med(p["tensors"] for p in r["parts"]),
+            "update": med(r["updates"]), "pull": med(p["seconds"]["pull+verify"] for p in r["parts"]),
+            "load": med(p["seconds"]["load"] for p in r["parts"]), "reload": med(r["reloads"]),
+            "start": r["start"],
+        })
+    print(f"{'model':6} {'tensors':>8} {'model MB':>9} {'delta MB':>9} {'handed':>7} {'update s':>9} "
+          f"{'pull+verify':>12} {'load':>7} {'reload s':>9} {'engine start s':>15}")
+    for x in rows:
+        print(f"{x['model']:6} {x['tensors']:>8} {x['model_mb']:>9.1f} {x['delta_mb']:>9.2f} {x['handed']:>7.0f} "
+              f"{x['update']:>9.2f} {x['pull']:>12.2f} {x['load']:>7.2f} {x['reload']:>9.2f} {x['start']:>15.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
