@@ -165,6 +165,9 @@ def test_an_engine_follows_a_remote_through_vllms_rl_api(tmp_path):
     assert "not a version of the engine's model" in r["other_error"], r["other_error"]
     assert r["after_other"] == [], r["after_other"]
     assert r["generate_a"] == r["generate_b"]
+    assert "not initialised" in r["before_init"], r["before_init"]
+    assert "Invalid init_info" in r["init_error"], r["init_error"]
+    assert "no such remote" in r["missing_remote"], r["missing_remote"]
     # the trainer side: both engines took the trainer's version, which is not v1
     assert r["trainer_a_vs_b"] == [] and r["trainer_vs_v1"] != []
     assert r["update_report"]["tensors"] == 21 - 3 and r["update_report"]["version"] == r["v1"]
@@ -201,6 +204,15 @@ def _engine_run(work: dict) -> dict:
 
     a = LLM(model=dirs["v0"], weight_transfer_config={"backend": "wdiff"}, **bv.ENGINE_ARGS)
     a0 = snap(a)
+    res["before_init"] = refused(a, "v1")  # an update before init_weight_transfer_engine
+    try:
+        a.init_weight_transfer_engine({"init_info": {}})
+        res["init_error"] = "no error"
+    except Exception as e:  # noqa: BLE001 - the refusal is what is checked
+        res["init_error"] = str(e)
+    # a remote that does not exist yet (a trainer inits its engines before its first push)
+    a.init_weight_transfer_engine({"init_info": {"remote": os.path.join(remote, "missing"), "cache_dir": cache}})
+    res["missing_remote"] = refused(a, "HEAD")
     a.init_weight_transfer_engine({"init_info": {"remote": remote, "cache_dir": cache}})
     a.start_weight_update()
     a.update_weights({"update_info": {"version": "v1"}})

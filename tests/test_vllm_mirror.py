@@ -218,3 +218,20 @@ def test_the_cache_does_not_grow_over_updates(tmp_path, chain):
         files = [os.path.join(dp, f) for dp, _, fs in os.walk(tmp_path / "cache") for f in fs]
         sizes.append((len(files), sum(os.path.getsize(f) for f in files)))
     assert len(set(sizes[2:])) == 1, sizes
+
+
+def test_a_staging_buffer_still_in_use_is_never_reused(tmp_path, chain):
+    """A loader that keeps a view of what it was handed (rather than a
+    copy) must not see it overwritten by the next update."""
+    d, remote, w = chain
+    m = _mirror(remote, tmp_path)
+    held = hash_table(d["v0"], threads=2)
+    t1, s1 = _update(m, d, held, "v1")
+    kept = s1.view(ONE)  # a view that outlives the update
+    s1.close()
+    t2, s2 = _update(m, d, t1, "v2")
+    assert s2.buf is not s1.buf and bytes(kept) == w["v1"][ONE].tobytes()
+    del kept
+    s2.close()
+    t3, s3 = _update(m, d, t2, "v1")
+    assert s3.buf is s2.buf  # nothing held it: reused

@@ -375,7 +375,9 @@ class Staged:
         return self.where[name][1]
 
     def close(self) -> None:
-        if self.give_back is not None and len(self.buf) <= STAGE_IN_MEMORY:
+        # kept for the next update only if nothing still uses its memory: a loader that kept a
+        # view of a tensor handed to it (instead of copying it) must never see it overwritten
+        if self.give_back is not None and len(self.buf) <= STAGE_IN_MEMORY and not _exported(self.buf):
             self.give_back(self.buf)
             return
         with contextlib.suppress(BufferError):  # views still held: the mapping goes with them
@@ -458,6 +460,18 @@ def _open_file(dfd: int, path: str, root: str) -> int:
         os.close(fd)
         raise IntegrityError(f"{os.path.join(root, path)}: not a regular file")
     return fd
+
+
+def _exported(buf: mmap.mmap) -> bool:
+    """Whether any buffer (a memoryview, a tensor made from one) still
+    shares ``buf``'s memory: an mmap refuses to resize then."""
+    try:
+        buf.resize(len(buf))
+    except BufferError:
+        return True
+    except (OSError, SystemError):  # cannot tell: do not reuse it
+        return True
+    return False
 
 
 def _buffer(total: int, spill_dir: str) -> mmap.mmap:
