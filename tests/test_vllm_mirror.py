@@ -14,7 +14,8 @@ import wdiff
 from wdiff.bench import vllm as bv
 from wdiff.errors import BaseMismatchError, IntegrityError
 from wdiff.format import signature as signing
-from wdiff.integrations.vllm.mirror import Mirror, group_of, hash_table, plan
+from wdiff.integrations.vllm.mirror import Mirror
+from wdiff.integrations.vllm.tables import group_of, hash_table, plan
 
 CFG = bv.llama_config(hidden=64, heads=1, kv_heads=1, inter=128)
 LAYER0 = ["model.layers.0.self_attn.q_proj.weight"]

@@ -33,7 +33,9 @@ from vllm.distributed.weight_transfer.base import (WeightTransferEngine, WeightT
 from ...errors import UsageError
 from ...parallel import default_threads
 from ...store.hashing import hexd, short
-from .mirror import Mirror, Staged, Table, hash_table
+from .mirror import Mirror
+from .staged import Staged
+from .tables import Table, hash_table
 
 log = logging.getLogger("wdiff.vllm")
 

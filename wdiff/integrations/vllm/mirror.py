@@ -16,10 +16,10 @@ digest), and an update is:
 3. take the version's table from the copy and check it against the
    version's fingerprint (the table binds every tensor digest to the
    fingerprint the chain names);
-4. :func:`plan`: which tensors the model must be handed (every tensor of a
+4. :func:`~.tables.plan`: which tensors the model must be handed (every tensor of a
    layer in which any tensor changed: vLLM rebuilds a layer from all the
    checkpoint tensors it fuses, so a part of one is never handed alone);
-5. :meth:`Mirror.stage`: read those tensors from the copy into private
+5. :meth:`Mirror.stage` (:mod:`.staged`): read those tensors from the copy into private
    memory, each checked against its digest while it is read.
 
 Only then does anything reach the model (wdiff.integrations.vllm.engine).
@@ -39,113 +39,25 @@ import shutil
 import stat
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import xxhash
 
-from ...errors import BaseMismatchError, BusyError, IntegrityError, UsageError
+from ...errors import BusyError, IntegrityError
 from ...fsutil import fsync_dir, io_error, remove_tree
 from ...ops.fetch import read_verified
 from ...ops.pull import pull
-from ...paths import printable
 from ...remotes import open_remote
 from ...statedir import StateDir
 from ...store import manifest, record
-from ...store.checkpoint import KIND_TENSORS, Checkpoint, read_into, scan
-from ...store.hashing import Manifest, block_digests, hexd, short, tree
+from ...store.checkpoint import scan
+from ...store.hashing import hexd, short
 from ...store.ignore import DEFAULT_RULES
+from .staged import Staged
+from .tables import Table, plan, table_of
 
 ENV_CACHE = "WDIFF_VLLM_CACHE"
 #: how long a worker waits for the host's lock (another worker pulling)
 LOCK_WAIT = 3600.0
-#: staged tensors above this many bytes go to an unlinked file in the cache
-#: folder (the page cache keeps it fast), not to anonymous memory
-STAGE_IN_MEMORY = 1 << 30
-PIECE = 16 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Row:
-    """One tensor of a version: where it lies and what it must hash to."""
-
-    path: str  # its file, relative to the checkpoint
-    offset: int  # of its first byte in that file
-    nbytes: int
-    dtype: str  # safetensors dtype name
-    shape: tuple[int, ...]
-    digest: bytes  # wdiff's tensor digest (block digests, then their tree)
-
-
-@dataclass(frozen=True)
-class Table:
-    """The tensors of one version of a checkpoint, by name: those of its
-    top-level tensor files (the ones vLLM loads)."""
-
-    version: bytes
-    rows: dict[str, Row]
-
-
-def table_of(ckpt: Checkpoint, m: Manifest) -> Table:
-    """The table of ``ckpt`` from its manifest ``m``."""
-    rows: dict[str, Row] = {}
-    for f in ckpt.files:
-        if f.kind != KIND_TENSORS or "/" in f.path:
-            continue
-        fd = m.file(f.path)
-        if fd is None or len(fd.blocks) != len(f.header.tensors):
-            raise IntegrityError(f"{printable(f.path)}: its digests do not cover its tensors")
-        for t, blocks in zip(f.header.tensors, fd.blocks):
-            rows[t.name] = Row(f.path, f.header.data_start + t.start, t.nbytes, t.dtype, tuple(t.shape), tree(blocks))
-    return Table(m.fingerprint, rows)
-
-
-def hash_table(directory: str, *, threads: int) -> Table:
-    """The table of the checkpoint in ``directory``, every byte read."""
-    ckpt = scan(directory)
-    if not ckpt.files:
-        raise UsageError(f"{directory}: holds no checkpoint")
-    return table_of(ckpt, manifest.compute(ckpt, threads=threads))
-
-
-# -- which tensors an update hands the model --------------------------------------
-
-
-def group_of(name: str) -> str:
-    """The layer a checkpoint tensor belongs to: its name up to its first
-    number (``model.layers.3`` for ``model.layers.3.mlp.experts.7.w1``: a
-    mixture-of-experts layer is one layer), or "" for a name without one
-    (embeddings, final norm, head): the grouping vLLM's own weight
-    transfers use (``layerwise_groups``)."""
-    parts = name.split(".")
-    for i, p in enumerate(parts):
-        if p.isdigit():
-            return ".".join(parts[: i + 1])
-    return ""
-
-
-def plan(held: Table, target: Table) -> list[str]:
-    """The tensors of ``target`` to hand a model that holds ``held``: every
-    tensor of each layer in which a tensor changed, in checkpoint order.
-    The two must hold the same tensors with the same dtypes and shapes (a
-    running model cannot add, drop or reshape one): anything else is
-    refused before a byte is read."""
-    a, b = held.rows, target.rows
-    if a.keys() != b.keys():
-        extra, missing = sorted(b.keys() - a.keys()), sorted(a.keys() - b.keys())
-        name, what = (extra[0], "is not in the engine's model") if extra else (missing[0], "is missing")
-        raise BaseMismatchError(f"version {short(target.version)} is not a version of the engine's model: tensor "
-                                f"{printable(name)} {what} ({len(extra)} more, {len(missing)} fewer)",
-                                hint="start an engine from a checkpoint of that model")
-    for n, r in b.items():
-        o = a[n]
-        if (o.dtype, o.shape) != (r.dtype, r.shape):
-            raise BaseMismatchError(f"version {short(target.version)} is not a version of the engine's model: "
-                                    f"{printable(n)} is {r.dtype} {list(r.shape)} there, {o.dtype} {list(o.shape)} "
-                                    "in the engine", hint="start an engine from a checkpoint of that model")
-    groups = {group_of(n) for n, r in b.items() if r.digest != a[n].digest}
-    names = [n for n in b if group_of(n) in groups]
-    names.sort(key=lambda n: (b[n].path, b[n].offset))
-    return names
 
 
 # -- the host's copy ---------------------------------------------------------------
@@ -345,141 +257,3 @@ class Mirror:
                 if target is None:
                     raise
                 return target, self.stage(target, names)
-
-
-class Staged:
-    """Tensors read and verified, held where no other process can change
-    them (anonymous memory, or an unlinked file): ``view(name)`` is a
-    memoryview of one tensor's bytes."""
-
-    def __init__(self, buf: mmap.mmap, where: dict[str, tuple[int, Row]]) -> None:
-        self.buf = buf
-        self.where = where
-        #: where :meth:`close` hands the buffer for the next update (its pages are then
-        #: in memory already: 105 MB of fresh pages cost 0.25 s to touch and unmap)
-        self.give_back = None
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.where)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(r.nbytes for _, r in self.where.values())
-
-    def view(self, name: str) -> memoryview:
-        off, r = self.where[name]
-        return memoryview(self.buf)[off : off + r.nbytes]
-
-    def row(self, name: str) -> Row:
-        return self.where[name][1]
-
-    def close(self) -> None:
-        # kept for the next update only if nothing still uses its memory: a loader that kept a
-        # view of a tensor handed to it (instead of copying it) must never see it overwritten
-        if self.give_back is not None and len(self.buf) <= STAGE_IN_MEMORY and not _exported(self.buf):
-            self.give_back(self.buf)
-            return
-        with contextlib.suppress(BufferError):  # views still held: the mapping goes with them
-            self.buf.close()
-
-    @classmethod
-    def read(cls, root: str, table: Table, names: list[str], *, spill_dir: str, threads: int,
-             spare: mmap.mmap | None = None) -> Staged:
-        from ...parallel import ordered_map
-
-        where: dict[str, tuple[int, Row]] = {}
-        total = 0
-        for n in names:
-            r = table.rows[n]
-            where[n] = (total, r)
-            total += -(-r.nbytes // 64) * 64  # aligned for any dtype
-        buf = spare if spare is not None and total <= len(spare) <= STAGE_IN_MEMORY else _buffer(total, spill_dir)
-        try:
-            dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as e:
-            raise io_error(root, e) from None
-        fds: dict[str, int] = {}
-        try:
-            for n in names:
-                path = where[n][1].path
-                if path not in fds:
-                    fds[path] = _open_file(dfd, path, root)
-
-            def one(batch: list[str]) -> None:
-                for n in batch:
-                    off, r = where[n]
-                    view = memoryview(buf)[off : off + r.nbytes]
-                    for lo in range(0, r.nbytes, PIECE):
-                        hi = min(r.nbytes, lo + PIECE)
-                        read_into(fds[r.path], r.offset + lo, view[lo:hi], where=os.path.join(root, r.path))
-                    got = tree(block_digests(view))
-                    view.release()
-                    if got != r.digest:
-                        raise IntegrityError(f"{os.path.join(root, r.path)}: tensor {printable(n)} does not hold "
-                                             "the bytes its version names (changed on disk?); the engine was not "
-                                             "touched")
-
-            # in checkpoint order (sequential reads), a few MB a task: 20,000 expert tensors of
-            # a few kB are a few dozen tasks, not 20,000
-            for _ in ordered_map(one, _batches(names, where), threads=threads, window=max(2, 2 * threads)):
-                pass
-        except BaseException:
-            with contextlib.suppress(BufferError):
-                buf.close()
-            raise
-        finally:
-            for fd in fds.values():
-                os.close(fd)
-            os.close(dfd)
-        return cls(buf, where)
-
-
-def _batches(names: list[str], where: dict, size: int = 4 * PIECE // 16) -> Iterable[list[str]]:
-    batch: list[str] = []
-    n = 0
-    for name in names:
-        batch.append(name)
-        n += where[name][1].nbytes
-        if n >= size:
-            yield batch
-            batch, n = [], 0
-    if batch:
-        yield batch
-
-
-def _open_file(dfd: int, path: str, root: str) -> int:
-    """A top-level file of the copy, never through a link."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise IntegrityError(f"{os.path.join(root, path)}: a symbolic link in wdiff's copy") from None
-        raise io_error(os.path.join(root, path), e) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise IntegrityError(f"{os.path.join(root, path)}: not a regular file")
-    return fd
-
-
-def _exported(buf: mmap.mmap) -> bool:
-    """Whether any buffer (a memoryview, a tensor made from one) still
-    shares ``buf``'s memory: an mmap refuses to resize then."""
-    try:
-        buf.resize(len(buf))
-    except BufferError:
-        return True
-    except (OSError, SystemError):  # cannot tell: do not reuse it
-        return True
-    return False
-
-
-def _buffer(total: int, spill_dir: str) -> mmap.mmap:
-    if total <= STAGE_IN_MEMORY:
-        return mmap.mmap(-1, max(total, 1))
-    import tempfile
-
-    with tempfile.TemporaryFile(dir=spill_dir, prefix="stage-") as f:
-        f.truncate(total)
-        return mmap.mmap(f.fileno(), total)
-
