@@ -116,3 +116,27 @@ def test_a_command_and_its_help_never_import_pydantic(tmp_path):
             " rc, rc2)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "CLEAN 0 0", out.stderr[-2000:]
+
+
+def test_arguments_read_as_typer_028_wrote_them():
+    """Usage lines and the Arguments section of every command's help, under
+    whichever typer is installed: ``{A B}`` (never ``{A B}...``), ``[DIR]``
+    (never ``[[DIR]]``), and an argument's name without its type."""
+    from typer import _click as click
+
+    group = _lazy_group(app)
+    seen = 0
+    for name in list(group.commands):
+        cmd = group.commands[name]
+        ctx = click.Context(cmd, info_name=name)
+        usage = cmd.get_usage(ctx)
+        assert "[[" not in usage and "}..." not in usage, usage
+        for p in cmd.params:
+            if getattr(p, "param_type_name", "") != "argument" or not p.metavar:
+                continue
+            var = p.metavar
+            want = var if var.startswith("[") else (f"{{{var}}}" if p.required else f"[{var}]")
+            assert usage.endswith(" " + want) or f" {want} " in usage, (usage, want)
+            assert p.get_help_record(ctx)[0] == var, (name, p.get_help_record(ctx))
+            seen += 1
+    assert seen >= 20

@@ -12,8 +12,12 @@ path that is missing or readable) and hands anything else to typer's own
 coercion, built then, so that every refusal and its message stay typer's.
 tests/test_cli_coerce.py holds the two to the same answers.
 
-With typer 0.28 (no ``_runtime_param`` on its parameters) nothing here is
-used.
+And typer 0.29 writes an argument of several values, named by its metavar,
+as ``{A B}...`` on the usage line where 0.28 wrote ``{A B}``, and adds its
+type to an argument's help (``REMOTE <str>``): wdiff keeps 0.28's text (its
+transcripts, help and error messages are golden; tests/test_cli_coerce.py
+compares every command's help and usage errors with 0.28's). With typer
+0.28 (no ``_runtime_param`` on its parameters) nothing here is used.
 """
 
 from __future__ import annotations
@@ -141,7 +145,32 @@ def quicken(command) -> None:
         command.get_help_option = get_help_option
 
 
+def _usage_as_028(p):
+    """typer 0.29 writes an argument of several values as ``{A B}...`` on
+    the usage line even when its metavar names them all, and an optional
+    one whose metavar is ``[DIR]`` as ``[[DIR]]``; 0.28 (and wdiff's
+    transcripts, help and error messages) wrote ``{A B}`` and ``[DIR]``."""
+    var = p.metavar
+
+    def usage() -> str:
+        if var.startswith("["):
+            return var
+        return f"{{{var}}}" if p.required else f"[{var}]"
+
+    return usage
+
+
+def _no_type(ctx) -> None:
+    return None
+
+
 def _quicken(p) -> None:
+    if hasattr(p, "_usage_display_name"):  # an argument, typer 0.29
+        if getattr(p, "metavar", None):
+            p._usage_display_name = _usage_as_028(p)
+        # 0.29 adds the type to an argument's help (`REMOTE <str>`, `A B <list[Path]>`);
+        # 0.28 and wdiff's help name the argument alone, its help says what it is
+        p.display_type_rich = _no_type
     if getattr(p, "_runtime_param", False) is not None or not hasattr(p, "type_descriptor"):
         return
     d = p.type_descriptor
