@@ -115,7 +115,8 @@ PAGES = sorted(DOCS.rglob("*.md"))
 MARKDOWN = [ROOT / "README.md", *PAGES]
 SETUP = [
     "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/wdiff demo",
-    "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q -n 2",
+    "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec "
+    "&& .venv/bin/python -m pytest -q -n 2",
 ]
 
 

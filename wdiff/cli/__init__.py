@@ -98,6 +98,8 @@ def _lazy_group(app):
     it, but with its subcommands built on first use (:class:`_LazyCommands`)."""
     import typer
 
+    from .coerce import quicken
+
     infos = app.registered_commands
     if app.registered_groups or app.registered_callback is None:  # not wdiff's shape: build it all
         return typer.main.get_command(app)
@@ -108,10 +110,13 @@ def _lazy_group(app):
         app.registered_commands = infos
 
     def convert(info):
-        return typer.main.get_command_from_info(
+        cmd = typer.main.get_command_from_info(
             info, pretty_exceptions_short=app.pretty_exceptions_short, rich_markup_mode=app.rich_markup_mode
         )
+        quicken(cmd)  # typer 0.29's option values without pydantic
+        return cmd
 
+    quicken(group)
     group.commands = _LazyCommands(infos, convert)
     return group
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import operator
 import struct
+import threading
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -108,6 +109,12 @@ def parse_header(raw: bytes, file_size: int, *, where: str) -> Header:
 
     Raises :class:`HeaderError` unless the file is a strict tensor file.
     """
+    memo = len(raw) >= _MEMO_MIN
+    if memo:
+        with _MEMO_LOCK:
+            hit = _MEMO.get((bytes(raw), file_size))
+        if hit is not None:
+            return hit
     n = header_length(raw, file_size, where=where)
     if len(raw) != 8 + n:
         raise HeaderError(f"{where}: header is truncated")
@@ -146,8 +153,24 @@ def parse_header(raw: bytes, file_size: int, *, where: str) -> Header:
         raise HeaderError(
             f"{where}: tensors cover {pos} bytes but the data region holds {data_len}"
         )
-    return Header(raw=bytes(raw), tensors=tuple(tensors), metadata=metadata)
+    header = Header(raw=bytes(raw), tensors=tuple(tensors), metadata=metadata)
+    if memo:
+        with _MEMO_LOCK:
+            _MEMO[(header.raw, file_size)] = header
+            while len(_MEMO) > _MEMO_SIZE:
+                del _MEMO[next(iter(_MEMO))]
+    return header
 
+
+#: Big headers parsed lately, by their bytes and file size: a pull of a
+#: checkpoint of 25,000 tensors reads the same header of each file five or six
+#: times (scans, checks, the apply), at ~0.8 s a parse. The key is the whole
+#: header itself, never a name or a stat: a hit is the same input, and a Header
+#: is immutable. Only successes are kept; a few, for memory.
+_MEMO: dict = {}
+_MEMO_LOCK = threading.Lock()
+_MEMO_MIN = 256 * 1024
+_MEMO_SIZE = 8
 
 _SPEC_KEYS = frozenset(("dtype", "shape", "data_offsets"))
 _DATA_ORDER = operator.attrgetter("start", "end", "name")
