@@ -8,6 +8,7 @@ offline; the README's jobs run for real in test_docs.py.)"""
 from __future__ import annotations
 
 import ast
+import os
 import importlib
 import inspect
 import re
@@ -89,6 +90,15 @@ def check_python(block: str) -> list[str]:
         tree = ast.parse(block)
     except SyntaxError as e:
         return [f"not Python: {e}\n{block}"]
+    try:
+        return _check_python(tree)
+    except ModuleNotFoundError as e:  # a snippet of an optional extra (vllm) where it is not installed
+        if (e.name or "").split(".")[0] == "wdiff" or os.environ.get("CI"):
+            return [f"imports what is not installed: {e}\n{block}"]
+        return []
+
+
+def _check_python(tree) -> list[str]:
     problems = []
     names: dict[str, object] = {}
     for node in ast.walk(tree):

@@ -42,6 +42,8 @@ ENVIRONMENT = [
     ("WDIFF_STATE_DIR", "Where this user's records of signed remotes (the newest chain accepted from each) and the key "
                         "of pull --atomic's version lists are kept (default: $XDG_STATE_HOME/wdiff or "
                         "~/.local/state/wdiff)."),
+    ("WDIFF_VLLM_CACHE", "Where the vLLM backend keeps this host's copy of the remote it follows, shared by the "
+                         "engine's workers (default: ~/.cache/wdiff/vllm)."),
     ("WDIFF_DEBUG", "Set to 1 to print a traceback with every error."),
     ("NO_COLOR", "Never use colour."),
     ("HF_TOKEN", "Hugging Face token, resolved by huggingface_hub (as are hf auth login and "
