@@ -44,8 +44,10 @@ class Route:
     def downloads(self) -> list[Entry]:
         """The bundles the pull downloads along this route, each once."""
         out: list[Entry] = []
+        seen: set[bytes] = set()  # a chain may hold 50,000 entries: no pairwise comparison
         for e in ([self.probe] if self.probe is not None else []) + list(self.back or self.run):
-            if all(e.bundle != o.bundle for o in out):
+            if e.bundle not in seen:
+                seen.add(e.bundle)
                 out.append(e)
         return out
 
