@@ -8,7 +8,7 @@ import stat
 
 import pytest
 from factory import simple_pair
-from kit.cli import SCRIPT, argv, environment, in_process, ok, wdiff
+from kit.cli import SCRIPT, argv, environment, in_process, ok, run
 from kit.trees import digests, du, listing, snapshot, tree
 
 
@@ -32,17 +32,17 @@ def test_env_reaches_the_child():
 def test_a_child_and_main_in_process_say_the_same(tmp_path):
     A, B = simple_pair(tmp_path)
     for args in (["diff", "--json", A, B], ["diff", A, tmp_path / "missing"], ["diff", "--no-such-option"]):
-        child, here = wdiff(*args, cwd=tmp_path), in_process(*args)
+        child, here = run(*args, cwd=tmp_path), in_process(*args)
         assert (child.rc, child.out, child.err) == (here.rc, here.out, here.err), (child, here)
     assert child.rc == 2 and "no such option" in child.err.lower()
 
 
 def test_want_fails_with_the_whole_run(tmp_path):
     with pytest.raises(AssertionError) as e:
-        wdiff("diff", tmp_path / "a", tmp_path / "b", want=0)
+        run("diff", tmp_path / "a", tmp_path / "b", want=0)
     assert "wanted exit status 0" in str(e.value) and "exit status 3" in str(e.value)
     assert "no such directory" in str(e.value)
-    r = wdiff("diff", tmp_path / "a", tmp_path / "b", text=False, want=3)
+    r = run("diff", tmp_path / "a", tmp_path / "b", text=False, want=3)
     assert isinstance(r.stderr, bytes) and r.rc == r.returncode == 3 and r.err is r.stderr
 
 
@@ -76,7 +76,7 @@ def test_snapshot_sees_bytes_links_modes_inodes_and_other_kinds(tmp_path):
                  "f": ("file", hashlib.sha256(b"one").hexdigest()), "to-f": ("link", "f"), "to-d": ("link", "d"),
                  "fifo": (stat.S_IFIFO,)}
     assert snapshot(r, content="bytes")["f"] == ("file", b"one")
-    assert set(snapshot(r, skip=("d", "fifo"))) == {"f", "to-f", "to-d"}
+    assert set(snapshot(r, skip=("d", "fifo", "f"))) == {"f", "to-f", "to-d", "fifo"}  # folders alone
 
     before, before_modes, before_ino = snapshot(r), snapshot(r, modes=True), snapshot(r, inodes=True)
     os.chmod(r / "f", 0o600)
@@ -101,7 +101,9 @@ def test_tree_digests_listing_du(tmp_path):
     (r / "link").symlink_to("sub/a")
     (r / "dlink").symlink_to("sub")
     assert tree(r) == {"sub/a": b"aaaa", "link": b"aaaa"}  # links to files read through, to folders not
-    assert set(tree(r, skip=(".wdiff/lock",))) == {"sub/a", "link", ".wdiff/state.json"}
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / ".wdiff").write_bytes(b"a user's file")  # a file of a skipped name stays
+    assert tree(tmp_path / "f") == {".wdiff": b"a user's file"}
     assert set(tree(r, skip=())) == {"sub/a", "link", ".wdiff/state.json", ".wdiff/lock"}
     assert digests(r, length=16) == {p: d[:16] for p, d in digests(r).items()}
     assert digests(r)["sub/a"] == hashlib.sha256(b"aaaa").hexdigest()

@@ -1,4 +1,4 @@
-"""The command line, as the tests run it: :func:`wdiff` runs ``python -m
+"""The command line, as the tests run it: :func:`run` runs ``python -m
 wdiff ARGS`` (or the installed console script) in a child process, as a
 user or a script does; :func:`in_process` runs the same ``main()`` inside
 this process, through typer's CliRunner, where a test needs no process of
@@ -87,7 +87,7 @@ def _check(r: Result, want: int | None) -> Result:
     return r
 
 
-def wdiff(*args, env: Mapping[str, object] | None = None, cwd=None, want: int | None = None, script: bool = False,
+def run(*args, env: Mapping[str, object] | None = None, cwd=None, want: int | None = None, script: bool = False,
           text: bool = True, umask: int | None = None, timeout: float = 300) -> Result:
     """Run ``wdiff ARGS`` in a child process and wait for it.
 
@@ -110,17 +110,17 @@ def wdiff(*args, env: Mapping[str, object] | None = None, cwd=None, want: int | 
 
 
 def ok(*args, **kw) -> Result:
-    """:func:`wdiff` that must succeed (exit status 0)."""
-    return wdiff(*args, want=0, **kw)
+    """:func:`run` that must succeed (exit status 0)."""
+    return run(*args, want=0, **kw)
 
 
 def in_process(*args, env: Mapping[str, object] | None = None, want: int | None = None) -> Result:
     """``wdiff.cli.main(ARGS)`` in this process, inside typer's CliRunner
-    isolation: stdout and stderr caught, the environment as :func:`wdiff`
+    isolation: stdout and stderr caught, the environment as :func:`run`
     makes it for the call's length. No start-up cost, and a test can patch
     what the command calls; but it shares this process (its signal
     handlers, its imported modules): a test of the command line as users
-    run it uses :func:`wdiff`."""
+    run it uses :func:`run`."""
     from typer.testing import CliRunner
 
     from wdiff.cli import main

@@ -1,8 +1,8 @@
-"""A directory as the tests compare it: :func:`tree` (its files' bytes),
-:func:`digests` (their digests, for short failure messages),
-:func:`snapshot` (every entry, links and modes included: "nothing
-changed"), :func:`listing` and :func:`du`. Nothing here follows a link to a
-directory."""
+"""A directory as the tests make and compare it: :func:`write_tree` (files
+from a dict), :func:`tree` (its files' bytes, the inverse), :func:`digests`
+(their digests, for short failure messages), :func:`snapshot` (every entry,
+links and modes included: "nothing changed"), :func:`listing` and
+:func:`du`. Nothing here follows a link to a directory."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from .digests import sha256
 def _walk(root, skip):
     """(relative path, full path, listed as a directory) of every entry
     under ``root``, as os.walk lists them (a link to a directory is listed
-    as one, and not entered); an entry whose relative path is in ``skip``
-    is left out, and a directory there is not entered."""
+    as one, and not entered); a directory whose relative path is in
+    ``skip`` is left out with all it holds (a file of that name is not)."""
     root = os.fspath(root)
     skip = set(skip)
     for dirpath, dirs, files in os.walk(root):
@@ -29,15 +29,26 @@ def _walk(root, skip):
                 yield rel, os.path.join(dirpath, d), True
         dirs[:] = kept
         for f in files:
-            rel = os.path.normpath(os.path.join(rel_dir, f))
-            if rel not in skip:
-                yield rel, os.path.join(dirpath, f), False
+            yield os.path.normpath(os.path.join(rel_dir, f)), os.path.join(dirpath, f), False
+
+
+def write_tree(root, files: dict[str, bytes]) -> str:
+    """Write ``files`` (relative path: bytes) under ``root``, making the
+    folders they need; returns ``root`` as a str."""
+    root = os.fspath(root)
+    os.makedirs(root, exist_ok=True)
+    for rel, data in files.items():
+        p = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(data)
+    return root
 
 
 def tree(root, *, skip=(".wdiff",)) -> dict[str, bytes]:
     """Every file under ``root`` by relative path: its bytes (a link to a
-    file read through). ``skip``: relative paths left out (a directory with
-    all it holds): wdiff's own .wdiff/ unless told otherwise."""
+    file read through). ``skip``: directories left out, by relative path:
+    wdiff's own .wdiff/ unless told otherwise."""
     out = {}
     for rel, p, is_dir in _walk(root, skip):
         if not is_dir:
@@ -60,8 +71,8 @@ def snapshot(root, *, skip=(), content: str = "sha256", inodes: bool = False, mo
     ``content``: a file's data as its SHA-256 ("sha256") or its bytes
     ("bytes"); ``inodes``: ``("file", inode, data)``, so that a file
     replaced by an equal one is a change; ``modes``: the permission bits
-    last in every tuple but a link's; ``skip``: relative paths left out (a
-    directory with all it holds)."""
+    last in every tuple but a link's; ``skip``: directories left out with
+    all they hold, by relative path."""
     if content not in ("sha256", "bytes"):
         raise ValueError(f"content is 'sha256' or 'bytes', not {content!r}")
     out = {}
