@@ -3,23 +3,15 @@
 import json
 import os
 import shutil
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
+import kit.cli
 import pytest
 from factory import simple_pair, tree
 
-WDIFF = shutil.which("wdiff", path=str(Path(sys.executable).parent)) or shutil.which("wdiff")
-
-
-def run(*args, env=None, cwd=None):
-    e = dict(os.environ, COLUMNS="80", NO_COLOR="1")
-    e.pop("WDIFF_DEBUG", None)
-    if env:
-        e.update(env)
-    cmd = [WDIFF, *map(str, args)] if WDIFF else [sys.executable, "-m", "wdiff", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, env=e, cwd=cwd, timeout=300)
+#: the installed console script, as a user runs it; output as bytes
+run = partial(kit.cli.run, script=True, text=False)
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
+from kit.cli import run
 
 from wdiff.codec import chunk, conditioned, kernels
 from wdiff.codec.chunk import CDENSE, CSPARSE, MBITMAP, MDENSE, MODULAR, MSPARSE, RSPARSE
@@ -763,10 +763,8 @@ def test_csparse_refuses_a_listed_word_in_the_wrong_bucket():
 # -- bundles ------------------------------------------------------------------------
 
 
-def wdiff(*args, cwd=None):
-    env = dict(os.environ, NO_COLOR="1", WDIFF_CACHE_DIR="none")
-    env.pop("WDIFF_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "wdiff", *map(str, args)], capture_output=True, cwd=cwd, env=env, timeout=120)
+#: the command line, output as bytes, without the manifest cache
+wdiff = partial(run, text=False, env={"WDIFF_CACHE_DIR": "none"})
 
 
 def test_pack_format_option_and_versions(tmp_path):
@@ -789,7 +787,6 @@ def test_pack_format_option_and_versions(tmp_path):
 
 
 def test_a_v2_codec_in_a_version_1_bundle_is_refused(tmp_path):
-    sys.path.insert(0, str(ROOT / "tests"))
     import specbundle as sb
 
     b = sb.parse((GOLDEN / "sparse.wdb").read_bytes())
@@ -802,7 +799,6 @@ def test_a_v2_codec_in_a_version_1_bundle_is_refused(tmp_path):
 
 
 def _write_ckpt(root: Path, tensors: dict[str, np.ndarray], dtype: str) -> None:
-    sys.path.insert(0, str(ROOT / "tests"))
     import specbundle as sb
 
     root.mkdir(parents=True)

@@ -172,9 +172,9 @@ def test_versions_the_remote_gc_dropped_are_still_removed(env, tmp_path):
 def test_keep_is_refused_without_atomic_or_below_zero(env, tmp_path):
     head = Head(tmp_path)
     site, link = site_of(tmp_path)
-    r = cli("pull", head.remote, site / "start", "--keep", "1", env=env, check=False)
+    r = cli("pull", head.remote, site / "start", "--keep", "1", env=env, want=None)
     assert r.returncode == 2 and "--atomic" in r.stderr, r.stderr
-    r = cli("pull", head.remote, link, "--atomic", "--keep", "-1", env=env, check=False)
+    r = cli("pull", head.remote, link, "--atomic", "--keep", "-1", env=env, want=None)
     assert r.returncode == 2, r.stderr
     assert os.listdir(site / "start") == [] and versions_beside(site) == set()
 

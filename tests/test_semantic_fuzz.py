@@ -39,6 +39,7 @@ import pytest
 
 import fuzzlib as fz
 import specbundle as sb
+from kit.trees import snapshot
 import wdiff
 
 N = int(os.environ.get("WDIFF_FUZZ_N", "2000"))
@@ -263,13 +264,13 @@ def inplace_case(i, sc, work, data, index, stats, kind=""):
     ip = os.path.join(work, "ip")
     shutil.rmtree(ip, ignore_errors=True)
     shutil.copytree(sc.base_dir, ip)
-    before = sb.snapshot(ip)
+    before = snapshot(ip, content="bytes")
     bpath = os.path.join(work, "b.wdb")
     oc = fz.run_apply(bpath, ip, None, in_place=True)
     stats.inplace[oc.status] += 1
     case = {"i": i, "scenario": sc.name, "kind": kind, "mode": "inplace", "status": oc.status, "error": oc.error[:300]}
     problems = []
-    after = {p: v for p, v in sb.snapshot(ip).items() if not (p == ".wdiff" or p.startswith(".wdiff/"))}
+    after = {p: v for p, v in snapshot(ip, content="bytes").items() if not (p == ".wdiff" or p.startswith(".wdiff/"))}
     if oc.status == 0:
         problems = fz.check_output(ip, index) if index is not None else ["index unreadable"]
     else:
@@ -606,12 +607,12 @@ def test_inplace_checks_companion_files_from_the_base(world, tmp_path):
     assert e.value.exit_code == 4 and not (tmp_path / "out").exists()
     ip = tmp_path / "ip"
     shutil.copytree(ctx.sc.base_dir, ip)
-    before = sb.snapshot(ip)
+    before = snapshot(ip, content="bytes")
     try:
         wdiff.apply(bundle, ip, in_place=True)
     except wdiff.WdiffError as e:
         assert e.exit_code == 4
-        assert {p: v for p, v in sb.snapshot(ip).items() if not p.startswith(".wdiff")} == before
+        assert {p: v for p, v in snapshot(ip, content="bytes").items() if not p.startswith(".wdiff")} == before
     else:
         assert fz.check_output(str(ip), ctx.b.index) == []
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from factory import mutate, rand, tree, write_ckpt
+from kit.cli import argv, environment
 from test_gc import cli
 from test_sync import remote, versions  # noqa: F401 - fixtures of the remote kinds
 
@@ -306,9 +307,8 @@ def test_a_commit_killed_after_publishing_and_two_commits_at_once(tmp_path):
     publishes nothing new; two commits of one stage at once publish the
     version once (the other finds it published, or lost the race: 8)."""
     import subprocess
-    import sys
 
-    from test_gc import _env
+    from test_gc import GC_ENV
 
     A, B = pair(tmp_path, "fp32")
     remote = tmp_path / "r"
@@ -325,8 +325,8 @@ def test_a_commit_killed_after_publishing_and_two_commits_at_once(tmp_path):
     remote2 = tmp_path / "r2"
     cli("push", "--anchor", A, remote2, "-q")
     stage_all(B, A, remote2, "s1")
-    procs = [subprocess.Popen([sys.executable, "-m", "wdiff", "commit", str(remote2), "--stage", "s1", "--expect", "4",
-                               "--json"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(argv("commit", remote2, "--stage", "s1", "--expect", "4", "--json"),
+                              env=environment(GC_ENV), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     codes = [p.wait(timeout=300) for p in procs]
     assert sorted(codes) in ([0, 0], [0, 8], [0, 3]), [p.stderr.read() for p in procs]
