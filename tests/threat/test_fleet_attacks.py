@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
+import kit.cli
 import pytest
 from factory import tree
 from test_fleet_cache import hub  # noqa: F401 - the stand-in Hub, as the fleet tests start it
@@ -190,8 +189,7 @@ def test_a_hub_chain_pointing_a_part_at_a_commit_with_other_bytes_is_refused(hub
     A, B = pair(tmp_path, "fp32")
     cli("push", "--anchor", A, HUB_URL, "-q")
     cli("push", B, HUB_URL, "--base", A, "-q")
-    raw = subprocess.run([sys.executable, "-m", "wdiff", "log", "--json", HUB_URL], capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+    raw = kit.cli.ok("log", "--json", HUB_URL, timeout=120).stdout
     part = json.loads(raw)["entries"][0]["parts"][0]
     from huggingface_hub import hf_hub_download
 

@@ -5,23 +5,16 @@ refusal is a usage error (exit 2) naming both paths, and the inputs stay
 byte-identical."""
 
 import os
-import shutil
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
+import kit.cli
 import pytest
 from factory import simple_pair, tree
 
-WDIFF = shutil.which("wdiff", path=str(Path(sys.executable).parent)) or shutil.which("wdiff")
 SHARD = "model-00001-of-00002.safetensors"
-
-
-def run(*args, cwd=None):
-    env = dict(os.environ, NO_COLOR="1")
-    env.pop("WDIFF_DEBUG", None)
-    cmd = [WDIFF, *map(str, args)] if WDIFF else [sys.executable, "-m", "wdiff", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, env=env, cwd=cwd, timeout=300)
+#: the installed console script; output as bytes
+run = partial(kit.cli.run, script=True, text=False)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import shutil
 import struct
 from pathlib import Path
 
+import kit.trees
 import numpy as np
 import pytest
 from threatlib import ok, user_env, wdiff
@@ -31,9 +32,8 @@ RECORD = struct.Struct("<4sBBBBIIQQQQQQ16s16s16s")
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` but wdiff's own lock (an in-place apply keeps it)."""
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.relative_to(root).as_posix() != ".wdiff/lock"}
+    """Every file under ``root`` (.wdiff/ too) but wdiff's own lock (an in-place apply keeps it)."""
+    return {p: data for p, data in kit.trees.tree(root, skip=()).items() if p != ".wdiff/lock"}
 
 
 def windows(bundle: Path) -> list[tuple[int, int, int, int]]:

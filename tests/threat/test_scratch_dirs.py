@@ -12,23 +12,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from factory import mutate, rand, write_ckpt
-from threatlib import finish, ok, start, user_env, wdiff
+from threatlib import dead_owner, finish, ok, start, user_env, wdiff
 
 from wdiff.fsutil import owner_tag
-
-
-def dead_owner() -> str:
-    """The PID-START tag of a process that has exited."""
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return f"{p.pid}-1"
 
 
 def staged(tmp_path: Path, env: dict) -> Path:
