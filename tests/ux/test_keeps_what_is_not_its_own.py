@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from factory import simple_pair, tree
+from kit.trees import write_tree
 from uxkit import Promises, copy_ckpt, json_docs, listing, mode, ok, one_json_doc, weights_tree, wdiff
 
 
@@ -25,10 +26,7 @@ def _untracked(d: Path) -> dict[str, bytes]:
         ".git/config": b"[core]\n\tbare = false\n",
         ".cache/huggingface/download/model.safetensors.metadata": b"etag\n",
     }
-    for rel, data in files.items():
-        p = d / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
+    write_tree(d, files)
     return files
 
 
