@@ -20,6 +20,7 @@ def pair(tmp_path):
     return tmp_path, A, B
 
 
+@pytest.mark.slow
 def test_version_and_help():
     r = run("--version")
     assert r.returncode == 0 and r.stdout.decode().startswith("wdiff ")
@@ -122,6 +123,7 @@ def test_in_place_via_cli(pair):
     assert tree(W) == tree(B)
 
 
+@pytest.mark.slow
 def test_demo(tmp_path):
     r = run("demo", "--json")
     assert r.returncode == 0, r.stderr
@@ -175,6 +177,7 @@ def test_usage_mistakes_and_layouts_are_usage_errors(pair):
     assert json.loads(r.stdout)["error"]["kind"] == "layout"
 
 
+@pytest.mark.slow
 def test_status_ahead_missing_and_hub_hint(pair):
     tmp, A, B = pair
     R = tmp / "R"

@@ -74,6 +74,7 @@ def world(tmp_path_factory):
     return t, A, B, bundle, remote, tree(A), tree(B)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op,trials", [("in-place", 24), ("copy", 21), ("pull", 21)])
 def test_sigkill_at_random_points(world, tmp_path, op, trials):
     t, A, B, bundle, remote, ta, tb = world

@@ -391,6 +391,7 @@ import wdiff
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["in-place", "copy"])
 def test_sigkill_while_rebuilding_file_deltas(hostile_kit, tmp_path, op):
     """A process killed at random moments of an apply of file deltas leaves
@@ -444,6 +445,7 @@ def test_sigkill_while_rebuilding_file_deltas(hostile_kit, tmp_path, op):
     assert alive  # some kills landed while it ran
 
 
+@pytest.mark.slow
 def test_pull_and_roll_back_through_file_deltas(tmp_path):
     """A remote whose bundles hold file deltas: a pull rebuilds the head, and
     `pull --to HEAD~1` steps back through the XOR records, downloading only
@@ -539,6 +541,7 @@ def _pack_apply_cli(tmp_path, A, B, name: str) -> int:
     return os.path.getsize(bundle)
 
 
+@pytest.mark.slow
 def test_content_moved_far_is_found(tmp_path):
     """The first and last 4 MiB of a 160 MiB file swap places (moved 152 MiB,
     far past any window around the same offsets): found where it went, the
@@ -554,6 +557,7 @@ def test_content_moved_far_is_found(tmp_path):
         assert got <= peer * 1.05, (got, peer)
 
 
+@pytest.mark.slow
 def test_reorder_is_within_zstd(tmp_path):
     """A pytorch_model.bin-like re-save in another tensor order (two of its
     eight 3 MB arrays swapped, 12 MB apart): within a few percent of zstd
@@ -575,6 +579,7 @@ def test_reorder_is_within_zstd(tmp_path):
         assert got <= peer * 1.05, (got, peer)
 
 
+@pytest.mark.slow
 def test_pack_memory_is_bounded_on_moved_content(tmp_path):
     """pack of a 1 GiB file whose content moved far (16 MiB arrays moved
     across it) keeps its peak RSS bounded: the base index holds keys, not the
@@ -625,6 +630,7 @@ def test_rolling_keys_match_keys_at():
     assert fd.rolling_keys(x[:31]).size == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["reorder-many", "torch-resave"])
 def test_resaves_larger_than_a_window_keep_the_budget_and_stay_small(tmp_path, case):
     """At 40 MB the moved arrays come from places further apart than one

@@ -34,6 +34,9 @@ import pytest
 from factory import mutate, rand, tree, write_ckpt
 from kit.cli import argv, environment, ok, run
 
+#: a real caching proxy (nginx) in front of the stand-in Hub and S3, 16 pullers at once
+pytestmark = pytest.mark.slow
+
 PULLERS = 16
 SIZE = 6_000_000  # random bytes: an anchor of one part, two S3 download pieces
 HUB_URL = "hf://acme/fleet"

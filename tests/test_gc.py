@@ -96,6 +96,7 @@ def pull_exact(remote: str, to: str, want: Path, dest: Path) -> None:
     assert tree(dest) == tree(want), f"{to} did not come back bit-exact"
 
 
+@pytest.mark.slow
 def test_gc_on_200_versions_keeps_every_kept_version_and_a_running_pull(tmp_path):
     remote, dirs = make_chain(tmp_path, 200)
     kept = {"step-50": dirs[50], "step-120": dirs[120]}
@@ -212,6 +213,7 @@ def test_gc_loses_to_a_push_that_got_in_first(tmp_path, monkeypatch):
     assert len(wdiff.log(remote).entries) >= 6
 
 
+@pytest.mark.slow
 def test_anchor_every_and_anchor_when(tmp_path):
     rng = np.random.default_rng(3)
     t = {"w": rand(rng, "F32", (4096,))}

@@ -39,6 +39,7 @@ def versions(tmp_path):
     return out
 
 
+@pytest.mark.slow
 def test_commit_503_is_retried_then_reported(hub, versions):
     hub.faults.fail("commit", status=503, times=1)
     wdiff.push(versions[0], URL, anchor=True)  # one 503: our own retry gets through
@@ -130,6 +131,7 @@ def test_credentials_and_missing_remotes(hub, versions, tmp_path, monkeypatch):
         wdiff.push(versions[0], URL, anchor=True)
 
 
+@pytest.mark.slow
 def test_cli_against_the_hub(hub, versions, tmp_path):
     """The installed console script, in a subprocess, with the environment
     configure_client set (HF_ENDPOINT, HF_TOKEN, ...)."""
@@ -207,6 +209,7 @@ def test_first_push_creates_a_private_repository_and_says_so(hub, versions, tmp_
     assert tree(tmp_path / "anon") == tree(versions[0])
 
 
+@pytest.mark.slow
 def test_token_is_used_and_never_printed(hub, versions, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_wrong")  # the explicit token wins over the environment
     wdiff.push(versions[0], URL, anchor=True, token=hub.token)

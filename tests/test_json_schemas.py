@@ -80,6 +80,7 @@ def documents(tmp_path_factory) -> list[tuple[str, int, dict]]:
     return docs
 
 
+@pytest.mark.slow
 def test_every_document_matches_its_schema(documents):
     schemas = _schemas()
     seen = set()

@@ -64,6 +64,7 @@ def head_bundle(remote, tmp_path) -> str:
     return download(store, e, str(work), SILENT)[0]
 
 
+@pytest.mark.slow
 def test_publish_writes_the_bundle_pack_writes_and_a_loadable_mirror(tmp_path):
     sd = bf16_state(0)
     remote, mirror = tmp_path / "remote", tmp_path / "mirror"
@@ -229,6 +230,7 @@ def test_iter_patches_against_mirror_and_tensors(tmp_path):
         list(iter_patches(bundle))  # a delta needs its base
 
 
+@pytest.mark.slow
 def test_numpy_tensors_and_20000_small_tensors(tmp_path):
     rng = np.random.default_rng(0)
     sd = {f"experts.{i}.w": rng.integers(0, 1 << 16, 48, dtype=np.uint16) for i in range(20_000)}
@@ -304,6 +306,7 @@ Publisher(remote, mirror, chunk=1 << 20).publish(numpy_state(steps), label=f"ste
 """
 
 
+@pytest.mark.slow
 def test_publisher_killed_at_any_moment_recovers(tmp_path):
     """SIGKILL a publishing process at random moments (pack, push, the
     mirror's in-place update): the next publish finishes what was left

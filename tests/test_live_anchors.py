@@ -352,6 +352,7 @@ save_file(sd, out)
 """
 
 
+@pytest.mark.slow
 def test_a_follower_restarted_with_tensors_in_another_order_follows(tmp_path):
     """A Follower restarted in a new process with its tensors in another
     order applies the next delta of a multi-file version."""

@@ -16,6 +16,7 @@ import textwrap
 import time
 
 import numpy as np
+import pytest
 import torch
 from kit.cli import ok
 from kit.digests import state_digest
@@ -24,6 +25,9 @@ from wdiff.live import Publisher
 
 transformers = __import__("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+#: real trainings (transformers, a Trainer) and follower processes
+pytestmark = pytest.mark.slow
 
 CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64)

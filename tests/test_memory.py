@@ -81,6 +81,7 @@ def test_header_with_a_million_entries(tmp_path):
     assert rss < LIMIT, rss
 
 
+@pytest.mark.slow
 def test_chain_with_a_million_entries(tmp_path):
     remote = tmp_path / "remote"
     remote.mkdir()
@@ -93,6 +94,7 @@ def test_chain_with_a_million_entries(tmp_path):
     assert rss < LIMIT, rss
 
 
+@pytest.mark.slow
 def test_a_record_over_the_largest_chunk_decodes_in_a_few_times_its_size(tmp_path):
     """A hostile bundle may cover up to 64 MiB of a tensor with one record:
     one MBITMAP record changing every word of a 64 MiB U8 tensor (an 83 KB

@@ -77,6 +77,7 @@ def _rmtree(p) -> None:
 # -- over time -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_hundred_cron_pulls_of_a_moving_head_leave_one_bundle_at_most(env, tmp_path):
     """Push, pull, 100 times: DIR is the head each time, and DIR/.wdiff never
     holds more than the largest bundle plus a few kB (it held every bundle
@@ -195,6 +196,7 @@ def _refusals(head: Head, place: Path):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["missing", "missing-parents", "existing-empty", "existing-foreign"])
 def test_a_refused_pull_leaves_no_state_dir_nor_a_directory_it_made(world, tmp_path, env, where):
     """Wrong remote, no such version, a bad argument, another pull holding
@@ -315,6 +317,7 @@ def test_an_in_place_pull_that_lacks_disk_for_a_new_shard_refuses_before_touchin
     print(second["stderr"])
 
 
+@pytest.mark.slow
 def test_atomic_pulls_leave_only_records_and_refusals_leave_nothing(env, tmp_path):
     """``pull --atomic`` downloads into the old directory's .wdiff: after
     each pull that holds no work area, the new directory holds its record
@@ -355,6 +358,7 @@ def test_a_rebuild_beside_that_lacks_disk_refuses_before_it_builds(env, tmp_path
         (Path(mine) / "model.safetensors").read_bytes()).hexdigest()}, got["files"]
 
 
+@pytest.mark.slow
 def test_a_pull_killed_applying_the_squash_of_its_run_is_finished_by_the_next(env, tmp_path):
     """A cron pull two versions behind squashes its run and applies that in
     place; SIGKILLed once the apply's journal exists, the next pull finishes

@@ -52,6 +52,7 @@ def _parts(url: str) -> list:
     return [p for e in wdiff.log(url).entries for p in e.parts]
 
 
+@pytest.mark.slow
 def test_503_on_a_part_is_retried_and_a_failed_push_resumes_its_upload(s3, proxy, big, tmp_path):
     url = f"s3://{s3.new_bucket()}/run"
     assert CHUNK < BIG < 2 * CHUNK
@@ -85,6 +86,7 @@ def test_503_on_a_part_is_retried_and_a_failed_push_resumes_its_upload(s3, proxy
     assert tree(e) == tree(big)
 
 
+@pytest.mark.slow
 def test_dropped_connection_mid_download_resumes(s3, proxy, big, tmp_path):
     url = f"s3://{s3.new_bucket()}/run"
     wdiff.push(big, url, anchor=True)
@@ -142,6 +144,7 @@ RACER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_concurrent_pushes_one_wins_the_other_exits_with_conflict(s3, tmp_path):
     """Two pushers, each round: both read the same chain and upload their
     parts, then both write the chain at once (a gate in each process), and
@@ -182,6 +185,7 @@ def test_concurrent_pushes_one_wins_the_other_exits_with_conflict(s3, tmp_path):
     assert tree(d) == tree(tmp_path / f"c{rounds - 1}{winners[-1]}")
 
 
+@pytest.mark.slow
 def test_refused_credentials_exit_with_the_auth_code_and_never_print_the_secret(s3, monkeypatch, tmp_path):
     import moto.settings
 
@@ -202,6 +206,7 @@ def test_refused_credentials_exit_with_the_auth_code_and_never_print_the_secret(
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.slow
 def test_missing_bucket_and_missing_remote(s3, tmp_path):
     r = run("log", "s3://no-such-bucket-wdiff/run")
     assert r.returncode == ExitCode.NOT_FOUND, r.stderr
@@ -250,6 +255,7 @@ def test_generic_fsspec_store_works_and_push_warns_without_conditional_writes(tm
     assert [p for p, _ in store.list()][0] == "chain.json"
 
 
+@pytest.mark.slow
 def test_stores_whose_library_is_missing_say_which_extra_installs_it():
     import importlib.util
 

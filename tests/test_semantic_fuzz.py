@@ -371,6 +371,7 @@ def fuzz(world, n: int, seed: str, *, only=None, kinds=None, cli_max: int = CLI_
     return stats
 
 
+@pytest.mark.slow
 def test_semantic_fuzz(world):
     stats = fuzz(world, N, SEED)
     print("\n" + stats.table())
@@ -385,6 +386,7 @@ def test_semantic_fuzz(world):
 V3_KINDS = [k for k in fz.MUTATIONS if k.startswith(("v3.", "delta."))]
 
 
+@pytest.mark.slow
 def test_semantic_fuzz_v3(world):
     """The version 3 mutations only, on the version 3 scenario, so that each
     of them runs in every suite run (the run above spreads them thin)."""
@@ -405,6 +407,7 @@ def test_semantic_fuzz_v3(world):
     assert sum(c.get(0, 0) for k, c in stats.by_kind.items()) > 0
 
 
+@pytest.mark.slow
 def test_value_section_refusals_and_agreement(world, tmp_path):
     """Codec v2's range-coded value section: each variant of the
     v3.value_section mutation, on records of every codec that has one
@@ -464,6 +467,7 @@ def _agree(sc, bad: bytes, tmp_path, k: int, what) -> tuple[int, object]:
     return status, res
 
 
+@pytest.mark.slow
 def test_rsparse_row_list_refusals_and_agreement(world, tmp_path):
     """RSPARSE's row list: each variant of the v3.rows mutation (R = 0 or
     above n, o >= R, k_r = 0 or above N_r, a row listed without a change,

@@ -217,6 +217,7 @@ def test_wdiff_reads_spec_written_rsparse(rows_world, seed):
     assert tree(out) == want
 
 
+@pytest.mark.slow
 def test_spec_writer_v2_codecs_round_trip_and_wdiff_reads_them(v3_world):
     """The spec's own encoder (sb.encode_v2) for every codec v2, decoded by
     the spec reader; CSPARSE at every complement choice."""
@@ -307,6 +308,7 @@ def test_spec_rsparse_example(tmp_path):
     assert tree(tmp_path / "out") == want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_wdiff_applies_spec_written_v3_bundles(v3_world, seed):
     """The spec's writer (random codec v2 chunks, any bucket function of the
@@ -433,6 +435,7 @@ def test_spec_value_coder_refusals():
     assert sb.value_encode_sm([], [], 2, [0]) == bytes(5)
 
 
+@pytest.mark.slow
 def test_spec_value_coder_equals_wdiff():
     """The spec's value coder against wdiff's (its C kernels and its Python
     twin): the same bytes for every word width, alphabet and split into

@@ -10,12 +10,16 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 from factory import mutate, rand, tree, write_ckpt
 from kit.cli import argv, environment
 from test_gc import GC_ENV, cli
 
 import wdiff
 from wdiff.format.chain import Chain
+
+#: eight real writer processes and a polling reader
+pytestmark = pytest.mark.slow
 
 N = 8
 

@@ -154,6 +154,7 @@ def ran(request, tmp_path_factory):
         return {s: f.result() for s, f in futures.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_transcript(script, ran):
     got = ran[script]

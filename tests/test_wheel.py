@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 from kit.cli import run
 
+#: the module builds a wheel with pip (from a copy of the sources) and runs it
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -106,6 +106,7 @@ def test_a_stat_invisible_change_of_b(pair, monkeypatch):
     assert ident(path) == st
 
 
+@pytest.mark.slow
 def test_a_stat_invisible_change_of_the_base_is_refused(pair, monkeypatch):
     tmp, A, B = pair
     cdir = tmp / "cache"

@@ -17,6 +17,7 @@ from kit.cli import ok  # noqa: E402
 from test_pull_atomic_keep import Head, cli, env, site_of, versions_beside  # noqa: E402,F401
 
 
+@pytest.mark.slow
 def test_keep_never_removes_a_version_holding_the_users_files(env, tmp_path):
     """A user writes eval results into an old version directory (or edits a
     file of it) after the pull. The README promises the only files a pull
@@ -206,6 +207,7 @@ def test_apply_into_a_non_contiguous_tensor_changes_nothing(env, tmp_path):
     assert all(torch.equal(live[k], before[k]) for k in live)
 
 
+@pytest.mark.slow
 def test_a_pull_killed_between_its_build_and_its_listing_leaks_no_version(env, tmp_path):
     """SIGKILL after the new version directory is in place and before the
     pull lists it (the audit hook kills at the list's write once the

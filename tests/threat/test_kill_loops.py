@@ -29,6 +29,9 @@ import numpy as np
 import pytest
 from factory import mutate, rand, tree, write_ckpt
 
+#: kill loops: 60 SIGKILLs at random moments a test
+pytestmark = pytest.mark.slow
+
 KILLS = 60
 #: every exit status a command may end with when it loses a race: success,
 #: base mismatch (the directory moved on), busy (a lock or an unfinished apply)

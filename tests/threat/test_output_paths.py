@@ -76,6 +76,7 @@ def test_pack_replaces_a_file_only_with_force(setup):
     unchanged(tmp, A, B, bundle, snap)
 
 
+@pytest.mark.slow
 def test_apply_refuses_an_output_inside_the_base(setup):
     tmp, A, B, bundle, snap = setup
     for out in ("linkA", "linkA/", "linkA/sub", "A/sub", "./A/../A/new"):
@@ -88,6 +89,7 @@ def test_apply_refuses_an_output_inside_the_base(setup):
     assert tree(tmp / "C") == snap["B"]
 
 
+@pytest.mark.slow
 def test_squash_refuses_its_inputs_and_needs_force(setup):
     tmp, A, B, bundle, snap = setup
     for out in ("d.wdb", "hardbundle", "A/x.wdb", "linkA/" + SHARD):
@@ -102,6 +104,7 @@ def test_squash_refuses_its_inputs_and_needs_force(setup):
     assert tree(tmp / "C") == snap["B"]
 
 
+@pytest.mark.slow
 def test_sign_never_writes_over_its_key_or_bundle(setup):
     tmp, A, B, bundle, snap = setup
     key = tmp / "k.key"

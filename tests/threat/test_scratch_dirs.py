@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from factory import mutate, rand, write_ckpt
 from threatlib import dead_owner, finish, ok, start, user_env, wdiff
 
@@ -93,6 +94,7 @@ def test_only_dead_owners_scratch_of_this_user_goes(tmp_path):
     assert sorted(scratches(tmp, "commit")) == sorted([live.name, other_user.name, foreign.name])
 
 
+@pytest.mark.slow
 def test_gc_and_verify_clear_their_own_kind(tmp_path):
     env = user_env(tmp_path / "user")
     tmp = Path(env["TMPDIR"])

@@ -159,6 +159,7 @@ def apply_in_place(world: World, W: Path) -> subprocess.CompletedProcess:
 # -- the crafted journal is the real one -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_crafted_journal_matches_a_real_interrupted_apply(world, tmp_path):
     """The planted journals below are what a real apply writes: a SIGKILLed
     CLI leaves the same plan (guards the tests against a format change)."""

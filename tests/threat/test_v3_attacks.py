@@ -356,6 +356,7 @@ def test_push_of_a_step_the_chain_has(world, tmp_path):
     assert sorted(p.relative_to(R) for p in R.rglob("*.wdb")) == objects
 
 
+@pytest.mark.slow
 def test_mixed_v1_v3_chain_pull_rollback_squash(world, tmp_path):
     """A chain anchor (A) -> v3 (B) -> v1 (C), packed without the DELTA file
     (--exclude): pulled from nothing, rolled back to A by undoing both

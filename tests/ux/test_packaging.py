@@ -60,6 +60,7 @@ def _installed(site: Path, *args, code: str | None = None) -> subprocess.Complet
                           env=environment({"PYTHONPATH": site}), cwd=site.parent)
 
 
+@pytest.mark.slow
 def test_the_wheel_carries_docs_types_and_a_working_star_import(wheel):
     site, names = wheel
     with Promises() as p:
