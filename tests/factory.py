@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+from kit import trees
 
 from wdiff.codec.dtypes import dtype_info
 from wdiff.store.sample import Spec, write_safetensors
@@ -92,25 +93,13 @@ def write_ckpt(root, tensors: dict[str, T], *, shards: int = 1, companions: dict
     files = dict(companions or {})
     if shards > 1:
         files["model.safetensors.index.json"] = json.dumps({"weight_map": weight_map}, sort_keys=True).encode()
-    for name, content in files.items():
-        path = os.path.join(root, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(content)
+    trees.write_tree(root, files)
     return root
 
 
-def tree(root) -> dict[str, bytes]:
-    """Every file under ``root`` (but .wdiff/) by relative path."""
-    out = {}
-    root = os.fspath(root)
-    for dirpath, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if not (dirpath == root and d == ".wdiff")]
-        for f in files:
-            p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = fh.read()
-    return out
+#: every file under a root (but .wdiff/) by relative path: kit.trees.tree,
+#: by the name the tests have always imported it under
+tree = trees.tree
 
 
 def simple_pair(tmp_path, *, seed: int = 0, density: float = 0.01):

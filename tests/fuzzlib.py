@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import specbundle as sb
+from kit.trees import write_tree
 import wdiff
 
 WDIFF = os.path.join(os.path.dirname(sys.executable), "wdiff")
@@ -53,16 +54,6 @@ def _change(rng: np.random.Generator, data: bytes, w: int, density: float) -> by
     pos = rng.choice(a.size, size=min(k, a.size), replace=False)
     a[pos] ^= rng.integers(1, 2 ** (8 * w) - 1, size=pos.size, dtype=a.dtype, endpoint=True)
     return a.tobytes()
-
-
-def _write_tree(root: str, files: dict) -> str:
-    os.makedirs(root, exist_ok=True)
-    for p, c in files.items():
-        fp = os.path.join(root, p)
-        os.makedirs(os.path.dirname(fp), exist_ok=True)
-        with open(fp, "wb") as f:
-            f.write(c)
-    return root
 
 
 def _shard_index(shards: dict) -> bytes:
@@ -105,10 +96,10 @@ def make_scenarios(root: str, *, big: bool = True) -> list[Scenario]:
     base = [T("w0", "BF16", (256, 256)), T("w1", "F32", (64, 64)), T("s", "F8_E4M3", (64,)), T("sc", "I64", ()),
             T("e", "F32", (0, 3)), T("c", "C64", (8,))]
     tgt = [mod(base[0], 0.003), mod(base[1], 0.03), mod(base[2], 0.1), base[3], base[4], mod(base[5], 0.9)]
-    a = _write_tree(os.path.join(root, "sparse-A"), {
+    a = write_tree(os.path.join(root, "sparse-A"), {
         "model.safetensors": sb.write_st(base, {"format": "pt"}), "config.json": b'{"step": 1}',
         "tokenizer.json": b'{"vocab": {}}'})
-    b = _write_tree(os.path.join(root, "sparse-B"), {
+    b = write_tree(os.path.join(root, "sparse-B"), {
         "model.safetensors": sb.write_st(tgt, {"format": "pt"}), "config.json": b'{"step": 2}',
         "tokenizer.json": b'{"vocab": {}}'})
     out.append(("sparse", a, b, 1.0))
@@ -120,10 +111,10 @@ def make_scenarios(root: str, *, big: bool = True) -> list[Scenario]:
     t1 = [mod(s1[0], 0.4), mod(s1[1], 0.95)]
     t2 = [mod(s2[0], 0.6), mod(s2[1], 0.05), mod(s2[2], 0.1), s2[3]]
     names = {"model-00001-of-00002.safetensors": s1, "model-00002-of-00002.safetensors": s2}
-    a = _write_tree(os.path.join(root, "dense-A"), {
+    a = write_tree(os.path.join(root, "dense-A"), {
         "model-00001-of-00002.safetensors": sb.write_st(s1), "model-00002-of-00002.safetensors": sb.write_st(s2),
         "model.safetensors.index.json": _shard_index(names)})
-    b = _write_tree(os.path.join(root, "dense-B"), {
+    b = write_tree(os.path.join(root, "dense-B"), {
         "model-00001-of-00002.safetensors": sb.write_st(t1), "model-00002-of-00002.safetensors": sb.write_st(t2),
         "model.safetensors.index.json": _shard_index(names)})
     out.append(("dense", a, b, 1.0))
@@ -135,7 +126,7 @@ def make_scenarios(root: str, *, big: bool = True) -> list[Scenario]:
     u2 = [T("head", "F32", (16, 16)), T("bias", "F32", (16,)), T("i8", "I8", (7,))]
     gap = sb.write_st([("x", "U8", (4,), b"abcd")])
     gap = gap[:8] + gap[8:].replace(b"[0,4]", b"[1,5]") + b"z"  # a gap before x: not strict
-    b = _write_tree(os.path.join(root, "anchor-B"), {
+    b = write_tree(os.path.join(root, "anchor-B"), {
         "a.safetensors": sb.write_st(u1, {"note": "x"}), "z/b.safetensors": sb.write_st(u2),
         "bad.safetensors": gap, "empty.txt": b"", "sub/tok.json": b'{"t": 1}', "sub/deep/x.txt": b"x" * 300})
     out.append(("anchor", None, b, 1.0))
@@ -144,10 +135,10 @@ def make_scenarios(root: str, *, big: bool = True) -> list[Scenario]:
     keep, gone, retype, reshape, moved, x = (T("keep", "F32", (32, 32)), T("gone", "F16", (10,)),
                                              T("retype", "F32", (4, 4)), T("reshape", "BF16", (8, 8)),
                                              T("moved", "U8", (100,)), T("x", "I16", (50,)))
-    a = _write_tree(os.path.join(root, "struct-A"), {
+    a = write_tree(os.path.join(root, "struct-A"), {
         "m1.safetensors": sb.write_st([keep, gone, retype, reshape, moved], {"v": "1"}),
         "m2.safetensors": sb.write_st([x]), "d/x.json": b"{}", "e": b"e-file", "old.txt": b"old"})
-    b = _write_tree(os.path.join(root, "struct-B"), {
+    b = write_tree(os.path.join(root, "struct-B"), {
         "m1.safetensors": sb.write_st([mod(keep, 0.01), T("retype", "BF16", (4, 4)),
                                        (reshape[0], "BF16", (4, 16), reshape[3]), T("new", "F32", (8, 8))], {"v": "2"}),
         "m3.safetensors": sb.write_st([moved, mod(x, 0.2)]), "d": b"now a file", "e/y.json": b"{}",
@@ -206,10 +197,10 @@ def make_scenarios(root: str, *, big: bool = True) -> list[Scenario]:
     sm2 = bytearray(sm)
     for k in rng.choice(len(sm), 300, replace=False):
         sm2[k] ^= 0x21
-    a = _write_tree(os.path.join(root, "v3-A"), {
+    a = write_tree(os.path.join(root, "v3-A"), {
         "model.safetensors": sb.write_st(vb), "opt.bin": b"PK" + opt.tobytes(), "w.gguf": gg,
         "small.bin": sm, "grow.bin": sm[:70_000], "config.json": b'{"step": 1}'})
-    b = _write_tree(os.path.join(root, "v3-B"), {
+    b = write_tree(os.path.join(root, "v3-B"), {
         "model.safetensors": sb.write_st(vt), "opt.bin": b"PK" + opt2.tobytes(), "w.gguf": gg2,
         "small.bin": bytes(sm2), "grow.bin": sm[:90_000] + b"tail", "config.json": b'{"step": 2}'})
     out.append(("v3", a, b, 1.0))
@@ -219,8 +210,8 @@ def make_scenarios(root: str, *, big: bool = True) -> list[Scenario]:
         t = T("t", "U8", (4 * (1 << 20) + (1 << 19),))
         h = T("h", "BF16", (640, 1024))
         t2 = (t[0], t[1], t[2], _change(rng, t[3], 1, 0.0005))
-        a = _write_tree(os.path.join(root, "big-A"), {"big.safetensors": sb.write_st([h, t])})
-        b = _write_tree(os.path.join(root, "big-B"), {"big.safetensors": sb.write_st([mod(h, 0.001), t2])})
+        a = write_tree(os.path.join(root, "big-A"), {"big.safetensors": sb.write_st([h, t])})
+        b = write_tree(os.path.join(root, "big-B"), {"big.safetensors": sb.write_st([mod(h, 0.001), t2])})
         out.append(("big", a, b, 0.12))
 
     scenarios = []

@@ -2250,24 +2250,3 @@ def _cut(tensors, has, rng):
 
 def files_of(index) -> list:
     return index["target"]["files"]
-
-
-def snapshot(root) -> dict:
-    """Every entry under ``root``: relative path -> bytes (files), 'dir' or
-    ('link', target)."""
-    out = {}
-    root = os.fspath(root)
-    for dirpath, dirs, fnames in os.walk(root):
-        for d in dirs:
-            p = os.path.join(dirpath, d)
-            out[os.path.relpath(p, root)] = ("link", os.readlink(p)) if os.path.islink(p) else "dir"
-        for fn in fnames:
-            p = os.path.join(dirpath, fn)
-            if os.path.islink(p):
-                out[os.path.relpath(p, root)] = ("link", os.readlink(p))
-            else:
-                with open(p, "rb") as fh:
-                    out[os.path.relpath(p, root)] = fh.read()
-    return out
-
-

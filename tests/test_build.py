@@ -25,6 +25,7 @@ def _compiler() -> str | None:
     return shutil.which(cc) or shutil.which("cc")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("CI") and _compiler() is None, reason="no C compiler")
 def test_portable_subset_builds_and_agrees_with_numpy(tmp_path):
     """WDIFF_PORTABLE builds the extension with no GNU C construct (strict

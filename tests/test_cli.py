@@ -3,23 +3,15 @@
 import json
 import os
 import shutil
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
+import kit.cli
 import pytest
 from factory import simple_pair, tree
 
-WDIFF = shutil.which("wdiff", path=str(Path(sys.executable).parent)) or shutil.which("wdiff")
-
-
-def run(*args, env=None, cwd=None):
-    e = dict(os.environ, COLUMNS="80", NO_COLOR="1")
-    e.pop("WDIFF_DEBUG", None)
-    if env:
-        e.update(env)
-    cmd = [WDIFF, *map(str, args)] if WDIFF else [sys.executable, "-m", "wdiff", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, env=e, cwd=cwd, timeout=300)
+#: the installed console script, as a user runs it; output as bytes
+run = partial(kit.cli.run, script=True, text=False)
 
 
 @pytest.fixture
@@ -28,6 +20,7 @@ def pair(tmp_path):
     return tmp_path, A, B
 
 
+@pytest.mark.slow
 def test_version_and_help():
     r = run("--version")
     assert r.returncode == 0 and r.stdout.decode().startswith("wdiff ")
@@ -130,6 +123,7 @@ def test_in_place_via_cli(pair):
     assert tree(W) == tree(B)
 
 
+@pytest.mark.slow
 def test_demo(tmp_path):
     r = run("demo", "--json")
     assert r.returncode == 0, r.stderr
@@ -183,6 +177,7 @@ def test_usage_mistakes_and_layouts_are_usage_errors(pair):
     assert json.loads(r.stdout)["error"]["kind"] == "layout"
 
 
+@pytest.mark.slow
 def test_status_ahead_missing_and_hub_hint(pair):
     tmp, A, B = pair
     R = tmp / "R"

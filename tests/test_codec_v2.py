@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
+from kit.cli import run
 
 from wdiff.codec import chunk, conditioned, kernels
 from wdiff.codec.chunk import CDENSE, CSPARSE, MBITMAP, MDENSE, MODULAR, MSPARSE, RSPARSE
@@ -78,6 +78,7 @@ def roundtrip(old, new, enc):
         assert np.array_equal(back, old)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,w,fn", DTYPES, ids=[d[0] for d in DTYPES])
 def test_every_codec_round_trips(dtype, w, fn):
     rng = np.random.default_rng(abs(hash(dtype)) % 2**32)
@@ -131,6 +132,7 @@ def test_modular_difference_is_exact_at_the_edges():
         assert conditioned.from_dense_sign_magnitude(np.array([False]), np.array([top // 2 + 1], ut)) is None
 
 
+@pytest.mark.slow
 def test_bucket_kernels_match_their_numpy_twins():
     if not kernels.available():
         pytest.skip("the C extension is not built") if not os.environ.get("CI") else pytest.fail("no C extension in CI")
@@ -334,6 +336,7 @@ def test_movers_packed_into_every_tile_cost_no_more_than_the_words():
     assert time.perf_counter() - t < 2.0
 
 
+@pytest.mark.slow
 def test_tiles_where_many_entries_have_work_list_the_same_positions():
     """Words spread over every bucket (random 4- and 8-byte patterns: 256
     and 2,048 exponents), so that many entries have words in each tile of
@@ -763,12 +766,11 @@ def test_csparse_refuses_a_listed_word_in_the_wrong_bucket():
 # -- bundles ------------------------------------------------------------------------
 
 
-def wdiff(*args, cwd=None):
-    env = dict(os.environ, NO_COLOR="1", WDIFF_CACHE_DIR="none")
-    env.pop("WDIFF_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "wdiff", *map(str, args)], capture_output=True, cwd=cwd, env=env, timeout=120)
+#: the command line, output as bytes, without the manifest cache
+wdiff = partial(run, text=False, env={"WDIFF_CACHE_DIR": "none"})
 
 
+@pytest.mark.slow
 def test_pack_format_option_and_versions(tmp_path):
     base, adam = GOLDEN / "ckpt" / "base", GOLDEN / "ckpt" / "adam"
     r = wdiff("pack", "--json", "--format", "1", base, adam, "-o", tmp_path / "v1.wdb")
@@ -789,7 +791,6 @@ def test_pack_format_option_and_versions(tmp_path):
 
 
 def test_a_v2_codec_in_a_version_1_bundle_is_refused(tmp_path):
-    sys.path.insert(0, str(ROOT / "tests"))
     import specbundle as sb
 
     b = sb.parse((GOLDEN / "sparse.wdb").read_bytes())
@@ -802,13 +803,13 @@ def test_a_v2_codec_in_a_version_1_bundle_is_refused(tmp_path):
 
 
 def _write_ckpt(root: Path, tensors: dict[str, np.ndarray], dtype: str) -> None:
-    sys.path.insert(0, str(ROOT / "tests"))
     import specbundle as sb
 
     root.mkdir(parents=True)
     (root / "model.safetensors").write_bytes(sb.write_st([(k, dtype, list(v.shape), v.tobytes()) for k, v in tensors.items()]))
 
 
+@pytest.mark.slow
 def test_squash_and_reverse_over_v3_bundles_stay_bit_exact(tmp_path):
     rng = np.random.default_rng(5)
     n = 300_000

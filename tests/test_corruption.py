@@ -26,10 +26,10 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 import time
 import tracemalloc
 from pathlib import Path
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -39,6 +39,8 @@ import zstandard
 from factory import T, mutate, rand, tree, write_ckpt
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kit.cli import run
+from kit.trees import listing
 
 import wdiff
 import wdiff.ops.inspect
@@ -50,7 +52,8 @@ from wdiff.store.checkpoint import KIND_FILE, KIND_TENSORS, scan
 from wdiff.store.hashing import fingerprint, tensor_file_digest
 from wdiff.store.header import MAX_HEADER_BYTES, Header, HeaderError, parse_header
 
-WDIFF = os.path.join(os.path.dirname(sys.executable), "wdiff")
+#: the installed console script, output as bytes, at its own thread count
+cli = partial(run, script=True, text=False, env={"WDIFF_THREADS": None}, timeout=60)
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 TIB = 1 << 40
 
@@ -143,21 +146,6 @@ def zstd_frame_declaring(n: int) -> bytes:
 def safetensors_bytes(header: dict | bytes, data: bytes = b"") -> bytes:
     raw = header if isinstance(header, bytes) else json.dumps(header).encode()
     return struct.pack("<Q", len(raw)) + raw + data
-
-
-def files_under(root) -> list[str]:
-    """Every file and directory (with a trailing /) under ``root``."""
-    out = []
-    for d, dirs, fs in os.walk(root):
-        out += [os.path.relpath(os.path.join(d, x), root) + "/" for x in dirs]
-        out += [os.path.relpath(os.path.join(d, x), root) for x in fs]
-    return sorted(out)
-
-
-def cli(*args) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("WDIFF_DEBUG", "WDIFF_THREADS")}
-    env["NO_COLOR"] = "1"
-    return subprocess.run([WDIFF, *map(str, args)], capture_output=True, env=env, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -697,7 +685,7 @@ def test_hostile_bundle_is_refused(kit, tmp_path, name):
     assert time.monotonic() - t0 < 5  # refused quickly: nothing is sized from what a frame declares
     assert os.listdir(box.outs) == []
     assert tree(kit.A) == kit.a_tree
-    assert files_under(tmp_path) == ["hostile.wdb", "outs/"]  # nothing written anywhere else either
+    assert listing(tmp_path) == ["hostile.wdb", "outs/"]  # nothing written anywhere else either
 
 
 @pytest.mark.parametrize("name", list(_variant_names()))
@@ -764,7 +752,7 @@ def test_hostile_file_path_is_refused_before_anything_is_written(kit, tmp_path, 
     with pytest.raises(FormatError) as e:
         wdiff.apply(bundle, kit.A, outs / "OUT", threads=1)
     assert "\x1b" not in str(e.value) and "\n" not in str(e.value) and "\x00" not in str(e.value)
-    assert files_under(tmp_path) == ["hostile.wdb", "work/", "work/outs/"]
+    assert listing(tmp_path) == ["hostile.wdb", "work/", "work/outs/"]
     assert not os.path.exists("/wdiff-corruption-test-abs")
     assert tree(kit.A) == kit.a_tree
     with pytest.raises(FormatError):
@@ -990,7 +978,7 @@ def test_hostile_tensor_names_round_trip(tmp_path):
     wdiff.pack(A, B, tmp_path / "d.wdb")
     wdiff.apply(tmp_path / "d.wdb", A, tmp_path / "C")
     assert tree(tmp_path / "C") == tree(B)
-    assert files_under(tmp_path / "C") == ["model.safetensors"]  # a name never becomes a path
+    assert listing(tmp_path / "C") == ["model.safetensors"]  # a name never becomes a path
     assert not (tmp_path / "etc").exists()
 
 

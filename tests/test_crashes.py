@@ -17,6 +17,8 @@ import time
 import numpy as np
 import pytest
 from factory import mutate, rand, tree, write_ckpt
+from kit.cli import argv
+from kit.system import namespaces_work
 
 import wdiff
 from wdiff.errors import BusyError, WdiffIOError
@@ -72,6 +74,7 @@ def world(tmp_path_factory):
     return t, A, B, bundle, remote, tree(A), tree(B)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op,trials", [("in-place", 24), ("copy", 21), ("pull", 21)])
 def test_sigkill_at_random_points(world, tmp_path, op, trials):
     t, A, B, bundle, remote, ta, tb = world
@@ -180,22 +183,15 @@ def test_full_disk_while_staging_in_place(world, tmp_path, monkeypatch):
     assert not (W / ".wdiff" / "txn").exists()
 
 
-def _can_mount_tmpfs(d) -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    r = subprocess.run(["unshare", "-Urm", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {d}"], capture_output=True)
-    return r.returncode == 0
-
-
 def test_real_full_disk(world, tmp_path):
     """On a 2 MB tmpfs (in a user and mount namespace, when the system allows
     one): apply and pack fail with exit status 9 and leave nothing behind."""
     t, A, B, bundle, remote, ta, tb = world
     small = tmp_path / "small"
     small.mkdir()
-    if not _can_mount_tmpfs(small):
+    if not namespaces_work(small):
         pytest.skip("cannot mount a tmpfs here")
-    wd = [sys.executable, "-m", "wdiff"]
+    wd = argv()
     script = (
         f"mount -t tmpfs -o size=2m tmpfs {small} && "
         f"{' '.join(wd)} apply -q {bundle} {A} -o {small}/out; echo apply=$?; ls -A {small}; "

@@ -7,13 +7,12 @@ number of buffers, and a failed write stops the run and is never lost."""
 
 import errno
 import os
-import subprocess
-import sys
 import threading
 
 import numpy as np
 import pytest
 from factory import tree
+from kit.cli import ok
 
 import wdiff
 from wdiff.store import sample
@@ -116,10 +115,7 @@ def test_apply_writes_the_same_files_with_and_without_direct_writes(tmp_path, sh
     wdiff.pack(a, b, bundle)
     wdiff.apply(bundle, a, tmp_path / "C1")
     assert tree(tmp_path / "C1") == tree(b)
-    env = dict(os.environ, WDIFF_DIRECT="0")
-    p = subprocess.run([sys.executable, "-m", "wdiff", "apply", "-q", str(bundle), str(a), "-o", str(tmp_path / "C0")],
-                       env=env, capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
+    ok("apply", "-q", bundle, a, "-o", tmp_path / "C0", env={"WDIFF_DIRECT": "0"})
     assert tree(tmp_path / "C0") == tree(b)
 
 

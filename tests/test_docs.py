@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from kit.cli import in_process
 
 from wdiff.cli.app import app
 from wdiff.cli.generate import check, render, render_all
@@ -93,11 +94,7 @@ def test_other_completions_parse(shell, flag):
 
 
 def test_exit_codes_agree_across_help_man_and_docs():
-    from typer.testing import CliRunner
-
-    from wdiff.cli.app import app
-
-    help_text = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"}).output
+    help_text = in_process("--help", want=0).out
     page = (ROOT / "docs" / "reference" / "exit-codes.md").read_text()
     man = (ROOT / "man" / "wdiff.1").read_text()
     rows = dict(re.findall(r"^\| (\d+) \| (.+?) \|$", page, re.M))

@@ -23,6 +23,8 @@ import pytest
 import xxhash
 import zstandard
 from factory import tree
+from kit.cli import run
+from kit.trees import write_tree
 
 import wdiff
 from wdiff.format import records as fmt
@@ -30,19 +32,6 @@ from wdiff.format.bundle import BundleReader
 from wdiff.ops.reverse import NotInvertible, build_inverse
 
 MiB = 1 << 20
-
-
-def cli(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "wdiff", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300, check=False)
-
-
-def _write(root, files: dict[str, bytes]) -> str:
-    os.makedirs(root, exist_ok=True)
-    for name, data in files.items():
-        with open(os.path.join(root, name), "wb") as f:
-            f.write(data)
-    return str(root)
 
 
 def _bin_like(rng, n: int, dtype=np.float32) -> tuple[bytes, np.ndarray]:
@@ -72,9 +61,9 @@ def test_torch_bin_changed_in_place_cli(tmp_path, frac):
     rng = np.random.default_rng(1)
     head, a = _bin_like(rng, 1_500_000)  # 6 MB of fp32
     b = _moved(rng, a, frac)
-    A = _write(tmp_path / "A", {"pytorch_model.bin": head + a.tobytes(), "config.json": b"{}"})
-    B = _write(tmp_path / "B", {"pytorch_model.bin": head + b.tobytes(), "config.json": b"{}"})
-    r = cli("pack", A, B, "-o", tmp_path / "d.wdiff")
+    A = write_tree(tmp_path / "A", {"pytorch_model.bin": head + a.tobytes(), "config.json": b"{}"})
+    B = write_tree(tmp_path / "B", {"pytorch_model.bin": head + b.tobytes(), "config.json": b"{}"})
+    r = run("pack", A, B, "-o", tmp_path / "d.wdiff")
     assert r.returncode == 0, r.stderr
     assert "stored whole or as byte deltas" in r.stdout
     size = os.path.getsize(tmp_path / "d.wdiff")
@@ -83,18 +72,18 @@ def test_torch_bin_changed_in_place_cli(tmp_path, frac):
     assert size < (a.size * frac * 3 + 4096 if frac < 0.1 else whole * 0.6), (size, whole)
     hs = _records(tmp_path / "d.wdiff")
     assert hs and all(h.type == fmt.DELTA for h in hs) and {h.word for h in hs} == {4}
-    info = cli("info", tmp_path / "d.wdiff", "--json")
+    info = run("info", tmp_path / "d.wdiff", "--json")
     doc = json.loads(info.stdout)
     assert doc["format_version"] == fmt.FILE_DELTAS
     assert any(k.startswith("file-") for k in doc["records"])
     assert {f["path"]: f["source"] for f in doc["files"]}["pytorch_model.bin"] == "delta"
-    r = cli("apply", tmp_path / "d.wdiff", A, "-o", tmp_path / "OUT")
+    r = run("apply", tmp_path / "d.wdiff", A, "-o", tmp_path / "OUT")
     assert r.returncode == 0, r.stderr
     assert tree(tmp_path / "OUT") == tree(B)
-    r = cli("apply", tmp_path / "d.wdiff", A, "--in-place")
+    r = run("apply", tmp_path / "d.wdiff", A, "--in-place")
     assert r.returncode == 0, r.stderr
     assert tree(A) == tree(B)
-    r = cli("apply", tmp_path / "d.wdiff", A, "--in-place")
+    r = run("apply", tmp_path / "d.wdiff", A, "--in-place")
     assert r.returncode == 0 and "already at the target" in r.stdout
 
 
@@ -103,14 +92,14 @@ def test_gguf_with_inserted_block_cli(tmp_path):
     body = rng.integers(0, 16, size=5 * MiB, dtype=np.uint8).tobytes()  # 4-bit-like, compressible a little
     head = b"GGUF" + struct.pack("<IQQ", 3, 10, 20)
     extra = rng.bytes(50_000)
-    A = _write(tmp_path / "A", {"model.gguf": head + body})
-    B = _write(tmp_path / "B", {"model.gguf": head + body[:MiB + 123] + extra + body[MiB + 123:]})
-    r = cli("pack", A, B, "-o", tmp_path / "d.wdiff")
+    A = write_tree(tmp_path / "A", {"model.gguf": head + body})
+    B = write_tree(tmp_path / "B", {"model.gguf": head + body[:MiB + 123] + extra + body[MiB + 123:]})
+    r = run("pack", A, B, "-o", tmp_path / "d.wdiff")
     assert r.returncode == 0, r.stderr
     hs = _records(tmp_path / "d.wdiff")
     assert {h.codec for h in hs} == {16}  # the zstd-against-the-base codec finds the shift
     assert os.path.getsize(tmp_path / "d.wdiff") < len(extra) + 20_000
-    r = cli("apply", tmp_path / "d.wdiff", A, "-o", tmp_path / "OUT")
+    r = run("apply", tmp_path / "d.wdiff", A, "-o", tmp_path / "OUT")
     assert r.returncode == 0, r.stderr
     assert tree(tmp_path / "OUT") == tree(B)
 
@@ -119,12 +108,12 @@ def test_optimizer_state_dense_fp32(tmp_path):
     rng = np.random.default_rng(3)
     m = np.abs(rng.standard_normal(600_000)).astype(np.float32) * np.float32(1e-3)
     m2 = (m * np.float32(0.999) + np.float32(1e-7)).astype(np.float32)
-    A = _write(tmp_path / "A", {"optimizer.pt": b"PK" + m.tobytes()})
-    B = _write(tmp_path / "B", {"optimizer.pt": b"PK" + m2.tobytes()})
-    r = cli("pack", A, B, "-o", tmp_path / "d.wdiff", "--include", "optimizer.pt")
+    A = write_tree(tmp_path / "A", {"optimizer.pt": b"PK" + m.tobytes()})
+    B = write_tree(tmp_path / "B", {"optimizer.pt": b"PK" + m2.tobytes()})
+    r = run("pack", A, B, "-o", tmp_path / "d.wdiff", "--include", "optimizer.pt")
     assert r.returncode == 0, r.stderr
     assert os.path.getsize(tmp_path / "d.wdiff") <= _zstd_whole(b"PK" + m2.tobytes()) * 1.01
-    r = cli("apply", tmp_path / "d.wdiff", A, "--in-place", "--include", "optimizer.pt")
+    r = run("apply", tmp_path / "d.wdiff", A, "--in-place", "--include", "optimizer.pt")
     assert r.returncode == 0, r.stderr
     assert tree(A) == tree(B)
 
@@ -132,8 +121,8 @@ def test_optimizer_state_dense_fp32(tmp_path):
 def test_format_2_stores_companion_files_whole(tmp_path):
     rng = np.random.default_rng(4)
     data = rng.bytes(2 * MiB)
-    A = _write(tmp_path / "A", {"x.bin": data})
-    B = _write(tmp_path / "B", {"x.bin": data[:100] + b"!" + data[101:]})
+    A = write_tree(tmp_path / "A", {"x.bin": data})
+    B = write_tree(tmp_path / "B", {"x.bin": data[:100] + b"!" + data[101:]})
     res = wdiff.pack(A, B, tmp_path / "v2.wdiff", format_version=2)
     with BundleReader(str(tmp_path / "v2.wdiff")) as r:
         assert r.index.version == 1 and r.index.files[0].source == "bundle"
@@ -179,8 +168,8 @@ def test_random_edits_round_trip(tmp_path, seed):
         new = _edit(rng, new)
     if len(new) < MiB:
         new += data[: MiB - len(new) + 1]
-    A = _write(tmp_path / "A", {"w.bin": data})
-    B = _write(tmp_path / "B", {"w.bin": new})
+    A = write_tree(tmp_path / "A", {"w.bin": data})
+    B = write_tree(tmp_path / "B", {"w.bin": new})
     wdiff.pack(A, B, tmp_path / "d.wdiff", threads=2)
     hs = _records(tmp_path / "d.wdiff")
     assert all(h.type == fmt.DELTA and h.hi - h.lo <= 8 * MiB for h in hs)
@@ -238,8 +227,8 @@ def hostile_kit(tmp_path_factory):
     for k in rng.integers(0, len(new), 500):
         new[k] ^= 1
     g = rng.bytes(2 * MiB)
-    A = _write(root / "A", {"w.bin": data, "m.gguf": g})
-    B = _write(root / "B", {"w.bin": bytes(new), "m.gguf": g[:1000] + b"inserted" + g[1000:]})
+    A = write_tree(root / "A", {"w.bin": data, "m.gguf": g})
+    B = write_tree(root / "B", {"w.bin": bytes(new), "m.gguf": g[:1000] + b"inserted" + g[1000:]})
     wdiff.pack(A, B, root / "good.wdiff")
     return root, A, B
 
@@ -302,10 +291,10 @@ def test_hostile_delta_records_exit_4_and_touch_nothing(hostile_kit, tmp_path, n
     work = tmp_path / "A"
     shutil.copytree(A, work)
     before = tree(work)
-    r = cli("apply", bad, work, "-o", tmp_path / "OUT")
+    r = run("apply", bad, work, "-o", tmp_path / "OUT")
     assert r.returncode == 4, (name, r.returncode, r.stderr)
     assert not os.path.exists(tmp_path / "OUT")
-    r = cli("apply", bad, work, "--in-place")
+    r = run("apply", bad, work, "--in-place")
     assert r.returncode == 4, (name, r.returncode, r.stderr)
     assert tree(work) == before
     assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []
@@ -315,7 +304,7 @@ def test_resealed_good_bundle_still_applies(hostile_kit, tmp_path):
     """The rewriting helper itself is sound: a bundle resealed unchanged applies."""
     root, A, B = hostile_kit
     _rewrite(root / "good.wdiff", tmp_path / "same.wdiff", lambda recs: None)
-    r = cli("apply", tmp_path / "same.wdiff", A, "-o", tmp_path / "OUT")
+    r = run("apply", tmp_path / "same.wdiff", A, "-o", tmp_path / "OUT")
     assert r.returncode == 0, r.stderr
     assert tree(tmp_path / "OUT") == tree(B)
 
@@ -325,7 +314,7 @@ def test_delta_records_in_a_version_2_bundle_are_refused(hostile_kit, tmp_path):
     data = bytearray((root / "good.wdiff").read_bytes())
     data[8:12] = struct.pack("<I", 2)
     (tmp_path / "v2.wdiff").write_bytes(bytes(data))
-    r = cli("apply", tmp_path / "v2.wdiff", A, "-o", tmp_path / "OUT")
+    r = run("apply", tmp_path / "v2.wdiff", A, "-o", tmp_path / "OUT")
     assert r.returncode == 4 and not os.path.exists(tmp_path / "OUT")
 
 
@@ -337,7 +326,7 @@ def test_base_file_changed_is_a_base_mismatch(hostile_kit, tmp_path):
         f.seek(12345)
         f.write(b"\xff\xfe")
     before = tree(work)
-    r = cli("apply", root / "good.wdiff", work, "--in-place")
+    r = run("apply", root / "good.wdiff", work, "--in-place")
     assert r.returncode == 5, r.stderr
     assert tree(work) == before
 
@@ -353,24 +342,24 @@ def test_squash_and_reverse_over_a_chain_of_file_deltas(tmp_path):
     v2 = _moved(rng, v1, 0.02)
     g1 = g0[:5000] + rng.bytes(4000) + g0[5000:]
     dirs = [
-        _write(tmp_path / "V0", {"w.bin": v0.tobytes(), "m.gguf": g0, "c.json": b"{}"}),
-        _write(tmp_path / "V1", {"w.bin": v1.tobytes(), "m.gguf": g1, "c.json": b"{}"}),
-        _write(tmp_path / "V2", {"w.bin": v2.tobytes(), "m.gguf": g1, "c.json": b"{}"}),
+        write_tree(tmp_path / "V0", {"w.bin": v0.tobytes(), "m.gguf": g0, "c.json": b"{}"}),
+        write_tree(tmp_path / "V1", {"w.bin": v1.tobytes(), "m.gguf": g1, "c.json": b"{}"}),
+        write_tree(tmp_path / "V2", {"w.bin": v2.tobytes(), "m.gguf": g1, "c.json": b"{}"}),
     ]
     b1, b2 = tmp_path / "b1.wdiff", tmp_path / "b2.wdiff"
     wdiff.pack(dirs[0], dirs[1], b1)
     wdiff.pack(dirs[1], dirs[2], b2)
-    r = cli("squash", b1, b2, "--base", dirs[0], "-o", tmp_path / "s.wdiff")
+    r = run("squash", b1, b2, "--base", dirs[0], "-o", tmp_path / "s.wdiff")
     assert r.returncode == 0, r.stderr
     with BundleReader(str(tmp_path / "s.wdiff")) as rd:
         assert {f.path: f.source for f in rd.index.files} == {"c.json": "base", "m.gguf": "delta", "w.bin": "delta"}
     assert [p for p in os.listdir(tmp_path) if p.startswith(".wdiff-")] == []  # temp files gone
-    r = cli("apply", tmp_path / "s.wdiff", dirs[0], "-o", tmp_path / "OUT")
+    r = run("apply", tmp_path / "s.wdiff", dirs[0], "-o", tmp_path / "OUT")
     assert r.returncode == 0, r.stderr
     assert tree(tmp_path / "OUT") == tree(dirs[2])
     # back one step: XOR records run backwards from V2's bytes
     build_inverse(b2, dirs[2], tmp_path / "back.wdiff")
-    r = cli("apply", tmp_path / "back.wdiff", dirs[2], "-o", tmp_path / "BACK")
+    r = run("apply", tmp_path / "back.wdiff", dirs[2], "-o", tmp_path / "BACK")
     assert r.returncode == 0, r.stderr
     assert tree(tmp_path / "BACK") == tree(dirs[1])
     # a zstd-against-the-base record cannot run backwards: no wrong bundle, NotInvertible
@@ -380,8 +369,8 @@ def test_squash_and_reverse_over_a_chain_of_file_deltas(tmp_path):
 
 
 def test_small_companion_files_stay_whole_and_version_1(tmp_path):
-    A = _write(tmp_path / "A", {"config.json": b'{"a": 1}' * 100})
-    B = _write(tmp_path / "B", {"config.json": b'{"a": 2}' * 100})
+    A = write_tree(tmp_path / "A", {"config.json": b'{"a": 1}' * 100})
+    B = write_tree(tmp_path / "B", {"config.json": b'{"a": 2}' * 100})
     wdiff.pack(A, B, tmp_path / "d.wdiff")
     with BundleReader(str(tmp_path / "d.wdiff")) as r:
         assert r.index.version == 1 and r.index.files[0].source == "bundle"
@@ -402,6 +391,7 @@ import wdiff
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["in-place", "copy"])
 def test_sigkill_while_rebuilding_file_deltas(hostile_kit, tmp_path, op):
     """A process killed at random moments of an apply of file deltas leaves
@@ -455,6 +445,7 @@ def test_sigkill_while_rebuilding_file_deltas(hostile_kit, tmp_path, op):
     assert alive  # some kills landed while it ran
 
 
+@pytest.mark.slow
 def test_pull_and_roll_back_through_file_deltas(tmp_path):
     """A remote whose bundles hold file deltas: a pull rebuilds the head, and
     `pull --to HEAD~1` steps back through the XOR records, downloading only
@@ -467,26 +458,26 @@ def test_pull_and_roll_back_through_file_deltas(tmp_path):
     v1 = _moved(rng, v0, 0.01)
     v2 = _moved(rng, v1, 0.01)
     dirs = [
-        _write(tmp_path / "V0", {"w.bin": v0.tobytes(), "m.gguf": g0}),
-        _write(tmp_path / "V1", {"w.bin": v1.tobytes(), "m.gguf": g0[:999] + b"new bytes" + g0[999:]}),
+        write_tree(tmp_path / "V0", {"w.bin": v0.tobytes(), "m.gguf": g0}),
+        write_tree(tmp_path / "V1", {"w.bin": v1.tobytes(), "m.gguf": g0[:999] + b"new bytes" + g0[999:]}),
     ]
-    dirs.append(_write(tmp_path / "V2", {"w.bin": v2.tobytes(), "m.gguf": (tmp_path / "V1" / "m.gguf").read_bytes()}))
+    dirs.append(write_tree(tmp_path / "V2", {"w.bin": v2.tobytes(), "m.gguf": (tmp_path / "V1" / "m.gguf").read_bytes()}))
     remote = tmp_path / "remote"
-    assert cli("push", dirs[0], remote, "--anchor", "-q").returncode == 0
+    assert run("push", dirs[0], remote, "--anchor", "-q").returncode == 0
     for k in (1, 2):
-        r = cli("push", dirs[k], remote, "--base", dirs[k - 1], "-q")
+        r = run("push", dirs[k], remote, "--base", dirs[k - 1], "-q")
         assert r.returncode == 0, r.stderr
     work = tmp_path / "work"
-    r = cli("pull", remote, work, "-q")
+    r = run("pull", remote, work, "-q")
     assert r.returncode == 0, r.stderr
     assert tree(work) == tree(dirs[2])
-    r = cli("pull", remote, work, "--to", "HEAD~1", "--json")
+    r = run("pull", remote, work, "--to", "HEAD~1", "--json")
     assert r.returncode == 0, r.stderr
-    size = {e["bundle"]: e["size"] for e in json.loads(cli("log", remote, "--json").stdout)["entries"]}
+    size = {e["bundle"]: e["size"] for e in json.loads(run("log", remote, "--json").stdout)["entries"]}
     doc = json.loads(r.stdout)
     assert doc["stepped_back"] and doc["downloaded_bytes"] == sum(size[b] for b in doc["bundles"]), doc
     assert tree(work) == tree(dirs[1])
-    r = cli("pull", remote, work, "--to", "HEAD~2")
+    r = run("pull", remote, work, "--to", "HEAD~2")
     assert r.returncode == 0, r.stderr
     assert tree(work) == tree(dirs[0])
 
@@ -498,8 +489,8 @@ def test_moved_content_is_found(tmp_path):
     rng = np.random.default_rng(10)
     parts = [(rng.standard_normal(5 * MiB // 4) * 0.02).astype(np.float32).tobytes() for _ in range(4)]  # 5 MiB each
     head = b"PK\x03\x04" + bytes(60)
-    A = _write(tmp_path / "A", {"model.bin": head + b"".join(parts)})
-    B = _write(tmp_path / "B", {"model.bin": head + b"".join([parts[0], parts[3], parts[2], parts[1]])})
+    A = write_tree(tmp_path / "A", {"model.bin": head + b"".join(parts)})
+    B = write_tree(tmp_path / "B", {"model.bin": head + b"".join([parts[0], parts[3], parts[2], parts[1]])})
     res = wdiff.pack(A, B, tmp_path / "d.wdiff")
     assert res.bundle_bytes < 8 * 1024, res.bundle_bytes  # the whole file is 20 MiB of near-random floats
     assert all(h.codec == 16 for h in _records(tmp_path / "d.wdiff"))
@@ -537,9 +528,9 @@ def _floats(rng, n: int) -> bytes:
 def _pack_apply_cli(tmp_path, A, B, name: str) -> int:
     """pack and apply through the real command line; the bundle's size."""
     bundle = tmp_path / "d.wdiff"
-    r = cli("pack", A, B, "-o", bundle)
+    r = run("pack", A, B, "-o", bundle)
     assert r.returncode == 0, r.stderr
-    r = cli("apply", bundle, A, "-o", tmp_path / "OUT")
+    r = run("apply", bundle, A, "-o", tmp_path / "OUT")
     assert r.returncode == 0, r.stderr
     with open(os.path.join(B, name), "rb") as f, open(tmp_path / "OUT" / name, "rb") as g:
         while True:
@@ -550,6 +541,7 @@ def _pack_apply_cli(tmp_path, A, B, name: str) -> int:
     return os.path.getsize(bundle)
 
 
+@pytest.mark.slow
 def test_content_moved_far_is_found(tmp_path):
     """The first and last 4 MiB of a 160 MiB file swap places (moved 152 MiB,
     far past any window around the same offsets): found where it went, the
@@ -565,6 +557,7 @@ def test_content_moved_far_is_found(tmp_path):
         assert got <= peer * 1.05, (got, peer)
 
 
+@pytest.mark.slow
 def test_reorder_is_within_zstd(tmp_path):
     """A pytorch_model.bin-like re-save in another tensor order (two of its
     eight 3 MB arrays swapped, 12 MB apart): within a few percent of zstd
@@ -572,8 +565,8 @@ def test_reorder_is_within_zstd(tmp_path):
     from wdiff.bench.opaque import make_case
 
     name, a, b = make_case("reorder", 24_000_000)
-    A = _write(tmp_path / "A", {name: a})
-    B = _write(tmp_path / "B", {name: b})
+    A = write_tree(tmp_path / "A", {name: a})
+    B = write_tree(tmp_path / "B", {name: b})
     got = _pack_apply_cli(tmp_path, A, B, name)
     assert got < 16 * 1024, got
     # the same bytes whatever the thread count (the base index is built once, from the bytes)
@@ -586,6 +579,7 @@ def test_reorder_is_within_zstd(tmp_path):
         assert got <= peer * 1.05, (got, peer)
 
 
+@pytest.mark.slow
 def test_pack_memory_is_bounded_on_moved_content(tmp_path):
     """pack of a 1 GiB file whose content moved far (16 MiB arrays moved
     across it) keeps its peak RSS bounded: the base index holds keys, not the
@@ -614,8 +608,8 @@ def test_resaves_round_trip(tmp_path, case):
     from wdiff.bench.opaque import make_case
 
     name, a, b = make_case(case, 12_000_000)
-    A = _write(tmp_path / "A", {name: a})
-    B = _write(tmp_path / "B", {name: b})
+    A = write_tree(tmp_path / "A", {name: a})
+    B = write_tree(tmp_path / "B", {name: b})
     res = wdiff.pack(A, B, tmp_path / "d.wdiff")
     limit = len(b) // 8 if case == "resave-1%" else len(b) // 300
     assert res.bundle_bytes < limit, (res.bundle_bytes, limit)
@@ -636,6 +630,7 @@ def test_rolling_keys_match_keys_at():
     assert fd.rolling_keys(x[:31]).size == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["reorder-many", "torch-resave"])
 def test_resaves_larger_than_a_window_keep_the_budget_and_stay_small(tmp_path, case):
     """At 40 MB the moved arrays come from places further apart than one
@@ -647,8 +642,8 @@ def test_resaves_larger_than_a_window_keep_the_budget_and_stay_small(tmp_path, c
     from wdiff.bench.opaque import make_case
 
     name, a, b = make_case(case, 40_000_000)
-    A = _write(tmp_path / "A", {name: a})
-    B = _write(tmp_path / "B", {name: b})
+    A = write_tree(tmp_path / "A", {name: a})
+    B = write_tree(tmp_path / "B", {name: b})
     res = wdiff.pack(A, B, tmp_path / "d.wdiff")
     assert res.bundle_bytes < len(b) // 300, res.bundle_bytes
     spent = 0

@@ -32,6 +32,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from factory import mutate, rand, tree, write_ckpt
+from kit.cli import argv, environment, ok, run
+
+#: a real caching proxy (nginx) in front of the stand-in Hub and S3, 16 pullers at once
+pytestmark = pytest.mark.slow
 
 PULLERS = 16
 SIZE = 6_000_000  # random bytes: an anchor of one part, two S3 download pieces
@@ -146,8 +150,9 @@ http {{
 
 
 def pull_many(url: str, dirs: list[Path], env: dict) -> None:
-    """``wdiff pull URL DIR`` in PULLERS processes at once."""
-    procs = [subprocess.Popen([sys.executable, "-m", "wdiff", "pull", url, str(d)], env=env,
+    """``wdiff pull URL DIR`` in PULLERS processes at once; ``env``: changes
+    to the environment, as kit.cli.run takes them (None removes a variable)."""
+    procs = [subprocess.Popen(argv("pull", url, d), env=environment(env),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for d in dirs]
     failed = []
     for p in procs:
@@ -171,16 +176,6 @@ def versions(tmp_path_factory):
     return make_versions(tmp_path_factory.mktemp("fleet"))
 
 
-def _env(**changes) -> dict:
-    env = dict(os.environ)
-    for k, v in changes.items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
-
-
 # -- the Hub ----------------------------------------------------------------------------
 
 
@@ -192,9 +187,9 @@ def hub_rounds(hub, versions, work: Path, endpoint: str | None) -> list[dict]:
 
     wdiff.push(versions[0], HUB_URL, anchor=True)
     if endpoint is None:
-        env = _env(HF_TOKEN=hub.token)
+        env = {"HF_TOKEN": hub.token}
     else:
-        env = _env(HF_ENDPOINT=endpoint, HF_TOKEN=None, HF_HUB_DISABLE_IMPLICIT_TOKEN="1")
+        env = {"HF_ENDPOINT": endpoint, "HF_TOKEN": None, "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"}
     rows = []
     for k, v in enumerate(versions):
         if k:
@@ -261,8 +256,7 @@ def test_hub_chain_records_the_commit_that_added_each_part(hub, versions):
 
     from schemacheck import errors
 
-    out = subprocess.run([sys.executable, "-m", "wdiff", "log", "--json", HUB_URL], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    out = ok("log", "--json", HUB_URL, timeout=120).stdout
     doc = json.loads(out)
     schema = json.loads((Path(wdiff.__file__).parent / "cli" / "schemas" / "log.json").read_text())
     assert errors(schema, doc) == []
@@ -284,13 +278,12 @@ def test_a_parts_commit_is_checked_and_ignored_where_there_are_no_commits(versio
     for bad in ("../../../etc/passwd", "A" * 40, "0" * 39, 7, "main"):
         doc["entries"][0]["parts"][0]["commit"] = bad
         (remote / "chain.json").write_text(json.dumps(doc))
-        r = subprocess.run([sys.executable, "-m", "wdiff", "pull", str(remote), str(tmp_path / "bad")],
-                           capture_output=True, text=True, timeout=120)
+        r = run("pull", remote, tmp_path / "bad", timeout=120)
         assert r.returncode == 4 and "malformed commit" in r.stderr, (bad, r.returncode, r.stderr)
         assert not (tmp_path / "bad").exists()
     doc["entries"][0]["parts"][0]["commit"] = "0123456789abcdef0123456789abcdef01234567"
     (remote / "chain.json").write_text(json.dumps(doc))
-    pull_many(str(remote), [tmp_path / "good"], dict(os.environ))
+    pull_many(str(remote), [tmp_path / "good"], {})
     assert tree(tmp_path / "good") == tree(versions[0])
 
 
@@ -306,11 +299,11 @@ def s3_rounds(s3, versions, work: Path, monkeypatch, endpoint: str | None, origi
     url = f"s3://{bucket}/fleet"
     wdiff.push(versions[0], url, anchor=True)
     if endpoint is None:
-        env = _env()
+        env = {}
     else:
         s3.allow_anonymous_reads(bucket)
-        env = _env(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=None, AWS_SECRET_ACCESS_KEY=None,
-                   FSSPEC_S3_ANON="true")
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None,
+               "FSSPEC_S3_ANON": "true"}
     rows = []
     for k, v in enumerate(versions):
         if k:
@@ -377,10 +370,9 @@ def test_s3_anonymous_read_needs_no_credentials(s3, nginx, versions, tmp_path):
     wdiff.push(versions[0], url, anchor=True)
     s3.allow_anonymous_reads(bucket)
     with caching_proxy(nginx, s3.origin.endpoint, S3_CONF) as endpoint:
-        env = _env(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=None, AWS_SECRET_ACCESS_KEY=None,
-                   AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"))
-        refused = subprocess.run([sys.executable, "-m", "wdiff", "pull", url, str(tmp_path / "a")], env=env,
-                                 capture_output=True, text=True, timeout=300)
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None,
+               "AWS_SHARED_CREDENTIALS_FILE": tmp_path / "none", "AWS_CONFIG_FILE": tmp_path / "none"}
+        refused = run("pull", url, tmp_path / "a", env=env)
         assert refused.returncode == 7, refused.stderr  # no credentials, no anonymous switch: refused
         assert not (tmp_path / "a").exists()
         pull_many(url, [tmp_path / "b"], {**env, "FSSPEC_S3_ANON": "true"})

@@ -66,6 +66,7 @@ def check(decode, raw: bytes):
         pass
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(data=st.data())
 def test_fuzz_bundle_index(samples, data):

@@ -8,15 +8,16 @@ completes."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 from factory import mutate, rand, tree, write_ckpt
+from kit.cli import environment, run
 
 import wdiff
 from wdiff.errors import ConflictError, IntegrityError
@@ -43,26 +44,17 @@ run()
 """
 
 
-def _env() -> dict:
-    env = dict(os.environ, NO_COLOR="1", COLUMNS="100", WDIFF_THREADS="1")
-    env.pop("WDIFF_DEBUG", None)
-    env.pop("WDIFF_TRUSTED_KEYS", None)
-    return env
-
-
-def cli(*args, want: int | None = 0, cwd=None) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "wdiff", *map(str, args)], capture_output=True, text=True, check=False,
-                       env=_env(), timeout=300, cwd=cwd, stdin=subprocess.DEVNULL)
-    if want is not None:
-        assert r.returncode == want, (args, r.returncode, r.stdout, r.stderr)
-    return r
+#: the environment of these tests' commands (and the stage tests'): one thread each, 100 columns
+GC_ENV = {"COLUMNS": "100", "WDIFF_THREADS": "1"}
+#: the command line in GC_ENV, which must exit 0 unless told another ``want``
+cli = partial(run, want=0, env=GC_ENV)
 
 
 def start_paused_pull(tmp_path: Path, *args) -> tuple[subprocess.Popen, Path, Path]:
     paused, go = tmp_path / "paused", tmp_path / "go"
     for p in (paused, go):
         p.unlink(missing_ok=True)
-    env = dict(_env(), WDIFF_TEST_PAUSED=str(paused), WDIFF_TEST_GO=str(go))
+    env = environment({**GC_ENV, "WDIFF_TEST_PAUSED": paused, "WDIFF_TEST_GO": go})
     proc = subprocess.Popen([sys.executable, "-c", PAUSED_PULL, "pull", *map(str, args)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -104,6 +96,7 @@ def pull_exact(remote: str, to: str, want: Path, dest: Path) -> None:
     assert tree(dest) == tree(want), f"{to} did not come back bit-exact"
 
 
+@pytest.mark.slow
 def test_gc_on_200_versions_keeps_every_kept_version_and_a_running_pull(tmp_path):
     remote, dirs = make_chain(tmp_path, 200)
     kept = {"step-50": dirs[50], "step-120": dirs[120]}
@@ -220,6 +213,7 @@ def test_gc_loses_to_a_push_that_got_in_first(tmp_path, monkeypatch):
     assert len(wdiff.log(remote).entries) >= 6
 
 
+@pytest.mark.slow
 def test_anchor_every_and_anchor_when(tmp_path):
     rng = np.random.default_rng(3)
     t = {"w": rand(rng, "F32", (4096,))}

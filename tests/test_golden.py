@@ -19,12 +19,12 @@ import json
 import os
 import shutil
 import struct
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from kit.cli import run
+from kit.trees import tree
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 DATA = GOLDEN / "data"
@@ -56,20 +56,6 @@ CHECKPOINTS = {
 }
 CORRUPT = ["corrupt/sparse-truncated.wdb", "corrupt/sparse-flipped.wdb"]
 TRUSTED = ["--trusted-key", str(DATA / "keys/test.key.pub")]
-
-
-def wdiff(*args, env=None, cwd=DATA):
-    e = dict(os.environ, NO_COLOR="1")
-    for k in ("WDIFF_DEBUG", "WDIFF_TRUSTED_KEYS", "WDIFF_THREADS", "PYTHONDONTWRITEBYTECODE"):
-        e.pop(k, None)
-    e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), e.get("PYTHONPATH")]))
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "wdiff", *map(str, args)], cwd=cwd, env=e,
-                          capture_output=True, timeout=120)
-
-
-def files(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def index_of(data: bytes) -> dict | None:
@@ -109,7 +95,7 @@ def test_the_golden_checkpoints_are_what_make_py_writes(tmp_path):
     make = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make)
     make.checkpoints(tmp_path)
-    assert files(tmp_path) == files(DATA / "ckpt")
+    assert tree(tmp_path, skip=()) == tree(DATA / "ckpt", skip=())
 
 
 # -- every command of this file, run at once ---------------------------------
@@ -126,12 +112,15 @@ def ran(tmp_path_factory):
     """{key: (CompletedProcess, the output path or None)}"""
     tmp = tmp_path_factory.mktemp("golden")
     jobs = {}
+    # this checkout's wdiff, at the thread count each command names; its
     # compiled modules shared by every command of the session, never written
     # into the source tree
-    pycache = {"PYTHONPYCACHEPREFIX": str(tmp_path_factory.getbasetemp() / "pycache")}
+    common = {"PYTHONPYCACHEPREFIX": str(tmp_path_factory.getbasetemp() / "pycache"),
+              "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+              "WDIFF_THREADS": None, "PYTHONDONTWRITEBYTECODE": None}
 
     def job(key, *args, env=None, out=None):
-        jobs[key] = (args, {**pycache, **(env or {})}, out)
+        jobs[key] = (args, {**common, **(env or {})}, out)
 
     for name, args in BUNDLES.items():          # (a) writer
         d = tmp / "pack" / name
@@ -169,7 +158,8 @@ def ran(tmp_path_factory):
         job(("corrupt-apply", name), "apply", name, "ckpt/base", "-o", out, out=out)
 
     with ThreadPoolExecutor(max(2, min(4, os.cpu_count() or 2))) as pool:
-        futures = {k: pool.submit(wdiff, *args, env=env) for k, (args, env, _) in jobs.items()}
+        futures = {k: pool.submit(run, *args, env=env, cwd=DATA, text=False, timeout=120)
+                   for k, (args, env, _) in jobs.items()}
         return {k: (f.result(), jobs[k][2]) for k, f in futures.items()}
 
 
@@ -247,8 +237,8 @@ def test_reader_accepts_and_describes(name, ran):
     base, target = CHECKPOINTS[name]
     assert doc["schema"] == "wdiff.info/1" and doc["verified"] is True
     assert (doc["base_fingerprint"] is None) == (base is None)
-    assert [f["path"] for f in doc["files"]] == sorted(files(DATA / target))
-    assert doc["target_bytes"] == sum(map(len, files(DATA / target).values()))
+    assert [f["path"] for f in doc["files"]] == sorted(tree(DATA / target, skip=()))
+    assert doc["target_bytes"] == sum(map(len, tree(DATA / target, skip=()).values()))
     assert set(doc["records"]) == RECORD_KINDS[name]
 
 
@@ -257,7 +247,7 @@ def test_reader_rebuilds_the_committed_target(name, ran):
     r, out = ran["apply", name]
     assert r.returncode == 0, r.stderr.decode()
     assert r.stdout == b"" and r.stderr == b""
-    assert files(out) == files(DATA / CHECKPOINTS[name][1])
+    assert tree(out, skip=()) == tree(DATA / CHECKPOINTS[name][1], skip=())
 
 
 @pytest.mark.parametrize("what", ["bundle", "signature"])

@@ -33,6 +33,7 @@ from factory import mutate, rand, tree, write_ckpt
 
 sys.path.insert(0, str(Path(__file__).parent / "ux"))
 from uxkit import with_pty_stderr  # noqa: E402
+from kit.cli import run as kit_run
 
 #: the real command line, with one step slowed when SLOW_AT says which
 SLOW = textwrap.dedent(
@@ -78,8 +79,7 @@ def env(**extra) -> dict:
 
 
 def wd(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "wdiff", *map(str, args)], capture_output=True, text=True,
-                          env=env(), cwd=cwd, stdin=subprocess.DEVNULL, timeout=300)
+    return kit_run(*args, cwd=cwd, env={"WDIFF_THREADS": "2"})
 
 
 def ok(*args, cwd=None) -> subprocess.CompletedProcess:

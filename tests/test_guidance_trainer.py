@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 transformers = __import__("transformers")
@@ -31,6 +32,8 @@ from transformers import (  # noqa: E402
     Trainer,
     TrainingArguments,
 )
+
+pytestmark = pytest.mark.slow  # real trainings: minutes
 
 WORDS = ["good", "bad", "movie", "plot", "great", "awful", "the", "was", "a", "film", "acting", "fine"]
 TEXTS = ["the movie was good", "the plot was awful", "a great film", "bad acting", "the film was fine",

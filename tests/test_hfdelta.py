@@ -20,18 +20,13 @@ import xxhash
 import zstandard
 from factory import mutate, rand, tree, write_ckpt
 from hfdelta_ref import INDEX, Receiver, load_full, st_read, write_delta, write_full
+from kit.cli import run as kit_run
 
 WD = [sys.executable, "-m", "wdiff"]
 
 
 def wd(*args, check: bool = True, env=None) -> subprocess.CompletedProcess:
-    e = dict(os.environ, NO_COLOR="1", WDIFF_THREADS="2")
-    e.pop("WDIFF_DEBUG", None)
-    e.update(env or {})
-    r = subprocess.run([*WD, *map(str, args)], capture_output=True, text=True, env=e, timeout=600)
-    if check:
-        assert r.returncode == 0, f"wdiff {' '.join(map(str, args))}: {r.returncode}\n{r.stderr}"
-    return r
+    return kit_run(*args, env={"WDIFF_THREADS": "2", **(env or {})}, timeout=600, want=0 if check else None)
 
 
 def snapshot(root) -> dict:

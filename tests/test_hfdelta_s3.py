@@ -16,6 +16,8 @@ from hfdelta_ref import Receiver, load_full
 from s3fake import configure
 from test_hfdelta import push_all, steps, wd
 
+pytestmark = pytest.mark.slow  # real trainings / a real S3 server: minutes
+
 
 @pytest.fixture
 def s3(moto_s3, monkeypatch):

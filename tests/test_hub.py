@@ -3,12 +3,10 @@
 credentials, and the command line end to end."""
 
 import json
-import os
-import subprocess
-import sys
 import threading
-from pathlib import Path
+from functools import partial
 
+import kit.cli
 import numpy as np
 import pytest
 from factory import mutate, rand, tree, write_ckpt
@@ -41,6 +39,7 @@ def versions(tmp_path):
     return out
 
 
+@pytest.mark.slow
 def test_commit_503_is_retried_then_reported(hub, versions):
     hub.faults.fail("commit", status=503, times=1)
     wdiff.push(versions[0], URL, anchor=True)  # one 503: our own retry gets through
@@ -132,14 +131,11 @@ def test_credentials_and_missing_remotes(hub, versions, tmp_path, monkeypatch):
         wdiff.push(versions[0], URL, anchor=True)
 
 
+@pytest.mark.slow
 def test_cli_against_the_hub(hub, versions, tmp_path):
     """The installed console script, in a subprocess, with the environment
     configure_client set (HF_ENDPOINT, HF_TOKEN, ...)."""
-    exe = Path(sys.executable).parent / "wdiff"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "wdiff"]
-
-    def run(*args):
-        return subprocess.run(cmd + [str(a) for a in args], capture_output=True, env=os.environ.copy(), timeout=300)
+    run = partial(kit.cli.run, script=True, text=False)
 
     r = run("push", "--anchor", versions[0], URL, "--label", "v0")
     assert r.returncode == 0, r.stderr
@@ -158,8 +154,7 @@ def test_cli_against_the_hub(hub, versions, tmp_path):
     r = run("pull", "hf://acme/missing", tmp_path / "e")
     assert r.returncode == 3
     assert b"hf_fake_token" not in r.stderr + r.stdout
-    env = dict(os.environ, HF_TOKEN="hf_bad_token")
-    r = subprocess.run(cmd + ["push", "--anchor", str(versions[2]), "hf://acme/other"], capture_output=True, env=env, timeout=300)
+    r = run("push", "--anchor", versions[2], "hf://acme/other", env={"HF_TOKEN": "hf_bad_token"})
     assert r.returncode == 7 and b"hf_bad_token" not in r.stderr
 
 
@@ -218,6 +213,7 @@ def test_first_push_creates_a_private_repository_and_says_so(hub, versions, tmp_
     assert tree(tmp_path / "anon") == tree(versions[0])
 
 
+@pytest.mark.slow
 def test_token_is_used_and_never_printed(hub, versions, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_wrong")  # the explicit token wins over the environment
     wdiff.push(versions[0], URL, anchor=True, token=hub.token)
@@ -226,19 +222,14 @@ def test_token_is_used_and_never_printed(hub, versions, tmp_path, monkeypatch):
     with pytest.raises(AuthError):
         wdiff.pull(URL, tmp_path / "e")  # HF_TOKEN alone is still honoured (and is wrong here)
 
-    exe = Path(sys.executable).parent / "wdiff"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "wdiff"]
-    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
-    r = subprocess.run(cmd + ["push", str(versions[1]), URL, "--base", str(versions[0]), "--token", hub.token,
-                              "--commit-message", "step one", "-v"], capture_output=True, env=env, timeout=300)
+    run = partial(kit.cli.run, script=True, text=False, env={"HF_TOKEN": None})
+    r = run("push", versions[1], URL, "--base", versions[0], "--token", hub.token, "--commit-message", "step one", "-v")
     assert r.returncode == 0, r.stderr
     assert hub.token.encode() not in r.stdout + r.stderr
     assert hub.repo("acme/deltas").commits[hub.head("acme/deltas")].title == "step one"
-    r = subprocess.run(cmd + ["pull", URL, str(tmp_path / "d"), "--token", "hf_not_this_one"],
-                       capture_output=True, env=env, timeout=300)
+    r = run("pull", URL, tmp_path / "d", "--token", "hf_not_this_one")
     assert r.returncode == 7 and b"hf_not_this_one" not in r.stdout + r.stderr
-    r = subprocess.run(cmd + ["pull", "-q", URL, str(tmp_path / "d"), "--token", hub.token],
-                       capture_output=True, env=env, timeout=300)
+    r = run("pull", "-q", URL, tmp_path / "d", "--token", hub.token)
     assert r.returncode == 0 and r.stdout == b"" and r.stderr == b"", r.stderr
     assert tree(tmp_path / "d") == tree(versions[1])
 

@@ -235,6 +235,7 @@ KILLER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_points(pair):
     """SIGKILL a real process at random moments of an in-place apply; after
     each, the directory is A, B, or refused until a rerun makes it B."""

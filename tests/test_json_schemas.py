@@ -6,14 +6,12 @@ fails here."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import kit.cli
 from factory import simple_pair
 from schemacheck import errors
 
@@ -31,14 +29,6 @@ def _schemas() -> dict[str, dict]:
     return out
 
 
-def _wdiff(*args, cwd) -> tuple[int, dict, str]:
-    env = dict(os.environ, NO_COLOR="1", COLUMNS="80", WDIFF_THREADS="2")
-    env.pop("WDIFF_DEBUG", None)
-    r = subprocess.run([sys.executable, "-m", "wdiff", *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                       env=env, timeout=120, stdin=subprocess.DEVNULL)
-    return r.returncode, json.loads(r.stdout), r.stderr
-
-
 @pytest.fixture(scope="module")
 def documents(tmp_path_factory) -> list[tuple[str, int, dict]]:
     """(what was run, exit status, document) for every command and outcome."""
@@ -47,9 +37,8 @@ def documents(tmp_path_factory) -> list[tuple[str, int, dict]]:
     docs = []
 
     def run(*args, want=0):
-        rc, doc, err = _wdiff(*args, "--json", cwd=t)
-        assert rc == want, (args, rc, err)
-        docs.append((" ".join(map(str, args)), rc, doc))
+        r = kit.cli.run(*args, "--json", cwd=t, env={"WDIFF_THREADS": "2"}, want=want, timeout=120)
+        docs.append((" ".join(map(str, args)), r.returncode, json.loads(r.stdout)))
 
     run("diff", A, B)
     run("diff", A, A)
@@ -95,6 +84,7 @@ def documents(tmp_path_factory) -> list[tuple[str, int, dict]]:
     return docs
 
 
+@pytest.mark.slow
 def test_every_document_matches_its_schema(documents):
     schemas = _schemas()
     seen = set()

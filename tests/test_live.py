@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from kit.cli import ok
+from kit.digests import tensor_bytes as raw
 from safetensors.torch import load_file
 
 import wdiff
@@ -27,8 +29,6 @@ from wdiff.remotes import open_remote
 
 sys.path.insert(0, os.path.dirname(__file__))
 import specbundle as sb  # noqa: E402
-
-WDIFF = [sys.executable, "-m", "wdiff"]
 
 
 def bf16_state(seed: int, n_big: int = 3, n_small: int = 300) -> dict[str, torch.Tensor]:
@@ -52,10 +52,6 @@ def step(sd: dict, seed: int, density: float = 0.01) -> None:
             t[m] = (t[m].float() * 1.01 + 1e-3).to(t.dtype)
 
 
-def raw(t: torch.Tensor) -> bytes:
-    return t.detach().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
 def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(raw(a[k]) == raw(b[k]) for k in a)
 
@@ -68,6 +64,7 @@ def head_bundle(remote, tmp_path) -> str:
     return download(store, e, str(work), SILENT)[0]
 
 
+@pytest.mark.slow
 def test_publish_writes_the_bundle_pack_writes_and_a_loadable_mirror(tmp_path):
     sd = bf16_state(0)
     remote, mirror = tmp_path / "remote", tmp_path / "mirror"
@@ -90,10 +87,10 @@ def test_publish_writes_the_bundle_pack_writes_and_a_loadable_mirror(tmp_path):
         assert packed.bundle_id.hex() == res.bundle_id
         assert res.bundle_bytes < sum(t.numel() * t.element_size() for t in sd.values()) / 10
     assert sorted(os.listdir(mirror)) == [".wdiff", "config.json", "model.safetensors"]
-    log = subprocess.run(WDIFF + ["log", str(remote), "--json"], capture_output=True, text=True, check=True)
+    log = ok("log", remote, "--json")
     assert [e["label"] for e in json.loads(log.stdout)["entries"]][:3] == ["step-2", "step-1", "step-0"]
     # any other machine pulls exactly the mirror
-    subprocess.run(WDIFF + ["pull", str(remote), str(tmp_path / "pulled")], check=True, capture_output=True)
+    ok("pull", remote, tmp_path / "pulled")
     for name in ("config.json", "model.safetensors"):
         assert (tmp_path / "pulled" / name).read_bytes() == (mirror / name).read_bytes()
 
@@ -233,6 +230,7 @@ def test_iter_patches_against_mirror_and_tensors(tmp_path):
         list(iter_patches(bundle))  # a delta needs its base
 
 
+@pytest.mark.slow
 def test_numpy_tensors_and_20000_small_tensors(tmp_path):
     rng = np.random.default_rng(0)
     sd = {f"experts.{i}.w": rng.integers(0, 1 << 16, 48, dtype=np.uint16) for i in range(20_000)}
@@ -308,6 +306,7 @@ Publisher(remote, mirror, chunk=1 << 20).publish(numpy_state(steps), label=f"ste
 """
 
 
+@pytest.mark.slow
 def test_publisher_killed_at_any_moment_recovers(tmp_path):
     """SIGKILL a publishing process at random moments (pack, push, the
     mirror's in-place update): the next publish finishes what was left

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from kit.cli import ok
+from kit.digests import tensor_bytes as raw
 from safetensors.torch import load_file, save_file
 
 from wdiff.errors import BaseMismatchError, IntegrityError, WdiffError
@@ -33,8 +35,6 @@ from wdiff.remotes import open_remote
 
 sys.path.insert(0, str(Path(__file__).parent))
 import specbundle as sb  # noqa: E402
-
-WDIFF = [sys.executable, "-m", "wdiff"]
 
 
 def model(seed: int) -> dict[str, torch.Tensor]:
@@ -66,10 +66,6 @@ def step(sd: dict, seed: int) -> dict:
     return out
 
 
-def raw(t: torch.Tensor) -> bytes:
-    return t.detach().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
 def snap(sd: dict) -> dict:
     return {k: raw(v) for k, v in sd.items()}
 
@@ -89,9 +85,7 @@ def save(d: Path, sd: dict, *, metadata=None) -> Path:
 
 
 def pack(*args) -> dict:
-    r = subprocess.run(WDIFF + ["pack", "--json", *map(str, args)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    return json.loads(ok("pack", "--json", *args).out)
 
 
 def head_bundle(remote: Path, tmp: Path, k: int = -1) -> str:
@@ -358,6 +352,7 @@ save_file(sd, out)
 """
 
 
+@pytest.mark.slow
 def test_a_follower_restarted_with_tensors_in_another_order_follows(tmp_path):
     """A Follower restarted in a new process with its tensors in another
     order applies the next delta of a multi-file version."""

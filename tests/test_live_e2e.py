@@ -7,7 +7,6 @@ back as the old or the new version and recovers. And the Trainer callback."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -17,12 +16,18 @@ import textwrap
 import time
 
 import numpy as np
+import pytest
 import torch
+from kit.cli import ok
+from kit.digests import state_digest
 
 from wdiff.live import Publisher
 
 transformers = __import__("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+#: real trainings (transformers, a Trainer) and follower processes
+pytestmark = pytest.mark.slow
 
 CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64)
@@ -75,14 +80,6 @@ WORKER = textwrap.dedent(
 )
 
 
-def digest(sd: dict) -> str:
-    h = hashlib.sha256()
-    for k in sorted(sd):
-        h.update(k.encode())
-        h.update(sd[k].detach().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
 class Worker:
     def __init__(self, tmp, remote, state, kind="llama", seed=1, slow=False):
         env = dict(os.environ, CONFIG=json.dumps(CONFIG))
@@ -128,21 +125,21 @@ def test_trainer_and_followers_stay_bit_identical(tmp_path):
     pub = Publisher(remote, tmp_path / "mirror", files={"config.json": model.config.to_json_string()})
     versions = {}
     res = pub.publish(model.state_dict(), label="step-0")
-    versions[res.version] = digest(model.state_dict())
+    versions[res.version] = state_digest(model.state_dict())
     w = Worker(tmp_path, remote, tmp_path / "f1")
     try:
         assert w.ready["ready"] is None  # an empty state dir: nothing held yet
         out = w.poll()  # from nothing: the anchor, loaded into the tensors
-        assert out["anchor"] and out["digest"] == digest(model.state_dict())
+        assert out["anchor"] and out["digest"] == state_digest(model.state_dict())
         for s in range(1, 7):
             train_steps(model, opt, 1, s)
             res = pub.publish(model.state_dict(), label=f"step-{s}")
             assert not res.anchor and res.changed_elements > 0
-            versions[res.version] = digest(model.state_dict())
+            versions[res.version] = state_digest(model.state_dict())
             if s in (3, 4):
                 continue  # the follower misses two steps
             out = w.poll()
-            assert out["version"] == res.version and out["digest"] == digest(model.state_dict()), s
+            assert out["version"] == res.version and out["digest"] == state_digest(model.state_dict()), s
             assert out["bundles"] == (3 if s == 5 else 1) and out["squashed"] == (s == 5)
             assert w.poll() == {"version": res.version, "digest": out["digest"]}  # up to date: nothing applied
     finally:
@@ -153,19 +150,19 @@ def test_trainer_and_followers_stay_bit_identical(tmp_path):
     w = Worker(tmp_path, remote, tmp_path / "f1", seed=5)
     try:
         assert versions[w.ready["ready"]] == w.ready["digest"]
-        assert w.poll()["digest"] == digest(model.state_dict())
+        assert w.poll()["digest"] == state_digest(model.state_dict())
     finally:
         w.close()
     # a late joiner with an empty state dir starts from the anchor and the run after it
     w = Worker(tmp_path, remote, tmp_path / "f2", seed=6)
     try:
         out = w.poll()
-        assert out["anchor"] and out["digest"] == digest(model.state_dict())
+        assert out["anchor"] and out["digest"] == state_digest(model.state_dict())
     finally:
         w.close()
     # and the mirror is a checkpoint from_pretrained loads
     loaded = LlamaForCausalLM.from_pretrained(tmp_path / "mirror", torch_dtype=torch.bfloat16)
-    assert digest(loaded.state_dict()) == digest(model.state_dict())
+    assert state_digest(loaded.state_dict()) == state_digest(model.state_dict())
 
 
 def test_sigkill_in_the_middle_of_an_update(tmp_path):
@@ -189,7 +186,7 @@ def test_sigkill_in_the_middle_of_an_update(tmp_path):
                     m = torch.rand(t.shape, generator=g) < 0.02
                     t[m] = (t[m].float() * 1.01 + 1e-3).to(t.dtype)
             res = pub.publish(sd)
-            versions[res.version] = digest(sd)
+            versions[res.version] = state_digest(sd)
         return res.version
 
     publish(1)
@@ -239,7 +236,6 @@ def test_trainer_callback_publishes_every_n_steps(tmp_path):
     Trainer(model=model, args=args, train_dataset=data, callbacks=[cb]).train()
     assert [r.label for r in cb.results] == ["step-2", "step-4", "step-5"]  # every 2, and the last step
     assert cb.results[0].anchor and not cb.results[1].anchor
-    subprocess.run([sys.executable, "-m", "wdiff", "pull", str(tmp_path / "remote"), str(tmp_path / "pulled")],
-                   check=True, capture_output=True)
+    ok("pull", tmp_path / "remote", tmp_path / "pulled")
     loaded = LlamaForCausalLM.from_pretrained(tmp_path / "pulled", torch_dtype=torch.bfloat16)
-    assert digest(loaded.state_dict()) == digest(model.state_dict())
+    assert state_digest(loaded.state_dict()) == state_digest(model.state_dict())

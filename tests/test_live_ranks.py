@@ -13,6 +13,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file
 
 import wdiff
@@ -165,6 +166,7 @@ def same(a, b) -> bool:
     return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_three_ranks_publish_whole_versions_a_reader_sees_only_those(tmp_path):
     """Each rank its own tensors, and its slices of two tensors split over
     the ranks (by rows, unevenly, and by columns): rank 0 publishes those
@@ -197,6 +199,7 @@ def test_three_ranks_publish_whole_versions_a_reader_sees_only_those(tmp_path):
     assert res.version == versions[-1] and same(tensors, want)
 
 
+@pytest.mark.slow
 def test_a_rank_killed_before_the_commit_leaves_nothing_visible(tmp_path):
     world = 2
     codes, outs, _ = run_ranks(tmp_path, world, "0:1", reader=False)  # step 0: the anchor
@@ -228,6 +231,7 @@ def test_a_rank_killed_before_the_commit_leaves_nothing_visible(tmp_path):
     assert same(got, full(world, 2))
 
 
+@pytest.mark.slow
 def test_a_rank_killed_after_the_commit_finishes_its_mirror_next_time(tmp_path):
     world = 2
     codes, outs, _ = run_ranks(tmp_path, world, "0:1", reader=False)

@@ -9,6 +9,7 @@ import sys
 import pytest
 import xxhash
 import zstandard
+from kit.cli import ok
 
 from wdiff.format import records as fmt
 
@@ -80,6 +81,7 @@ def test_header_with_a_million_entries(tmp_path):
     assert rss < LIMIT, rss
 
 
+@pytest.mark.slow
 def test_chain_with_a_million_entries(tmp_path):
     remote = tmp_path / "remote"
     remote.mkdir()
@@ -92,6 +94,7 @@ def test_chain_with_a_million_entries(tmp_path):
     assert rss < LIMIT, rss
 
 
+@pytest.mark.slow
 def test_a_record_over_the_largest_chunk_decodes_in_a_few_times_its_size(tmp_path):
     """A hostile bundle may cover up to 64 MiB of a tensor with one record:
     one MBITMAP record changing every word of a 64 MiB U8 tensor (an 83 KB
@@ -111,7 +114,7 @@ def test_a_record_over_the_largest_chunk_decodes_in_a_few_times_its_size(tmp_pat
     new = old + np.uint8(1)
     A = write_ckpt(tmp_path / "A", {"x": T("U8", (nb,), old.tobytes())})
     B = write_ckpt(tmp_path / "B", {"x": T("U8", (nb,), new.tobytes())})
-    subprocess.run([sys.executable, "-m", "wdiff", "pack", "-q", A, B, "-o", tmp_path / "ab.wdb"], check=True)
+    ok("pack", "-q", A, B, "-o", tmp_path / "ab.wdb")
     b = sb.parse((tmp_path / "ab.wdb").read_bytes())
     enc = encode_as(MBITMAP, old, new, 3)
     cov = list(sb.scan(A).files[0].header.tensors)

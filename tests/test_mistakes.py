@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from factory import mutate, rand, simple_pair, tree, write_ckpt
+from kit.cli import run as kit_run
 
 USAGE, NOT_FOUND, BASE_MISMATCH = 2, 3, 5
 
@@ -58,9 +59,9 @@ def _env(extra: dict | None = None) -> dict:
 
 
 def wdiff(*args, cwd, env: dict | None = None) -> Run:
-    p = subprocess.run([sys.executable, "-m", "wdiff", *map(str, args)], capture_output=True, cwd=cwd,
-                       env=_env(env), stdin=subprocess.DEVNULL, timeout=300)
-    return Run(args, p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace"))
+    r = kit_run(*args, cwd=cwd, env={"COLUMNS": "100", "HF_HUB_OFFLINE": "1", "WDIFF_THREADS": "2", "HF_TOKEN": None,
+                                     "HF_ENDPOINT": None, **(env or {})})
+    return Run(args, r.rc, r.out, r.err)
 
 
 def ok(*args, cwd, env: dict | None = None) -> Run:

@@ -203,6 +203,7 @@ def seeded_words(draw):
     return old, new
 
 
+@pytest.mark.slow
 @FAST
 @given(listed_words())
 @example((np.array([0], np.uint8), np.array([0], np.uint8)))
@@ -525,6 +526,7 @@ def roundtrip(d: Path, A: str, B: str, *, threads: int | None = None, chunk: int
 # =============================================================================
 
 
+@pytest.mark.slow
 @CKPT
 @given(pairs, st.sampled_from([None, 1, 3]))
 def test_pack_apply_roundtrip(pair, threads):
@@ -617,6 +619,7 @@ def test_empty_directory_on_either_side(empty_side):
 # =============================================================================
 
 
+@pytest.mark.slow
 @settings(CKPT, max_examples=30)
 @given(edits(first=True))
 def test_a_checkpoint_against_itself(e):
@@ -636,6 +639,7 @@ def test_a_checkpoint_against_itself(e):
         roundtrip(d, A, A)
 
 
+@pytest.mark.slow
 @CKPT
 @given(pairs)
 def test_diff_matches_a_direct_comparison(pair):
@@ -677,6 +681,7 @@ def test_diff_matches_a_direct_comparison(pair):
     assert {f.path: f.status for f in res.files} == want_files
 
 
+@pytest.mark.slow
 @settings(CKPT, max_examples=30)
 @given(edits(first=True), st.integers(1, 4))
 def test_resharding_alone_is_no_difference(e, shards_b):
@@ -703,6 +708,7 @@ def test_resharding_alone_is_no_difference(e, shards_b):
 # =============================================================================
 
 
+@pytest.mark.slow
 @settings(CKPT, max_examples=30)
 @given(pairs)
 def test_bundles_are_reproducible(pair):
@@ -735,6 +741,7 @@ def test_bundles_are_reproducible(pair):
 # =============================================================================
 
 
+@pytest.mark.slow
 @settings(CKPT, max_examples=60)
 @given(edits(first=True), edits(), edits())
 def test_chains_compose_exactly(e0, e1, e2):

@@ -71,6 +71,7 @@ def versions_beside(site: Path) -> set[str]:
     return {n for n in os.listdir(site) if n not in ("current", "start") and not n.startswith(".")}
 
 
+@pytest.mark.slow
 def test_cron_pulls_keep_the_target_and_the_one_before_it(env, tmp_path):
     """Ten cron-style ``pull --atomic`` of a moving head: after each, exactly
     two version directories stand beside the link (the new one and the one
@@ -97,6 +98,7 @@ def test_cron_pulls_keep_the_target_and_the_one_before_it(env, tmp_path):
     assert leftovers == [LIST], leftovers  # no temporaries, no half-removed trees, no locks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep, stays", [("1", 1), ("3", 3), ("0", 5)])
 def test_keep_counts_the_target(env, tmp_path, keep, stays):
     """--keep 1 keeps only the link's target, --keep 3 two before it, and
@@ -111,6 +113,7 @@ def test_keep_counts_the_target(env, tmp_path, keep, stays):
     assert versions_beside(site) == set(made[-stays:])
 
 
+@pytest.mark.slow
 def test_the_version_kept_for_a_rollback_is_the_one_the_link_left(env, tmp_path):
     """The user points the link back at the version before (a rollback by
     hand); the next pull builds the head from there and keeps that one, the
@@ -130,6 +133,7 @@ def test_the_version_kept_for_a_rollback_is_the_one_the_link_left(env, tmp_path)
     assert tree(site / made[1]) == head.trees[made[1]]
 
 
+@pytest.mark.slow
 def test_a_version_another_wdiff_is_writing_stays_until_the_next_pull(env, tmp_path):
     """An old version whose lock another process holds (as a pull or an
     in-place apply into it does) is not removed under it: the pull succeeds
@@ -153,6 +157,7 @@ def test_a_version_another_wdiff_is_writing_stays_until_the_next_pull(env, tmp_p
     assert json.loads(r.stdout)["removed"] == [str(site / made[0])] and versions_beside(site) == set(made[1:])
 
 
+@pytest.mark.slow
 def test_versions_the_remote_gc_dropped_are_still_removed(env, tmp_path):
     """The remote's gc forgets old versions; the directories pull --atomic
     built for them still hold the version it listed them with, and go."""
@@ -172,9 +177,9 @@ def test_versions_the_remote_gc_dropped_are_still_removed(env, tmp_path):
 def test_keep_is_refused_without_atomic_or_below_zero(env, tmp_path):
     head = Head(tmp_path)
     site, link = site_of(tmp_path)
-    r = cli("pull", head.remote, site / "start", "--keep", "1", env=env, check=False)
+    r = cli("pull", head.remote, site / "start", "--keep", "1", env=env, want=None)
     assert r.returncode == 2 and "--atomic" in r.stderr, r.stderr
-    r = cli("pull", head.remote, link, "--atomic", "--keep", "-1", env=env, check=False)
+    r = cli("pull", head.remote, link, "--atomic", "--keep", "-1", env=env, want=None)
     assert r.returncode == 2, r.stderr
     assert os.listdir(site / "start") == [] and versions_beside(site) == set()
 
@@ -183,6 +188,7 @@ def _entry(name: str, st: os.stat_result, mac: str, **extra) -> dict:
     return {"name": name, "dev": st.st_dev, "ino": st.st_ino, "version": "0" * 32, "mac": mac} | extra
 
 
+@pytest.mark.slow
 def test_planted_list_entries_never_remove_what_is_not_ours(env, tmp_path):
     """Whoever can write the link's parent edits the list: entries for
     ``..``, ``/etc``, a symlink named like a version pointing outside (one
@@ -285,6 +291,7 @@ runpy.run_module("wdiff", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("at", ["rename", "rmtree"])
 def test_a_pull_killed_while_removing_is_finished_by_the_next(env, tmp_path, at):
     """SIGKILL before the old version is renamed away, or half way through
@@ -314,6 +321,7 @@ def test_a_pull_killed_while_removing_is_finished_by_the_next(env, tmp_path, at)
     assert json.loads((site / LIST).read_text())["removing"] == []
 
 
+@pytest.mark.slow
 def test_a_link_in_another_folder_than_its_versions(env, tmp_path):
     """``site/live -> ../store/start``: each version is built beside the
     link's target, in ``store/``, so the list and every check of a removal

@@ -17,22 +17,20 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 from factory import mutate, rand, tree, write_ckpt
+from kit.cli import argv, environment, run
+from kit.system import namespaces_work
+from kit.trees import du, snapshot
 
 import wdiff
 
-WD = [sys.executable, "-m", "wdiff"]
 #: a record (state.json, a few hundred bytes here) and the lock file: "a few kB"
 FEW_KB = 4096
-
-
-def du(path: Path) -> int:
-    """Bytes of every file under ``path`` (0 when it does not exist)."""
-    return sum(os.lstat(os.path.join(d, f)).st_size for d, _, fs in os.walk(path) for f in fs)
 
 
 @pytest.fixture
@@ -45,11 +43,8 @@ def env(tmp_path, monkeypatch):
     return dict(os.environ)
 
 
-def cli(*args, env, check=True) -> subprocess.CompletedProcess:
-    r = subprocess.run([*WD, *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
-    if check:
-        assert r.returncode == 0, r.stderr
-    return r
+#: the command line, which must succeed unless told another ``want`` (None: any)
+cli = partial(run, want=0)
 
 
 class Head:
@@ -82,6 +77,7 @@ def _rmtree(p) -> None:
 # -- over time -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_hundred_cron_pulls_of_a_moving_head_leave_one_bundle_at_most(env, tmp_path):
     """Push, pull, 100 times: DIR is the head each time, and DIR/.wdiff never
     holds more than the largest bundle plus a few kB (it held every bundle
@@ -182,15 +178,6 @@ def test_what_dead_pulls_left_is_removed_by_the_next_one(env, tmp_path):
 # -- refusals leave nothing ----------------------------------------------------------------
 
 
-def snapshot(root: Path) -> dict:
-    out = {}
-    for dp, dirs, files in os.walk(root):
-        for n in dirs + files:
-            p = Path(dp) / n
-            out[str(p.relative_to(root))] = None if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
-
-
 @pytest.fixture
 def world(env, tmp_path):
     head = Head(tmp_path / "w")
@@ -209,6 +196,7 @@ def _refusals(head: Head, place: Path):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["missing", "missing-parents", "existing-empty", "existing-foreign"])
 def test_a_refused_pull_leaves_no_state_dir_nor_a_directory_it_made(world, tmp_path, env, where):
     """Wrong remote, no such version, a bad argument, another pull holding
@@ -225,26 +213,21 @@ def test_a_refused_pull_leaves_no_state_dir_nor_a_directory_it_made(world, tmp_p
             (place / "notes.txt").write_bytes(b"mine\n")
             write_ckpt(place, {"x": rand(np.random.default_rng(5), "F32", (8,))})
     before = snapshot(tmp_path / "u")
-    runs = [(name, cli(*argv, env=env, check=False), code) for name, argv, code in _refusals(world, place)]
+    runs = [(name, cli(*argv, env=env, want=None), code) for name, argv, code in _refusals(world, place)]
     lock = place.parent / f".{place.name}.wdiff-lock"
     if place.parent.exists():
         with open(lock, "w") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
-            runs.append(("lock held", cli("pull", world.remote, place, env=env, check=False), 8))
+            runs.append(("lock held", cli("pull", world.remote, place, env=env, want=None), 8))
         lock.unlink()
     if where == "existing-foreign":
-        runs.append(("unknown version", cli("pull", world.remote, place, env=env, check=False), 5))
+        runs.append(("unknown version", cli("pull", world.remote, place, env=env, want=None), 5))
     for name, r, code in runs:
         assert r.returncode not in (0, 1) and (code is None or r.returncode == code), (name, r.returncode, r.stderr)
         assert snapshot(tmp_path / "u") == before, (name, r.stderr)
 
 
 # -- the disk a pull needs -----------------------------------------------------------------
-
-
-def namespaces_work() -> bool:
-    r = subprocess.run(["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True)
-    return r.returncode == 0
 
 
 def on_small_disk(size: str, mount: Path, steps: list[list], env: dict, fill: dict | None = None) -> list[dict]:
@@ -273,7 +256,7 @@ def on_small_disk(size: str, mount: Path, steps: list[list], env: dict, fill: di
         "    out.append({'rc': r.returncode, 'stderr': r.stderr, 'files': files})\n"
         "print(json.dumps(out))\n"
     )
-    spec = {"size": size, "mount": str(mount), "steps": [[*WD, *map(str, s)] for s in steps],
+    spec = {"size": size, "mount": str(mount), "steps": [argv(*s) for s in steps],
             "fill": {k: str(v) for k, v in (fill or {}).items()}}
     r = subprocess.run(["unshare", "-Urm", sys.executable, "-c", driver, json.dumps(spec)], capture_output=True,
                        text=True, env=env, timeout=300)
@@ -334,6 +317,7 @@ def test_an_in_place_pull_that_lacks_disk_for_a_new_shard_refuses_before_touchin
     print(second["stderr"])
 
 
+@pytest.mark.slow
 def test_atomic_pulls_leave_only_records_and_refusals_leave_nothing(env, tmp_path):
     """``pull --atomic`` downloads into the old directory's .wdiff: after
     each pull that holds no work area, the new directory holds its record
@@ -344,7 +328,7 @@ def test_atomic_pulls_leave_only_records_and_refusals_leave_nothing(env, tmp_pat
     empty.mkdir()
     link = tmp_path / "current"
     os.symlink("empty", link)
-    r = cli("pull", head.remote, link, "--atomic", "--to", "no-such-label", env=env, check=False)
+    r = cli("pull", head.remote, link, "--atomic", "--to", "no-such-label", env=env, want=None)
     assert r.returncode == 3 and os.listdir(empty) == [], r.stderr
     for _ in range(3):
         cur = head.next()
@@ -374,6 +358,7 @@ def test_a_rebuild_beside_that_lacks_disk_refuses_before_it_builds(env, tmp_path
         (Path(mine) / "model.safetensors").read_bytes()).hexdigest()}, got["files"]
 
 
+@pytest.mark.slow
 def test_a_pull_killed_applying_the_squash_of_its_run_is_finished_by_the_next(env, tmp_path):
     """A cron pull two versions behind squashes its run and applies that in
     place; SIGKILLed once the apply's journal exists, the next pull finishes
@@ -392,7 +377,7 @@ def test_a_pull_killed_applying_the_squash_of_its_run_is_finished_by_the_next(en
         wdiff.push(cur, remote, base=prev)
         prev = cur
     journal = d / ".wdiff" / "txn" / "journal.json"
-    p = subprocess.Popen([*WD, "pull", "-q", remote, d], env=env | {"WDIFF_THREADS": "1"})
+    p = subprocess.Popen(argv("pull", "-q", remote, d), env=environment({**env, "WDIFF_THREADS": "1"}))
     while p.poll() is None and not journal.exists():
         time.sleep(0.001)  # polling for the journal's appearance, the event waited for
     if p.poll() is not None:
@@ -400,7 +385,7 @@ def test_a_pull_killed_applying_the_squash_of_its_run_is_finished_by_the_next(en
     p.kill()
     p.wait()
     assert journal.exists() and any(n.startswith("squash-") for n in os.listdir(d / ".wdiff" / "pull"))
-    r = cli("pull", remote, d, env=env, check=False)
+    r = cli("pull", remote, d, env=env, want=None)
     assert r.returncode == 0, r.stderr
     assert tree(d) == tree(prev)
     assert sorted(os.listdir(d / ".wdiff")) == ["lock", "state.json"]

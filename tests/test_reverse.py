@@ -75,6 +75,7 @@ def _inverse(fwd: str, producer: str, at: str, out: str, older_target: bytes):
     return build_inverse(fwd, at, out, older=local_older(producer, expect_target=older_target), threads=2)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(steps())
 def test_going_back_through_inverses_is_exact(recipe):

@@ -17,6 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 from factory import rand, tree, write_ckpt
+from kit.cli import run
 from s3fake import FaultProxy, configure
 
 import wdiff
@@ -26,11 +27,6 @@ from wdiff.remotes import open_remote
 from wdiff.remotes.objstore import CHUNK, PIECE
 
 BIG = 12_000_000  # random bytes: an anchor bundle of two multipart chunks, three download pieces
-
-
-def cli(*args, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "wdiff", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=timeout)
 
 
 @pytest.fixture
@@ -56,12 +52,13 @@ def _parts(url: str) -> list:
     return [p for e in wdiff.log(url).entries for p in e.parts]
 
 
+@pytest.mark.slow
 def test_503_on_a_part_is_retried_and_a_failed_push_resumes_its_upload(s3, proxy, big, tmp_path):
     url = f"s3://{s3.new_bucket()}/run"
     assert CHUNK < BIG < 2 * CHUNK
     # one 503 on the second part: the client retries it, the push goes through
     proxy.fail("PUT", "partNumber=2", status=503, times=1)
-    r = cli("push", "--anchor", big, url)
+    r = run("push", "--anchor", big, url)
     assert r.returncode == 0, r.stderr
     part2 = [row for row in proxy.log if row[0] == "PUT" and "partNumber=2" in row[1]]
     assert [row[3] for row in part2] == [503, 200]
@@ -74,13 +71,13 @@ def test_503_on_a_part_is_retried_and_a_failed_push_resumes_its_upload(s3, proxy
     url2 = f"s3://{s3.new_bucket()}/run"
     proxy.log.clear()
     proxy.fail("PUT", "partNumber=2", status=503, times=1000)
-    r = cli("push", "--anchor", big, url2, env=dict(os.environ, AWS_MAX_ATTEMPTS="2"))  # give up soon
+    r = run("push", "--anchor", big, url2, env={"AWS_MAX_ATTEMPTS": "2"})  # give up soon
     assert r.returncode == ExitCode.REMOTE, r.stderr
     assert "503" in r.stderr or "ServiceUnavailable" in r.stderr
     assert open_remote(url2).read_chain()[0] is None  # nothing published
     proxy.clear()
     proxy.log.clear()
-    r = cli("push", "--anchor", big, url2)
+    r = run("push", "--anchor", big, url2)
     assert r.returncode == 0, r.stderr
     puts = [row[1] for row in proxy.log if row[0] == "PUT" and "partNumber=" in row[1]]
     assert len(puts) == 1 and "partNumber=2" in puts[0], puts  # part 1 was kept from the failed run
@@ -89,6 +86,7 @@ def test_503_on_a_part_is_retried_and_a_failed_push_resumes_its_upload(s3, proxy
     assert tree(e) == tree(big)
 
 
+@pytest.mark.slow
 def test_dropped_connection_mid_download_resumes(s3, proxy, big, tmp_path):
     url = f"s3://{s3.new_bucket()}/run"
     wdiff.push(big, url, anchor=True)
@@ -98,7 +96,7 @@ def test_dropped_connection_mid_download_resumes(s3, proxy, big, tmp_path):
     proxy.log.clear()
     proxy.drop("GET", key, after=PIECE // 3, times=1)
     d = tmp_path / "d"
-    r = cli("pull", url, d)
+    r = run("pull", url, d)
     assert r.returncode == 0, r.stderr
     assert tree(d) == tree(big)
     gets = [row for row in proxy.log if row[0] == "GET" and key in row[1]]
@@ -110,12 +108,12 @@ def test_dropped_connection_mid_download_resumes(s3, proxy, big, tmp_path):
     proxy.log.clear()
     proxy.drop("GET", key + f" bytes={PIECE}-", after=1000, times=1000)
     e = tmp_path / "e"
-    r = cli("pull", url, e)
+    r = run("pull", url, e)
     assert r.returncode == ExitCode.REMOTE, r.stderr
     assert not e.exists() or tree(e) == {}
     proxy.clear()
     proxy.log.clear()
-    r = cli("pull", url, e)
+    r = run("pull", url, e)
     assert r.returncode == 0, r.stderr
     assert tree(e) == tree(big)
     ranges = [row[2] for row in proxy.log if row[0] == "GET" and key in row[1]]
@@ -146,6 +144,7 @@ RACER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_concurrent_pushes_one_wins_the_other_exits_with_conflict(s3, tmp_path):
     """Two pushers, each round: both read the same chain and upload their
     parts, then both write the chain at once (a gate in each process), and
@@ -186,6 +185,7 @@ def test_concurrent_pushes_one_wins_the_other_exits_with_conflict(s3, tmp_path):
     assert tree(d) == tree(tmp_path / f"c{rounds - 1}{winners[-1]}")
 
 
+@pytest.mark.slow
 def test_refused_credentials_exit_with_the_auth_code_and_never_print_the_secret(s3, monkeypatch, tmp_path):
     import moto.settings
 
@@ -194,10 +194,10 @@ def test_refused_credentials_exit_with_the_auth_code_and_never_print_the_secret(
     wdiff.push(ck, url, anchor=True)
     monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # moto checks every key from now on
     secret = "wdiff-SECRET-do-not-print-4f2a9c"
-    env = dict(os.environ, AWS_ACCESS_KEY_ID="AKIAUNKNOWNKEY000000", AWS_SECRET_ACCESS_KEY=secret)
+    env = {"AWS_ACCESS_KEY_ID": "AKIAUNKNOWNKEY000000", "AWS_SECRET_ACCESS_KEY": secret}
     for args in (("log", url), ("log", "--json", url), ("pull", url, tmp_path / "d"),
                  ("push", "--anchor", ck, url + "2")):
-        r = cli(*args, env=env)
+        r = run(*args, env=env)
         assert r.returncode == ExitCode.AUTH, (args, r.returncode, r.stderr)
         assert secret not in r.stdout + r.stderr
         assert "refused the credentials" in r.stdout + r.stderr
@@ -206,14 +206,15 @@ def test_refused_credentials_exit_with_the_auth_code_and_never_print_the_secret(
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.slow
 def test_missing_bucket_and_missing_remote(s3, tmp_path):
-    r = cli("log", "s3://no-such-bucket-wdiff/run")
+    r = run("log", "s3://no-such-bucket-wdiff/run")
     assert r.returncode == ExitCode.NOT_FOUND, r.stderr
     bucket = s3.new_bucket()
-    r = cli("log", f"s3://{bucket}/nothing-here")
+    r = run("log", f"s3://{bucket}/nothing-here")
     assert r.returncode == ExitCode.NOT_FOUND, r.stderr
     ck = write_ckpt(tmp_path / "c", {"w": rand(np.random.default_rng(4), "F32", (64,))})
-    r = cli("push", "--anchor", ck, "s3://no-such-bucket-wdiff/run")
+    r = run("push", "--anchor", ck, "s3://no-such-bucket-wdiff/run")
     assert r.returncode == ExitCode.NOT_FOUND, r.stderr
 
 
@@ -241,7 +242,7 @@ def test_generic_fsspec_store_works_and_push_warns_without_conditional_writes(tm
     the push says so; pull, log and resume work as on any remote."""
     rng = np.random.default_rng(9)
     a = write_ckpt(tmp_path / "a", {"w": rand(rng, "U8", (2_500_000,))})
-    r = cli("push", "--anchor", a, "memory://bucket/run")
+    r = run("push", "--anchor", a, "memory://bucket/run")
     assert r.returncode == 0, r.stderr
     assert "no conditional write" in r.stderr
     url = "memory://wdiff-tests/run"
@@ -254,18 +255,19 @@ def test_generic_fsspec_store_works_and_push_warns_without_conditional_writes(tm
     assert [p for p, _ in store.list()][0] == "chain.json"
 
 
+@pytest.mark.slow
 def test_stores_whose_library_is_missing_say_which_extra_installs_it():
     import importlib.util
 
     for url, extra, module in (("gs://bucket/run", "gcs", "gcsfs"), ("az://container/run", "azure", "adlfs")):
         if importlib.util.find_spec(module) is not None:
             continue  # installed here: nothing to say
-        r = cli("log", url)
+        r = run("log", url)
         assert r.returncode == ExitCode.USAGE, r.stderr
         assert f"wdiff[{extra}]" in r.stderr
     for bad in ("http://example.com/x", "s3://b/a/../c", "s3://b/x?versionId=1", "nosuchscheme://b/x",
                 "s3://AKIDEXAMPLE:wdiff-url-secret@bucket/run"):
-        r = cli("log", bad)
+        r = run("log", bad)
         assert r.returncode == ExitCode.USAGE, (bad, r.stderr)
         assert "wdiff-url-secret" not in r.stdout + r.stderr
 

@@ -39,6 +39,7 @@ import pytest
 
 import fuzzlib as fz
 import specbundle as sb
+from kit.trees import snapshot
 import wdiff
 
 N = int(os.environ.get("WDIFF_FUZZ_N", "2000"))
@@ -263,13 +264,13 @@ def inplace_case(i, sc, work, data, index, stats, kind=""):
     ip = os.path.join(work, "ip")
     shutil.rmtree(ip, ignore_errors=True)
     shutil.copytree(sc.base_dir, ip)
-    before = sb.snapshot(ip)
+    before = snapshot(ip, content="bytes")
     bpath = os.path.join(work, "b.wdb")
     oc = fz.run_apply(bpath, ip, None, in_place=True)
     stats.inplace[oc.status] += 1
     case = {"i": i, "scenario": sc.name, "kind": kind, "mode": "inplace", "status": oc.status, "error": oc.error[:300]}
     problems = []
-    after = {p: v for p, v in sb.snapshot(ip).items() if not (p == ".wdiff" or p.startswith(".wdiff/"))}
+    after = {p: v for p, v in snapshot(ip, content="bytes").items() if not (p == ".wdiff" or p.startswith(".wdiff/"))}
     if oc.status == 0:
         problems = fz.check_output(ip, index) if index is not None else ["index unreadable"]
     else:
@@ -370,6 +371,7 @@ def fuzz(world, n: int, seed: str, *, only=None, kinds=None, cli_max: int = CLI_
     return stats
 
 
+@pytest.mark.slow
 def test_semantic_fuzz(world):
     stats = fuzz(world, N, SEED)
     print("\n" + stats.table())
@@ -384,6 +386,7 @@ def test_semantic_fuzz(world):
 V3_KINDS = [k for k in fz.MUTATIONS if k.startswith(("v3.", "delta."))]
 
 
+@pytest.mark.slow
 def test_semantic_fuzz_v3(world):
     """The version 3 mutations only, on the version 3 scenario, so that each
     of them runs in every suite run (the run above spreads them thin)."""
@@ -404,6 +407,7 @@ def test_semantic_fuzz_v3(world):
     assert sum(c.get(0, 0) for k, c in stats.by_kind.items()) > 0
 
 
+@pytest.mark.slow
 def test_value_section_refusals_and_agreement(world, tmp_path):
     """Codec v2's range-coded value section: each variant of the
     v3.value_section mutation, on records of every codec that has one
@@ -463,6 +467,7 @@ def _agree(sc, bad: bytes, tmp_path, k: int, what) -> tuple[int, object]:
     return status, res
 
 
+@pytest.mark.slow
 def test_rsparse_row_list_refusals_and_agreement(world, tmp_path):
     """RSPARSE's row list: each variant of the v3.rows mutation (R = 0 or
     above n, o >= R, k_r = 0 or above N_r, a row listed without a change,
@@ -606,12 +611,12 @@ def test_inplace_checks_companion_files_from_the_base(world, tmp_path):
     assert e.value.exit_code == 4 and not (tmp_path / "out").exists()
     ip = tmp_path / "ip"
     shutil.copytree(ctx.sc.base_dir, ip)
-    before = sb.snapshot(ip)
+    before = snapshot(ip, content="bytes")
     try:
         wdiff.apply(bundle, ip, in_place=True)
     except wdiff.WdiffError as e:
         assert e.exit_code == 4
-        assert {p: v for p, v in sb.snapshot(ip).items() if not p.startswith(".wdiff")} == before
+        assert {p: v for p, v in snapshot(ip, content="bytes").items() if not p.startswith(".wdiff")} == before
     else:
         assert fz.check_output(str(ip), ctx.b.index) == []
 

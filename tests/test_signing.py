@@ -5,6 +5,7 @@ import subprocess
 
 import pytest
 from factory import simple_pair, tree
+from kit.cli import in_process
 
 import wdiff
 from wdiff.errors import IntegrityError, UsageError
@@ -25,9 +26,7 @@ def test_signed_bundle_applies_only_with_a_trusted_key(tmp_path, keys):
     wdiff.pack(A, B, bundle)
     with pytest.raises(IntegrityError):  # not signed yet
         wdiff.apply(bundle, A, tmp_path / "C", trusted_keys=[pub])
-    from wdiff.cli import main
-
-    assert main(["sign", str(bundle), "--key", str(key), "-q"]) == 0
+    in_process("sign", bundle, "--key", key, "-q", want=0)
     with pytest.raises(IntegrityError):
         wdiff.apply(bundle, A, tmp_path / "C", trusted_keys=[other])
     wdiff.apply(bundle, A, tmp_path / "C", trusted_keys=[pub])

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import specbundle as sb
+from kit.trees import tree, write_tree
 import wdiff
 
 GOLDEN = Path(__file__).parent / "golden" / "data"
@@ -41,26 +42,6 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def _tree(root: Path, files: dict) -> str:
-    for p, c in files.items():
-        fp = root / p
-        fp.parent.mkdir(parents=True, exist_ok=True)
-        fp.write_bytes(c)
-    return str(root)
-
-
-def _read_tree(root) -> dict:
-    out = {}
-    for dp, _, fns in os.walk(root):
-        for fn in fns:
-            p = os.path.join(dp, fn)
-            r = os.path.relpath(p, root)
-            if r.split(os.sep)[0] == ".wdiff":
-                continue
-            out[r.replace(os.sep, "/")] = Path(p).read_bytes()
-    return out
-
-
 def _cross_check(bundle: Path, base: str, tmp: Path) -> set:
     """Apply with wdiff and with the spec reader; equal bytes. Returns the
     (type, codec) pairs of the bundle's records."""
@@ -68,7 +49,7 @@ def _cross_check(bundle: Path, base: str, tmp: Path) -> set:
     got = sb.read(data, sb.scan(base))
     out = tmp / ("OUT-" + bundle.stem)
     wdiff.apply(str(bundle), base, str(out))
-    assert _read_tree(out) == got
+    assert tree(out) == got
     return {(r.type, r.codec) for r in sb.parse(data).records}
 
 
@@ -109,9 +90,9 @@ def v3_world(tmp_path_factory):
     raw2 = bytearray(raw)
     for k in rng.choice(len(raw), 500, replace=False):
         raw2[k] ^= 0x5A
-    A = _tree(tmp / "A", {"model.safetensors": _st(base), "opt.bin": b"PK" + opt.tobytes(), "w.gguf": gg,
+    A = write_tree(tmp / "A", {"model.safetensors": _st(base), "opt.bin": b"PK" + opt.tobytes(), "w.gguf": gg,
                           "flips.bin": bytes(raw), "config.json": b'{"a": 1}'})
-    B = _tree(tmp / "B", {"model.safetensors": _st(tgt), "opt.bin": b"PK" + opt2.tobytes(), "w.gguf": gg2,
+    B = write_tree(tmp / "B", {"model.safetensors": _st(tgt), "opt.bin": b"PK" + opt2.tobytes(), "w.gguf": gg2,
                           "flips.bin": bytes(raw2), "config.json": b'{"a": 2}'})
     bundle = tmp / "v3.wdb"
     wdiff.pack(A, B, str(bundle), threads=2)
@@ -127,7 +108,7 @@ def test_spec_reader_equals_wdiff_apply_on_v3_codecs(v3_world):
     # RSPARSE (rows of a 2-D tensor) has its own world below
     assert set(sb.V2_CODECS) - {sb.RSPARSE} <= chunk_codecs, sorted(chunk_codecs)
     assert sb.ZSTD_BASE in delta_codecs and delta_codecs & set(sb.V1_CODECS), sorted(delta_codecs)
-    assert _read_tree(tmp / ("OUT-" + bundle.stem)) == _read_tree(B)
+    assert tree(tmp / ("OUT-" + bundle.stem)) == tree(B)
 
 
 @pytest.mark.parametrize("name,base", [("v3-dense.wdb", "ckpt/base"), ("v3-adam.wdb", "ckpt/base"),
@@ -164,8 +145,8 @@ def rows_world(tmp_path_factory):
     f322 = step(f32, rng.choice(2000, 20, replace=False), 1e-6)
     base = [("emb", "BF16", _bf16(emb)), ("f32", "F32", f32.view(np.uint32)), ("proj", "BF16", _bf16(proj))]
     tgt = [("emb", "BF16", _bf16(emb2)), ("f32", "F32", f322.view(np.uint32)), ("proj", "BF16", _bf16(proj2))]
-    A = _tree(tmp / "A", {"model.safetensors": _st(base), "config.json": b'{"a": 1}'})
-    B = _tree(tmp / "B", {"model.safetensors": _st(tgt), "config.json": b'{"a": 1}'})
+    A = write_tree(tmp / "A", {"model.safetensors": _st(base), "config.json": b'{"a": 1}'})
+    B = write_tree(tmp / "B", {"model.safetensors": _st(tgt), "config.json": b'{"a": 1}'})
     bundle = tmp / "rows.wdb"
     wdiff.pack(A, B, str(bundle), threads=2)
     return tmp, A, B, bundle
@@ -182,7 +163,7 @@ def test_spec_reader_equals_wdiff_apply_on_rsparse(rows_world):
     tmp, A, B, bundle = rows_world
     kinds = _cross_check(bundle, A, tmp)
     assert (sb.CHUNK, sb.RSPARSE) in kinds, sorted(kinds)
-    assert _read_tree(tmp / ("OUT-" + bundle.stem)) == _read_tree(B)
+    assert tree(tmp / ("OUT-" + bundle.stem)) == tree(B)
     recs = [r for r in sb.parse(bundle.read_bytes()).records if r.type == sb.CHUNK and r.codec == sb.RSPARSE]
     lists = [sb.rsparse_rows(r, (r.hi - r.lo) // r.word) for r in recs]
     assert len(recs) == 4, [(r.lo, r.hi, r.word) for r in recs]  # emb in two units, f32, proj
@@ -233,9 +214,10 @@ def test_wdiff_reads_spec_written_rsparse(rows_world, seed):
     path.write_bytes(data)
     out = tmp / f"OUT-spec-rows{seed}"
     wdiff.apply(str(path), A, str(out))
-    assert _read_tree(out) == want
+    assert tree(out) == want
 
 
+@pytest.mark.slow
 def test_spec_writer_v2_codecs_round_trip_and_wdiff_reads_them(v3_world):
     """The spec's own encoder (sb.encode_v2) for every codec v2, decoded by
     the spec reader; CSPARSE at every complement choice."""
@@ -313,8 +295,8 @@ def test_spec_rsparse_example(tmp_path):
     assert sb.value_decode(s2, 2, 2, "t", [0, 1, 1]).tolist() == [1, 0xFFFF]
     assert sb.decode_chunk(rec, old.tobytes(), 8) == new.tobytes()
     assert sb.encode_v2(sb.RSPARSE, old.tobytes(), new.tobytes(), 2, fn=1, R=3, o=1, rr=0) == (1, 2, [s0, s1, s2])
-    A = _tree(tmp_path / "A", {"model.safetensors": _st([("e", "BF16", old.reshape(2, 4))])})
-    B = _tree(tmp_path / "B", {"model.safetensors": _st([("e", "BF16", new.reshape(2, 4))])})
+    A = write_tree(tmp_path / "A", {"model.safetensors": _st([("e", "BF16", old.reshape(2, 4))])})
+    B = write_tree(tmp_path / "B", {"model.safetensors": _st([("e", "BF16", new.reshape(2, 4))])})
     b = sb.pack(sb.scan(A), sb.scan(B), random.Random(0), version=3)
     (chunk,) = [r for r in b.records if r.type == sb.CHUNK]
     chunk.codec, chunk.param, chunk.count, chunk.sections, chunk.lens = sb.RSPARSE, 1, 2, [s0, s1, s2], None
@@ -323,9 +305,10 @@ def test_spec_rsparse_example(tmp_path):
     assert sb.read(data, sb.scan(A)) == want
     (tmp_path / "ex.wdb").write_bytes(data)
     wdiff.apply(str(tmp_path / "ex.wdb"), A, str(tmp_path / "out"))
-    assert _read_tree(tmp_path / "out") == want
+    assert tree(tmp_path / "out") == want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_wdiff_applies_spec_written_v3_bundles(v3_world, seed):
     """The spec's writer (random codec v2 chunks, any bucket function of the
@@ -343,7 +326,7 @@ def test_wdiff_applies_spec_written_v3_bundles(v3_world, seed):
     path.write_bytes(data)
     out = tmp / f"OUT-spec{seed}"
     wdiff.apply(str(path), A, str(out))
-    assert _read_tree(out) == want
+    assert tree(out) == want
     kinds = {(r.type, r.codec) for r in bnd.records}
     assert any(t == sb.DELTA for t, _ in kinds) and any(c in sb.V2_CODECS for t, c in kinds if t == sb.CHUNK)
 
@@ -360,7 +343,7 @@ def test_delta_rebuilt_companion_that_is_a_tensor_file_is_refused(tmp_path):
     bad = bad[:8] + bad[8:].replace(b"[0,4]", b"[1,5]") + b"z"  # a gap: not strict, a companion
     good = sb.write_st([("x", "U8", (5,), b"abcde")])
     assert len(good) == len(bad) and sb.strict_header("m.safetensors", bad) is None
-    A = _tree(tmp_path / "A", {"m.safetensors": bad})
+    A = write_tree(tmp_path / "A", {"m.safetensors": bad})
     base = sb.scan(A)
     entry = {"path": "m.safetensors", "kind": "file", "size": len(good), "digest": sb.D(good).hex(),
              "source": "delta"}
@@ -452,6 +435,7 @@ def test_spec_value_coder_refusals():
     assert sb.value_encode_sm([], [], 2, [0]) == bytes(5)
 
 
+@pytest.mark.slow
 def test_spec_value_coder_equals_wdiff():
     """The spec's value coder against wdiff's (its C kernels and its Python
     twin): the same bytes for every word width, alphabet and split into

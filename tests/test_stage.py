@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 from factory import mutate, rand, tree, write_ckpt
-from test_gc import _env, cli
+from kit.cli import argv, environment
+from test_gc import GC_ENV, cli
 
 import wdiff
 from wdiff.format.chain import Chain
+
+#: eight real writer processes and a polling reader
+pytestmark = pytest.mark.slow
 
 N = 8
 
@@ -38,9 +42,9 @@ def writers(src: Path, base: Path, remote: Path, stage: str, hosts) -> list[subp
     procs = []
     for k in hosts:
         only = ["--only", shard(k)] + (["--only", "*.json"] if k == 0 else [])
-        procs.append(subprocess.Popen([sys.executable, "-m", "wdiff", "push", str(src), str(remote), "--base", str(base),
-                                       *only, "--stage", stage, "--json"], env=_env(), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen(argv("push", src, remote, "--base", base, *only, "--stage", stage, "--json"),
+                                      env=environment(GC_ENV), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
     done = []
     for p in procs:
         out, err = p.communicate(timeout=300)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from factory import mutate, rand, tree, write_ckpt
+from kit.cli import argv, environment
 from test_gc import cli
 from test_sync import remote, versions  # noqa: F401 - fixtures of the remote kinds
 
@@ -61,6 +62,7 @@ def committed(remote: Path, bundle_id: str) -> Path:
     return remote / "objects" / bundle_id[:2] / f"{bundle_id}.wdb"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["moved", "fp32", "same-layout"])
 def test_committed_version_is_the_single_host_bundle_and_applies_onto_its_base(tmp_path, shape):
     A, B = pair(tmp_path, shape)
@@ -83,6 +85,7 @@ def test_committed_version_is_the_single_host_bundle_and_applies_onto_its_base(t
     assert tree(tmp_path / "empty") == tree(B)
 
 
+@pytest.mark.slow
 def test_a_writer_without_the_base_of_a_moved_tensor_is_refused_at_commit(tmp_path):
     """Hosts that each hold only their own shards of A and B: the tensor that
     moved into shard 2 has its base in shard 1, which that writer lacks. Its
@@ -133,6 +136,7 @@ def other_checkpoint(tmp_path: Path, B: Path) -> Path:
     return C
 
 
+@pytest.mark.slow
 def test_a_part_planted_in_the_stage_is_never_signed_nor_chosen_by_date(tmp_path, keys):
     A, B = pair(tmp_path, "same-layout")
     C = other_checkpoint(tmp_path, B)
@@ -172,6 +176,7 @@ def test_a_part_planted_in_the_stage_is_never_signed_nor_chosen_by_date(tmp_path
     assert Chain.decode((remote / "chain.json").read_bytes(), where="r").head.hex() == doc["version"]
 
 
+@pytest.mark.slow
 def test_a_part_signed_by_an_untrusted_key_or_edited_after_signing_is_refused(tmp_path, keys):
     A, B = pair(tmp_path, "same-layout")
     remote = tmp_path / "r"
@@ -202,6 +207,7 @@ def test_a_part_signed_by_an_untrusted_key_or_edited_after_signing_is_refused(tm
     assert (remote / "chain.json").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_parts_replayed_from_another_stage_remote_or_base_are_refused(tmp_path, keys):
     A, B = pair(tmp_path, "same-layout")
     trust = ["--sign", keys["release"], "--trusted-key", f"{keys['writer']}.pub"]
@@ -232,6 +238,7 @@ def test_parts_replayed_from_another_stage_remote_or_base_are_refused(tmp_path, 
     assert (r1 / "chain.json").read_bytes() == moved
 
 
+@pytest.mark.slow
 def test_two_unsigned_parts_of_one_file_are_refused_whichever_is_newer(tmp_path):
     """No keys anywhere: a part planted later for the files of a writer's part
     (packed from another checkpoint) was chosen by its newer `created`; now
@@ -248,6 +255,7 @@ def test_two_unsigned_parts_of_one_file_are_refused_whichever_is_newer(tmp_path)
     assert (remote / "chain.json").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_two_models_in_one_tree_staged_by_two_writers(tmp_path):
     """policy/ and ref/ hold tensors of the same names, one writer each: a
     part alone sees unique names (format version 1), the whole tree does
@@ -274,6 +282,7 @@ def test_two_models_in_one_tree_staged_by_two_writers(tmp_path):
     assert tree(tmp_path / "at-a") == tree(B)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remote", ["hub-model-xet", "s3"], indirect=True)
 def test_signed_parts_through_the_hub_and_s3(remote, versions, tmp_path, keys):
     """The signed stage on the other kinds of remote, through the public API:
@@ -300,15 +309,15 @@ def test_signed_parts_through_the_hub_and_s3(remote, versions, tmp_path, keys):
     assert tree(tmp_path / "p") == tree(versions[1])
 
 
+@pytest.mark.slow
 def test_a_commit_killed_after_publishing_and_two_commits_at_once(tmp_path):
     """Class 7: the stage still there after the version is published (a
     commit killed before it deleted the stage) is finished by a rerun, which
     publishes nothing new; two commits of one stage at once publish the
     version once (the other finds it published, or lost the race: 8)."""
     import subprocess
-    import sys
 
-    from test_gc import _env
+    from test_gc import GC_ENV
 
     A, B = pair(tmp_path, "fp32")
     remote = tmp_path / "r"
@@ -325,8 +334,8 @@ def test_a_commit_killed_after_publishing_and_two_commits_at_once(tmp_path):
     remote2 = tmp_path / "r2"
     cli("push", "--anchor", A, remote2, "-q")
     stage_all(B, A, remote2, "s1")
-    procs = [subprocess.Popen([sys.executable, "-m", "wdiff", "commit", str(remote2), "--stage", "s1", "--expect", "4",
-                               "--json"], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(argv("commit", remote2, "--stage", "s1", "--expect", "4", "--json"),
+                              env=environment(GC_ENV), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     codes = [p.wait(timeout=300) for p in procs]
     assert sorted(codes) in ([0, 0], [0, 8], [0, 3]), [p.stderr.read() for p in procs]

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from test_gc import cli
 from test_live_ranks import STATE, full, same
 
@@ -38,6 +39,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow
 def test_signed_ranks_publish_and_a_trusting_puller_gets_every_step(tmp_path):
     key = tmp_path / "release.key"
     cli("keygen", key, "-q")

@@ -17,7 +17,12 @@ from wdiff.fsutil import locked
 from wdiff.ops.squash import squash
 from wdiff.remotes import open_remote
 
-KINDS = ["local", "file-url", "hub-model-xet", "hub-model-lfs", "hub-dataset", "hub-bucket", "s3", "fsspec-memory"]
+#: the kinds behind a real server (the stand-in Hub, moto's S3) take seconds a
+#: test: slow; the development lane keeps the three local ones
+KINDS = ["local", "file-url",
+         *(pytest.param(k, marks=pytest.mark.slow) for k in ("hub-model-xet", "hub-model-lfs", "hub-dataset",
+                                                             "hub-bucket", "s3")),
+         "fsspec-memory"]
 
 
 class Remote(str):

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from kit.cli import ok
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -88,9 +89,7 @@ def environment(root: Path, pycache: Path) -> dict[str, str]:
 
 
 def version() -> str:
-    r = subprocess.run([sys.executable, "-m", "wdiff", "--version"], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True)
-    return r.stdout.split()[1]
+    return ok("--version", env={"PYTHONPATH": ROOT}).out.split()[1]
 
 
 DATE = re.compile(r"\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\b")
@@ -155,6 +154,7 @@ def ran(request, tmp_path_factory):
         return {s: f.result() for s, f in futures.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_transcript(script, ran):
     got = ran[script]

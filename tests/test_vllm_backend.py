@@ -31,6 +31,7 @@ import sys
 
 import numpy as np
 import pytest
+from kit.cli import run as kit_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -52,10 +53,7 @@ def _env():
 
 
 def _wdiff(*args, **kw):
-    out = subprocess.run([sys.executable, "-m", "wdiff", *args], capture_output=True, text=True, env=_env(),
-                         timeout=300, **kw)
-    assert out.returncode == 0, out.stderr
-    return out
+    return kit_run(*args, env=_env(), want=0, **kw)
 
 
 # -- the install, as a user's -------------------------------------------------------------

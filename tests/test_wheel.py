@@ -13,6 +13,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from kit.cli import run
+
+#: the module builds a wheel with pip (from a copy of the sources) and runs it
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,10 +42,9 @@ def site(tmp_path_factory) -> tuple[Path, list[str], str]:
     return work / "site", names, meta
 
 
-def _run(site: Path, *args) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(site), NO_COLOR="1", COLUMNS="80")
-    return subprocess.run([sys.executable, "-m", "wdiff", *args], capture_output=True, text=True, timeout=60,
-                          env=env, cwd=site.parent, stdin=subprocess.DEVNULL)
+def in_site(site: Path, *args):
+    """The wheel's wdiff, from the folder beside its files (not this checkout)."""
+    return run(*args, env={"PYTHONPATH": site}, cwd=site.parent, timeout=60)
 
 
 def test_the_wheel_carries_types_spec_and_schemas(site):
@@ -79,19 +82,19 @@ def test_the_wheel_and_the_sdist_carry_every_c_source(site, tmp_path):
     (("format",), "man/wdiff-format.5"),
 ])
 def test_wdiff_man_prints_the_committed_page(site, args, committed):
-    r = _run(site[0], "man", *args)  # stdout is a pipe: the roff source, not man(1)
+    r = in_site(site[0], "man", *args)  # stdout is a pipe: the roff source, not man(1)
     assert r.returncode == 0, r.stderr
     assert r.stdout == (ROOT / committed).read_text()
 
 
 @pytest.mark.parametrize("shell,committed", [("bash", "wdiff.bash"), ("zsh", "_wdiff"), ("fish", "wdiff.fish")])
 def test_wdiff_completion_prints_the_committed_script(site, shell, committed):
-    r = _run(site[0], "completion", shell)
+    r = in_site(site[0], "completion", shell)
     assert r.returncode == 0, r.stderr
     assert r.stdout == (ROOT / "completions" / committed).read_text()
 
 
 def test_unknown_pages_and_shells_are_usage_errors(site):
     for args in (("man", "nope"), ("completion", "tcsh")):
-        r = _run(site[0], *args)
+        r = in_site(site[0], *args)
         assert r.returncode == 2 and r.stdout == "" and "hint: one of:" in r.stderr, (args, r)

@@ -10,31 +10,22 @@ import json
 import mmap
 import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
+import kit.cli
 import numpy as np
 import pytest
 from factory import mutate, rand, tree, write_ckpt
+from threatlib import ok
 
 from wdiff.store import cache, manifest
 from wdiff.store.checkpoint import scan
 
-WDIFF = shutil.which("wdiff", path=str(Path(sys.executable).parent)) or shutil.which("wdiff")
 SHARD = "model.safetensors"
 
 
 def run(cache_dir, *args):
-    env = dict(os.environ, NO_COLOR="1", WDIFF_CACHE_DIR=str(cache_dir))
-    env.pop("WDIFF_DEBUG", None)
-    cmd = [WDIFF, *map(str, args)] if WDIFF else [sys.executable, "-m", "wdiff", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, env=env, timeout=300)
-
-
-def ok(r):
-    assert r.returncode == 0, r.stderr.decode()
-    return r
+    """The installed console script, its manifest cache in ``cache_dir``; output as bytes."""
+    return kit.cli.run(*args, script=True, text=False, env={"WDIFF_CACHE_DIR": cache_dir})
 
 
 @pytest.fixture
@@ -115,6 +106,7 @@ def test_a_stat_invisible_change_of_b(pair, monkeypatch):
     assert ident(path) == st
 
 
+@pytest.mark.slow
 def test_a_stat_invisible_change_of_the_base_is_refused(pair, monkeypatch):
     tmp, A, B = pair
     cdir = tmp / "cache"

@@ -41,6 +41,9 @@ import pytest
 from factory import rand, tree, write_ckpt
 from threatlib import Run, canonical, ok, user_env, wdiff
 
+#: chains at their limits (50,000 entries) and the budgets they must keep
+pytestmark = pytest.mark.slow
+
 MAX_ENTRIES = 50_000
 SPEC_S = 2.0
 TIME_MARGIN = float(os.environ.get("WDIFF_THREAT_TIME_MARGIN", "3"))

@@ -13,13 +13,13 @@ import fcntl
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from factory import simple_pair, tree
-from threatlib import ok, user_env, wdiff
+from kit.cli import argv
+from threatlib import dead_owner, ok, user_env, wdiff
 
 from wdiff.fsutil import owner_tag
 
@@ -31,13 +31,6 @@ def world(tmp_path):
     ab = tmp_path / "ab.wdb"
     ok(wdiff("pack", "-q", A, B, "-o", ab, env=env))
     return A, B, ab, env
-
-
-def dead_owner() -> str:
-    """The PID-START tag of a process that has exited."""
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return f"{p.pid}-1"
 
 
 def hidden(parent: Path) -> list[str]:
@@ -75,8 +68,8 @@ def test_a_sigkilled_apply_leaves_nothing_once_rerun(world, tmp_path):
     A, B, ab, env = world
     out = tmp_path / "out"
     env1 = dict(env, WDIFF_THREADS="1")
-    p = subprocess.Popen([sys.executable, "-m", "wdiff", "apply", "-q", str(ab), str(A), "-o", str(out)],
-                         env=env1, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(argv("apply", "-q", ab, A, "-o", out), env=env1, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     killed = False
     while p.poll() is None and time.monotonic() < deadline:

@@ -27,27 +27,29 @@ mount namespace (``unshare -Urm``).
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import re
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from factory import mutate, rand, tree, write_ckpt
+import kit.cli
+import kit.trees
+from kit.system import namespaces_work
+from kit.trees import snapshot
+from threatlib import dead_pid, in_place_pair, interrupt_in_place, legit_journal, plant, staged_from
 
-WD = [sys.executable, "-m", "wdiff"]
-ENV = dict(os.environ, WDIFF_THREADS="2", NO_COLOR="1")
-ENV.pop("WDIFF_TRUSTED_KEYS", None)
+#: the environment of every command here: changes to the test's (kit.cli.environment)
+ENV = {"WDIFF_THREADS": "2"}
 #: MiB of the shard patched in place: enough that a SIGKILL sent when the
 #: journal appears lands before the apply ends
 SHARD_MIB = 8
@@ -56,31 +58,12 @@ SHARD_MIB = 8
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def wd(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*WD, *map(str, args)], capture_output=True, text=True, env=ENV, timeout=timeout)
+#: the command line, in ENV
+wd = partial(kit.cli.run, env=ENV, timeout=120)
 
 
-def digests(root) -> dict[str, str]:
-    """factory.tree (every file but .wdiff/), by digest."""
-    return {p: hashlib.sha256(data).hexdigest()[:16] for p, data in tree(root).items()}
-
-
-def snapshot(root) -> dict:
-    out = {}
-    root = os.fspath(root)
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs + files:
-            p = os.path.join(dirpath, name)
-            rel = os.path.relpath(p, root)
-            st = os.lstat(p)
-            if stat.S_ISLNK(st.st_mode):
-                out[rel] = ("link", os.readlink(p))
-            elif stat.S_ISDIR(st.st_mode):
-                out[rel] = ("dir",)
-            else:
-                with open(p, "rb") as f:
-                    out[rel] = ("file", hashlib.sha256(f.read()).hexdigest())
-    return out
+#: factory.tree (every file but .wdiff/) by digest, its first 16 hex digits: short failure messages
+digests = partial(kit.trees.digests, length=16)
 
 
 def debris(parent: Path, name: str) -> list[str]:
@@ -120,19 +103,7 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> World:
     t = tmp_path_factory.mktemp("threat-fail")
-    rng = np.random.default_rng(808)
-    a = {f"w{i:02d}": rand(rng, "BF16", (512, 1024)) for i in range(SHARD_MIB)}
-    a["frozen"] = rand(rng, "F32", (256, 256))
-    a["small"] = rand(rng, "F32", (100,))
-    a["gone"] = rand(rng, "F32", (10,))
-    b = {k: (v if k == "frozen" else mutate(v, 0.05, rng)) for k, v in a.items()}
-    del b["gone"]
-    b["added"] = rand(rng, "F16", (64, 64))
-    big = ["frozen"] + [f"w{i:02d}" for i in range(SHARD_MIB)]
-    comp_a = {"config.json": b'{"step": 1}', "keep.txt": b"unchanged", "old.txt": b"removed by the bundle"}
-    comp_b = {"config.json": b'{"step": 2}', "keep.txt": b"unchanged"}
-    A = Path(write_ckpt(t / "A", a, groups=[big, ["small", "gone"]], companions=comp_a))
-    B = Path(write_ckpt(t / "B", b, groups=[big, ["small", "added"]], companions=comp_b))
+    A, B, _, _ = in_place_pair(t, np.random.default_rng(808), SHARD_MIB)
     C = t / "C"
     shutil.copytree(A, C)
     (C / "keep.txt").write_bytes(b"edited locally: a version the remote never saw")
@@ -147,73 +118,6 @@ def world(tmp_path_factory) -> World:
     assert r.returncode == 0, r.stderr
     anchor = next(e for e in json.loads(r.stdout)["entries"] if e["parent"] is None)
     return World(t, A, B, C, bundle, info, digests(A), digests(B), digests(C), remote, anchor["size"])
-
-
-def legit_journal(world: World, base: Path, bundle: Path | None = None, phase: str = "patch") -> dict:
-    """The journal inplace._start writes after staging (see test_state_dir,
-    which checks it against a real SIGKILLed apply)."""
-    info = world.info
-    base_files = set(tree(base))
-    patch, stage = [], {}
-    for i, f in enumerate(info["files"]):
-        if f["kind"] == "safetensors" and f["source"] == "base":
-            patch.append(i)
-        elif f["kind"] == "file" and f["source"] == "base" and f["path"] in base_files:
-            continue
-        else:
-            stage[str(i)] = f["path"]
-    target = {f["path"] for f in info["files"]}
-    return {
-        "version": 1,
-        "bundle_id": info["bundle_id"],
-        "bundle_path": os.path.abspath(bundle or world.bundle),
-        "base_fingerprint": info["base_fingerprint"],
-        "target_fingerprint": info["target_fingerprint"],
-        "phase": phase,
-        "patch": patch,
-        "stage": stage,
-        "remove": sorted((p for p in base_files if p not in target), key=lambda p: p.encode()),
-    }
-
-
-def plant(W: Path, world: World, raw: bytes, journal: dict) -> None:
-    """A journal (as raw bytes) with the staged files a real apply builds."""
-    txn = W / ".wdiff" / "txn"
-    (txn / "stage").mkdir(parents=True, exist_ok=True)
-    for i, p in journal["stage"].items():
-        (txn / "stage" / i).write_bytes((world.B / p).read_bytes())
-    (txn / "journal.json").write_bytes(raw)
-
-
-def interrupt_apply(world: World, W: Path, tries: int = 10) -> None:
-    """SIGKILL a real `wdiff apply --in-place` the moment its journal exists."""
-    journal = W / ".wdiff" / "txn" / "journal.json"
-    for _ in range(tries):
-        if W.exists():
-            shutil.rmtree(W)
-        shutil.copytree(world.A, W)
-        p = subprocess.Popen([*WD, "apply", "-q", str(world.bundle), str(W), "--in-place"],
-                             env=dict(ENV, WDIFF_THREADS="1"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while p.poll() is None:
-            if journal.exists():
-                p.send_signal(signal.SIGKILL)
-                break
-        p.wait()
-        if journal.exists():
-            return
-    raise AssertionError("could not interrupt a real in-place apply")
-
-
-def dead_pid() -> int:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return p.pid
-
-
-def namespaces_work() -> bool:
-    r = subprocess.run(["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"],
-                       capture_output=True)
-    return r.returncode == 0
 
 
 #: run inside `unshare -Urm`: mount a tmpfs, prepare, run one wdiff command,
@@ -253,7 +157,7 @@ def in_namespace(spec: dict) -> dict:
         pytest.skip("this system allows no user and mount namespaces (unshare -Urm)")
     spec = dict(spec, env={"WDIFF_THREADS": "2", "NO_COLOR": "1"})
     r = subprocess.run(["unshare", "-Urm", sys.executable, "-c", NS_DRIVER, json.dumps(spec)],
-                       capture_output=True, text=True, env=ENV, timeout=300)
+                       capture_output=True, text=True, env=kit.cli.environment(ENV), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -293,7 +197,7 @@ def test_pull_into_a_mount_point(world, tmp_path):
     W = parent / "W"
     W.mkdir(parents=True)
     d = in_namespace({"size": "64m", "mount": str(W), "dir": str(W), "fill_from": str(world.C),
-                      "argv": [*WD, "pull", "--force", str(world.remote), str(W)]})
+                      "argv": kit.cli.argv("pull", "--force", world.remote, W)})
     r = NS(d)
     problems = documented(r, {0, 9})
     if r.returncode == 0 and d["digests"] != world.tb:
@@ -318,7 +222,7 @@ def test_full_disk_while_pull_reassembles_parts(world, tmp_path):
     W = mnt / "W"
     size = world.anchor_bytes * 3 // 2 // 4096 * 4096
     d = in_namespace({"size": str(size), "mount": str(mnt), "dir": str(W),
-                      "argv": [*WD, "pull", str(world.remote), str(W)]})
+                      "argv": kit.cli.argv("pull", world.remote, W)})
     r = NS(d)
     problems = documented(r, {9})
     if "space" not in r.stderr.lower():
@@ -404,8 +308,8 @@ def _malformed(world, tmp_path, name, bundle_in_pull=False):
         (W / ".wdiff" / "pull").mkdir(parents=True)
         bundle = W / ".wdiff" / "pull" / f"{world.info['bundle_id']}.wdb"
         shutil.copy(world.bundle, bundle)
-    j = legit_journal(world, W, bundle)
-    plant(W, world, JOURNALS[name](dict(j)), j)
+    j = legit_journal(world.info, bundle or world.bundle, W)
+    plant(W, j, staged_from(world.B, j), raw=JOURNALS[name](dict(j)))
     return W
 
 
@@ -452,7 +356,7 @@ def test_stale_journal_temp_file_left_by_a_killed_recovery(world, tmp_path):
     inside atomic_write_bytes, leaving txn/.journal.json.wdiff-tmp-XXXXXXXX.
     The next run must finish the apply, not fail on 'Directory not empty'."""
     W = tmp_path / "W"
-    interrupt_apply(world, W)
+    interrupt_in_place(world.A, world.bundle, W, kit.cli.environment({**ENV, "WDIFF_THREADS": "1"}))
     txn = W / ".wdiff" / "txn"
     (txn / ".journal.json.wdiff-tmp-0badc0de").write_bytes(b'{"version": 1, "pha')
     r = wd("apply", world.bundle, W, "--in-place")
@@ -497,8 +401,8 @@ def test_later_pull_removes_debris_of_a_killed_pull(world, tmp_path):
         for n in debris(tmp_path, "W"):
             shutil.rmtree(tmp_path / n)
         shutil.copytree(world.C, W)
-        p = subprocess.Popen([*WD, "pull", "-q", "--force", str(world.remote), str(W)],
-                             env=dict(ENV, WDIFF_THREADS="1"),
+        p = subprocess.Popen(kit.cli.argv("pull", "-q", "--force", world.remote, W),
+                             env=kit.cli.environment({**ENV, "WDIFF_THREADS": "1"}),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while p.poll() is None:
             if debris(tmp_path, "W"):

@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
+import kit.cli
 import pytest
 from factory import tree
 from test_fleet_cache import hub  # noqa: F401 - the stand-in Hub, as the fleet tests start it
@@ -37,6 +36,7 @@ def _parts(remote: Path, stage: str) -> dict[str, list[Path]]:
 # -- class 7: a commit racing a writer ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_part_stored_while_a_commit_runs_is_not_deleted_by_it(tmp_path):
     """Class 7: a writer that stores its part after the commit listed the
     stage is not in the version the commit publishes; the commit must not
@@ -88,6 +88,7 @@ def keys(tmp_path):
     return out
 
 
+@pytest.mark.slow
 def test_a_signed_part_cannot_be_reused_for_another_parts_bundle_or_name(tmp_path, keys):
     """Class 2: a writer's signature binds its manifest (remote, stage,
     head, bundle id and digest, file lists). Storage swapping one signed
@@ -134,6 +135,7 @@ def test_a_signed_part_cannot_be_reused_for_another_parts_bundle_or_name(tmp_pat
 # -- class 1: the stage is input -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_stage_that_is_a_link_or_names_paths_outside_is_refused(tmp_path):
     """Class 1: stage/NAME/ as a link to a folder outside the remote, and
     a manifest whose bundle path climbs out of its stage, are refused; the
@@ -182,6 +184,7 @@ def _set_commit(chain: dict, path: str, commit: str) -> int:
     return n
 
 
+@pytest.mark.slow
 def test_a_hub_chain_pointing_a_part_at_a_commit_with_other_bytes_is_refused(hub, tmp_path):
     """Class 2/3: whoever can write the Hub repository records, for a
     part, a commit where the part's path holds other bytes (or nothing).
@@ -190,8 +193,7 @@ def test_a_hub_chain_pointing_a_part_at_a_commit_with_other_bytes_is_refused(hub
     A, B = pair(tmp_path, "fp32")
     cli("push", "--anchor", A, HUB_URL, "-q")
     cli("push", B, HUB_URL, "--base", A, "-q")
-    raw = subprocess.run([sys.executable, "-m", "wdiff", "log", "--json", HUB_URL], capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+    raw = kit.cli.ok("log", "--json", HUB_URL, timeout=120).stdout
     part = json.loads(raw)["entries"][0]["parts"][0]
     from huggingface_hub import hf_hub_download
 
@@ -213,6 +215,7 @@ def test_a_hub_chain_pointing_a_part_at_a_commit_with_other_bytes_is_refused(hub
     assert r.returncode != 0 and not (tmp_path / "p").exists(), (r.returncode, r.stderr)
 
 
+@pytest.mark.slow
 def test_a_hub_chain_over_the_cap_is_refused_by_the_bounded_get(hub, tmp_path):
     """Class 5: the chain is read in one GET bounded by wdiff's limit
     (32 MiB), whatever the server announces; a bigger chain.json at the
@@ -271,6 +274,7 @@ def test_a_staged_push_killed_mid_pack_leaves_nothing_beside_the_checkpoint(tmp_
 # -- class 6: a part as if it were the whole; two parts that disagree on a base file -------------------
 
 
+@pytest.mark.slow
 def test_one_part_is_never_the_whole_version_and_parts_must_agree_on_their_base(tmp_path):
     """Class 6: a stage holding one writer's part, committed with
     ``--expect 1``, is refused (its bases are not the head): a part never

@@ -13,9 +13,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
+from kit.cli import ok  # noqa: E402
 from test_pull_atomic_keep import Head, cli, env, site_of, versions_beside  # noqa: E402,F401
 
 
+@pytest.mark.slow
 def test_keep_never_removes_a_version_holding_the_users_files(env, tmp_path):
     """A user writes eval results into an old version directory (or edits a
     file of it) after the pull. The README promises the only files a pull
@@ -119,16 +121,13 @@ def test_keep_empties_nothing_put_at_the_temporary_name(env, tmp_path, monkeypat
 
 
 def _pack(tmp_path: Path, a: dict, b: dict) -> Path:
-    import subprocess
-
     from safetensors.torch import save_file
 
     for name, sd in (("A", a), ("B", b)):
         (tmp_path / name).mkdir()
         save_file({k: v.contiguous().clone() for k, v in sd.items()}, str(tmp_path / name / "model.safetensors"))
     out = tmp_path / "ab.wdiff"
-    subprocess.run([sys.executable, "-m", "wdiff", "pack", tmp_path / "A", tmp_path / "B", "-o", out],
-                   check=True, capture_output=True)
+    ok("pack", tmp_path / "A", tmp_path / "B", "-o", out)
     return out
 
 
@@ -165,8 +164,6 @@ def test_apply_into_refuses_a_byte_order_the_bundle_does_not_have(env, tmp_path,
     by its bytes: an anchor written into it byte for byte gives other
     numbers than the version it returns. It is refused, nothing written; a
     native-order array applies."""
-    import subprocess
-
     import numpy as np
     from safetensors.numpy import save_file
 
@@ -177,8 +174,7 @@ def test_apply_into_refuses_a_byte_order_the_bundle_does_not_have(env, tmp_path,
     (tmp_path / "B").mkdir()
     save_file({"w": w}, str(tmp_path / "B" / "model.safetensors"))
     anchor = tmp_path / "b.anchor.wdb"
-    subprocess.run([sys.executable, "-m", "wdiff", "pack", "--anchor", tmp_path / "B", "-o", anchor],
-                   check=True, capture_output=True)
+    ok("pack", "--anchor", tmp_path / "B", "-o", anchor)
     live = {"w": np.zeros((64, 64), dtype=np.dtype(f"{order}f4"))}
     if order == "=":
         apply_into(anchor, live)
@@ -211,6 +207,7 @@ def test_apply_into_a_non_contiguous_tensor_changes_nothing(env, tmp_path):
     assert all(torch.equal(live[k], before[k]) for k in live)
 
 
+@pytest.mark.slow
 def test_a_pull_killed_between_its_build_and_its_listing_leaks_no_version(env, tmp_path):
     """SIGKILL after the new version directory is in place and before the
     pull lists it (the audit hook kills at the list's write once the

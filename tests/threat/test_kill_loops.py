@@ -17,35 +17,35 @@ apply at once on the same directory and remote, round after round.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
+from functools import partial
 from pathlib import Path
 
+import kit.cli
 import numpy as np
 import pytest
 from factory import mutate, rand, tree, write_ckpt
 
+#: kill loops: 60 SIGKILLs at random moments a test
+pytestmark = pytest.mark.slow
+
 KILLS = 60
-WD = [sys.executable, "-m", "wdiff"]
 #: every exit status a command may end with when it loses a race: success,
 #: base mismatch (the directory moved on), busy (a lock or an unfinished apply)
 RACE_CODES = {0, 5, 8}
 
 
-def run(*args, env=None, check=True) -> subprocess.CompletedProcess:
-    r = subprocess.run([*WD, *map(str, args)], capture_output=True, text=True, env=env)
-    if check:
-        assert r.returncode == 0, f"wdiff {' '.join(map(str, args))}: {r.returncode}\n{r.stderr}"
-    return r
+#: the command line, which must succeed; ``env``: changes to the environment
+run = partial(kit.cli.run, want=0)
 
 
 def killed_at(args, when: float, env=None) -> None:
     """Start ``wdiff ARGS`` and SIGKILL it after ``when`` seconds (or let it end)."""
-    p = subprocess.Popen([*WD, *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    p = subprocess.Popen(kit.cli.argv(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=kit.cli.environment(env))
     try:
         p.wait(timeout=when)
     except subprocess.TimeoutExpired:
@@ -88,10 +88,8 @@ def versions(tmp_path_factory):
 
 @pytest.fixture()
 def env(tmp_path):
-    e = dict(os.environ)
-    e.update(WDIFF_STATE_DIR=str(tmp_path / "state"), WDIFF_THREADS="1")
-    e.pop("WDIFF_TRUSTED_KEYS", None)
-    return e
+    """Changes to the environment (kit.cli.environment): this test's own user state, one thread."""
+    return {"WDIFF_STATE_DIR": tmp_path / "state", "WDIFF_THREADS": "1"}
 
 
 def _pulls_exactly(remote: Path, versions, tmp: Path, env, *extra) -> None:
@@ -232,8 +230,8 @@ def test_pull_pull_push_and_in_place_apply_race_with_documented_outcomes(version
         cmds = [["pull", "-q", remote, live], ["pull", "-q", remote, live],
                 ["push", "-q", C, remote, "--base", B], ["apply", "-q", bundle, live, "--in-place"]]
         order = rng.permutation(len(cmds))
-        procs = [subprocess.Popen([*WD, *map(str, cmds[i])], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True, env=env) for i in order]
+        procs = [subprocess.Popen(kit.cli.argv(*cmds[i]), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True, env=kit.cli.environment(env)) for i in order]
         for i, p in zip(order, procs):
             _, err = p.communicate(timeout=120)
             assert p.returncode in RACE_CODES, f"round {k}: wdiff {' '.join(map(str, cmds[i]))} exited {p.returncode}\n{err}"

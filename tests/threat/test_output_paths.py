@@ -5,23 +5,16 @@ refusal is a usage error (exit 2) naming both paths, and the inputs stay
 byte-identical."""
 
 import os
-import shutil
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
+import kit.cli
 import pytest
 from factory import simple_pair, tree
 
-WDIFF = shutil.which("wdiff", path=str(Path(sys.executable).parent)) or shutil.which("wdiff")
 SHARD = "model-00001-of-00002.safetensors"
-
-
-def run(*args, cwd=None):
-    env = dict(os.environ, NO_COLOR="1")
-    env.pop("WDIFF_DEBUG", None)
-    cmd = [WDIFF, *map(str, args)] if WDIFF else [sys.executable, "-m", "wdiff", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, env=env, cwd=cwd, timeout=300)
+#: the installed console script; output as bytes
+run = partial(kit.cli.run, script=True, text=False)
 
 
 @pytest.fixture
@@ -83,6 +76,7 @@ def test_pack_replaces_a_file_only_with_force(setup):
     unchanged(tmp, A, B, bundle, snap)
 
 
+@pytest.mark.slow
 def test_apply_refuses_an_output_inside_the_base(setup):
     tmp, A, B, bundle, snap = setup
     for out in ("linkA", "linkA/", "linkA/sub", "A/sub", "./A/../A/new"):
@@ -95,6 +89,7 @@ def test_apply_refuses_an_output_inside_the_base(setup):
     assert tree(tmp / "C") == snap["B"]
 
 
+@pytest.mark.slow
 def test_squash_refuses_its_inputs_and_needs_force(setup):
     tmp, A, B, bundle, snap = setup
     for out in ("d.wdb", "hardbundle", "A/x.wdb", "linkA/" + SHARD):
@@ -109,6 +104,7 @@ def test_squash_refuses_its_inputs_and_needs_force(setup):
     assert tree(tmp / "C") == snap["B"]
 
 
+@pytest.mark.slow
 def test_sign_never_writes_over_its_key_or_bundle(setup):
     tmp, A, B, bundle, snap = setup
     key = tmp / "k.key"

@@ -20,6 +20,7 @@ import shutil
 import struct
 from pathlib import Path
 
+import kit.trees
 import numpy as np
 import pytest
 from threatlib import ok, user_env, wdiff
@@ -31,9 +32,8 @@ RECORD = struct.Struct("<4sBBBBIIQQQQQQ16s16s16s")
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` but wdiff's own lock (an in-place apply keeps it)."""
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.relative_to(root).as_posix() != ".wdiff/lock"}
+    """Every file under ``root`` (.wdiff/ too) but wdiff's own lock (an in-place apply keeps it)."""
+    return {p: data for p, data in kit.trees.tree(root, skip=()).items() if p != ".wdiff/lock"}
 
 
 def windows(bundle: Path) -> list[tuple[int, int, int, int]]:
@@ -76,6 +76,7 @@ def refused(env, bundle: Path, A: Path, tmp: Path, record: int) -> None:
     assert tree(A) == before
 
 
+@pytest.mark.slow
 def test_one_window_named_over_and_over_is_refused_before_it_is_read(tmp_path):
     """The issue's bundle: one-byte records, each naming the whole base file
     as its window. The first record already names 2 MiB for 1 byte."""
@@ -105,6 +106,7 @@ def _two_records(second_dlo: int):
     return make
 
 
+@pytest.mark.slow
 def test_window_budget_holds_to_the_byte(tmp_path):
     """Windows summing to exactly 4 x hi apply; one byte more is refused at
     the record that passes the budget, after the one before it was fine."""
@@ -123,6 +125,7 @@ def test_window_budget_holds_to_the_byte(tmp_path):
     refused(env, bundle, A, tmp_path / "over", record=1)
 
 
+@pytest.mark.slow
 def test_windows_that_repeat_count_each_time(tmp_path):
     """A repeated window is no cheaper to name: records every 64 KiB, each
     naming the same 256 KiB window (4 x 64 KiB), keep the budget only while
@@ -187,6 +190,7 @@ def _scattered(rng) -> tuple[bytes, bytes]:
     return a, bytes(b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["tokenizer", "bin", "near", "scattered"])
 def test_pack_keeps_the_window_budget(tmp_path, shape):
     rng = np.random.default_rng(4)
@@ -204,6 +208,7 @@ def test_pack_keeps_the_window_budget(tmp_path, shape):
     shutil.rmtree(tmp_path / "OUT")
 
 
+@pytest.mark.slow
 def test_the_benchmark_measures_every_case(tmp_path, capsys):
     """``python -m wdiff.bench.hostile`` at a small size: a row per case,
     the issue's bundle refused (4), every other one applied (0)."""

@@ -21,11 +21,13 @@ import json
 import os
 import shutil
 import stat
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from factory import simple_pair, tree
+from kit.trees import snapshot
 from threatlib import HANG_S, ok, read_chain, user_env, wdiff, wdiff_many
 
 INTEGRITY = 4
@@ -46,24 +48,9 @@ def world(tmp_path):
             "pub": tmp_path / "key.pub", "victim": victim}
 
 
-def snap(root: Path, skip=()) -> dict:
-    """Every entry under ``root`` (links as links, never followed), with
-    file contents and inode numbers: what "nothing changed" means."""
-    out = {}
-    for dirpath, dirs, files in os.walk(root):
-        if dirpath == str(root):
-            dirs[:] = [d for d in dirs if d not in skip]
-        for n in dirs + files:
-            p = os.path.join(dirpath, n)
-            st = os.lstat(p)
-            rel = os.path.relpath(p, root)
-            if stat.S_ISLNK(st.st_mode):
-                out[rel] = ("link", os.readlink(p))
-            elif stat.S_ISREG(st.st_mode):
-                out[rel] = ("file", st.st_ino, Path(p).read_bytes())
-            else:
-                out[rel] = (stat.S_IFMT(st.st_mode),)
-    return out
+#: every entry under a root (links as links, never followed), with file
+#: contents and inode numbers: what "nothing changed" means
+snap = partial(snapshot, content="bytes", inodes=True)
 
 
 def outside(w) -> dict:

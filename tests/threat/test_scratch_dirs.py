@@ -12,23 +12,15 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from factory import mutate, rand, write_ckpt
-from threatlib import finish, ok, start, user_env, wdiff
+from threatlib import dead_owner, finish, ok, start, user_env, wdiff
 
 from wdiff.fsutil import owner_tag
-
-
-def dead_owner() -> str:
-    """The PID-START tag of a process that has exited."""
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return f"{p.pid}-1"
 
 
 def staged(tmp_path: Path, env: dict) -> Path:
@@ -102,6 +94,7 @@ def test_only_dead_owners_scratch_of_this_user_goes(tmp_path):
     assert sorted(scratches(tmp, "commit")) == sorted([live.name, other_user.name, foreign.name])
 
 
+@pytest.mark.slow
 def test_gc_and_verify_clear_their_own_kind(tmp_path):
     env = user_env(tmp_path / "user")
     tmp = Path(env["TMPDIR"])

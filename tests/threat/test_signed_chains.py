@@ -26,6 +26,9 @@ import pytest
 from factory import rand, simple_pair, tree, write_ckpt
 from threatlib import OnOpen, minisign, ok, read_chain, user_env, wdiff, write_chain
 
+#: every test here pushes, signs and pulls a few versions as two users: seconds each
+pytestmark = pytest.mark.slow
+
 INTEGRITY = 4
 
 

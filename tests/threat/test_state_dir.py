@@ -27,26 +27,26 @@ fsutil.py, and checked against a real SIGKILLed apply):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import signal
-import stat
 import struct
 import subprocess
-import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from factory import mutate, rand, tree, write_ckpt
+import kit.cli
+import kit.trees
+from factory import mutate, write_ckpt
+from kit.trees import snapshot
+from threatlib import in_place_pair, interrupt_in_place, legit_journal, plant, staged_from
 
-WD = [sys.executable, "-m", "wdiff"]
-ENV = dict(os.environ, WDIFF_THREADS="2", NO_COLOR="1")
-ENV.pop("WDIFF_TRUSTED_KEYS", None)
+#: the environment of every command here: changes to the test's (kit.cli.environment)
+ENV = {"WDIFF_THREADS": "2"}
 #: MiB of the shard patched in place: enough that a SIGKILL sent when the
 #: journal appears lands before the apply ends
 SHARD_MIB = 8
@@ -58,33 +58,12 @@ REFUSED = {4, 8, 9}
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def digests(root) -> dict[str, str]:
-    """factory.tree (every file but .wdiff/), by digest: short failure messages."""
-    return {p: hashlib.sha256(data).hexdigest()[:16] for p, data in tree(root).items()}
+#: factory.tree (every file but .wdiff/) by digest, its first 16 hex digits: short failure messages
+digests = partial(kit.trees.digests, length=16)
 
 
-def wd(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*WD, *map(str, args)], capture_output=True, text=True, env=ENV, timeout=timeout)
-
-
-def snapshot(root) -> dict:
-    """Every entry under ``root`` without following links: files by digest,
-    links by target, directories by presence."""
-    out = {}
-    root = os.fspath(root)
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs + files:
-            p = os.path.join(dirpath, name)
-            rel = os.path.relpath(p, root)
-            st = os.lstat(p)
-            if stat.S_ISLNK(st.st_mode):
-                out[rel] = ("link", os.readlink(p))
-            elif stat.S_ISDIR(st.st_mode):
-                out[rel] = ("dir",)
-            else:
-                with open(p, "rb") as f:
-                    out[rel] = ("file", hashlib.sha256(f.read()).hexdigest())
-    return out
+#: the command line, in ENV
+wd = partial(kit.cli.run, env=ENV, timeout=120)
 
 
 @dataclass(repr=False)
@@ -108,24 +87,9 @@ class World:
 def world(tmp_path_factory) -> World:
     t = tmp_path_factory.mktemp("threat-state")
     rng = np.random.default_rng(2024)
-    # shard 1 keeps its layout (patched in place, SHARD_MIB: a SIGKILL after
-    # the journal appears lands reliably); shard 2 changes (staged); config.json
-    # changes (staged), keep.txt stays, old.txt goes. "frozen" is an F32
-    # tensor between BF16 ones: a unit of its own that no record touches.
-    a = {f"w{i:02d}": rand(rng, "BF16", (512, 1024)) for i in range(SHARD_MIB)}
-    a["frozen"] = rand(rng, "F32", (256, 256))
-    a["small"] = rand(rng, "F32", (100,))
-    a["gone"] = rand(rng, "F32", (10,))
-    b = {k: (v if k == "frozen" else mutate(v, 0.05, rng)) for k, v in a.items()}
-    del b["gone"]
-    b["added"] = rand(rng, "F16", (64, 64))
-    big = ["frozen"] + [f"w{i:02d}" for i in range(SHARD_MIB)]
-    comp_a = {"config.json": b'{"step": 1}', "keep.txt": b"unchanged", "old.txt": b"removed by the bundle"}
-    comp_b = {"config.json": b'{"step": 2}', "keep.txt": b"unchanged"}
-    A = Path(write_ckpt(t / "A", a, groups=[big, ["small", "gone"]], companions=comp_a))
-    B = Path(write_ckpt(t / "B", b, groups=[big, ["small", "added"]], companions=comp_b))
+    A, B, a, layout = in_place_pair(t, rng, SHARD_MIB)
     e = dict(a, w00=mutate(a["w00"], 0.5, rng))
-    E = Path(write_ckpt(t / "E", e, groups=[big, ["small", "gone"]], companions=comp_a))
+    E = Path(write_ckpt(t / "E", e, **layout))
     bundle, evil = t / "d.wdb", t / "evil.wdb"
     for args in (("pack", "-q", A, B, "-o", bundle), ("pack", "-q", A, E, "-o", evil)):
         r = wd(*args)
@@ -144,71 +108,9 @@ def world(tmp_path_factory) -> World:
                  infos[1], digests(E))
 
 
-def plan(info: dict, base: Path) -> tuple[list[int], dict[str, str], list[str]]:
-    """What inplace._start derives from the bundle and the base: the files
-    patched in place, staged, and removed."""
-    base_files = set(tree(base))
-    patch, stage = [], {}
-    for i, f in enumerate(info["files"]):
-        if f["kind"] == "safetensors" and f["source"] == "base":
-            patch.append(i)
-        elif f["kind"] == "file" and f["source"] == "base" and f["path"] in base_files:
-            continue
-        else:
-            stage[str(i)] = f["path"]
-    target = {f["path"] for f in info["files"]}
-    remove = sorted((p for p in base_files if p not in target), key=lambda p: p.encode())
-    return patch, stage, remove
-
-
-def legit_journal(info: dict, bundle: Path, base: Path, phase: str = "patch") -> dict:
-    """The journal a real apply writes right after staging (the same bytes
-    as a SIGKILLed one leaves, but for key order)."""
-    patch, stage, remove = plan(info, base)
-    return {
-        "version": 1,
-        "bundle_id": info["bundle_id"],
-        "bundle_path": os.path.abspath(bundle),
-        "base_fingerprint": info["base_fingerprint"],
-        "target_fingerprint": info["target_fingerprint"],
-        "phase": phase,
-        "patch": patch,
-        "stage": stage,
-        "remove": remove,
-    }
-
-
-def plant(W: Path, journal, stage: dict[str, bytes] | None = None, *, raw: bytes | None = None) -> None:
-    txn = W / ".wdiff" / "txn"
-    (txn / "stage").mkdir(parents=True, exist_ok=True)
-    for name, data in (stage or {}).items():
-        (txn / "stage" / name).write_bytes(data)
-    (txn / "journal.json").write_bytes(raw if raw is not None else json.dumps(journal).encode())
-
-
-def staged_from(target: Path, journal: dict) -> dict[str, bytes]:
-    """The staged files a real apply builds: the target's file i, whole."""
-    return {i: (target / p).read_bytes() for i, p in journal["stage"].items()}
-
-
-def interrupt(world: World, W: Path, tries: int = 10) -> dict:
-    """A real interrupted in-place apply: SIGKILL the CLI the moment its
-    journal exists (after staging, during patch or commit)."""
-    journal = W / ".wdiff" / "txn" / "journal.json"
-    for _ in range(tries):
-        if W.exists():
-            shutil.rmtree(W)
-        shutil.copytree(world.A, W)
-        p = subprocess.Popen([*WD, "apply", "-q", str(world.bundle), str(W), "--in-place"], env=dict(ENV, WDIFF_THREADS="1"),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while p.poll() is None:
-            if journal.exists():
-                p.send_signal(signal.SIGKILL)
-                break
-        p.wait()
-        if journal.exists():
-            return json.loads(journal.read_bytes())
-    raise AssertionError("could not interrupt a real in-place apply")
+def interrupt(world: World, W: Path) -> dict:
+    """W a copy of A, its in-place apply SIGKILLed once its journal exists: the journal."""
+    return interrupt_in_place(world.A, world.bundle, W, kit.cli.environment({**ENV, "WDIFF_THREADS": "1"}))
 
 
 @pytest.fixture
@@ -257,6 +159,7 @@ def apply_in_place(world: World, W: Path) -> subprocess.CompletedProcess:
 # -- the crafted journal is the real one -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_crafted_journal_matches_a_real_interrupted_apply(world, tmp_path):
     """The planted journals below are what a real apply writes: a SIGKILLed
     CLI leaves the same plan (guards the tests against a format change)."""

@@ -17,7 +17,6 @@ mount namespace (``unshare -Urm``), skipped where the system has none.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,6 +31,9 @@ import pytest
 
 import specbundle as sb
 from factory import T, rand, tree, write_ckpt
+from kit.cli import argv
+from kit.system import namespaces_work
+from kit.trees import digests
 from threatlib import ok, user_env, wdiff, wdiff_many
 
 #: a companion file this long is shipped as DELTA records (pack's FILE_DELTA_MIN is 1 MiB)
@@ -254,11 +256,6 @@ def test_base_edited_where_no_record_reaches_is_another_base(world, tmp_path, wh
 # -- O_DIRECT writes: tmpfs, full disks, file-size limits, another file system ----------------
 
 
-def namespaces_work() -> bool:
-    r = subprocess.run(["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True)
-    return r.returncode == 0
-
-
 def in_tmpfs(world: World, size: str, script: str) -> dict:
     """Run ``script`` (sh, with $M the mount point of a fresh tmpfs of
     ``size`` and $WD the wdiff command) in a user and mount namespace; it
@@ -268,17 +265,13 @@ def in_tmpfs(world: World, size: str, script: str) -> dict:
     m = world.root / "mnt"
     m.mkdir(exist_ok=True)
     sh = f'mount -t tmpfs -o size={size} tmpfs "$M" && {script}'
-    env = dict(world.env, M=str(m), WD=f"{sys.executable} -m wdiff")
+    env = dict(world.env, M=str(m), WD=" ".join(argv()))
     r = subprocess.run(["unshare", "-Urm", "sh", "-c", sh], capture_output=True, text=True, env=env, timeout=120)
     return {"rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
 
 
 DIGESTS_PY = ("import hashlib,json,os,sys; r=sys.argv[1]; print(json.dumps({os.path.relpath(os.path.join(d,f),r): "
               "hashlib.sha256(open(os.path.join(d,f),'rb').read()).hexdigest() for d,_,fs in os.walk(r) for f in fs}))")
-
-
-def digests_of(root) -> dict:
-    return {p: hashlib.sha256(b).hexdigest() for p, b in tree(root).items()}
 
 
 def test_apply_onto_tmpfs_from_another_file_system(world):
@@ -288,7 +281,7 @@ def test_apply_onto_tmpfs_from_another_file_system(world):
     r = in_tmpfs(world, "64m", f'$WD apply -q "{world.ab}" "{world.A}" -o "$M/out" && '
                                f'{sys.executable} -c "{DIGESTS_PY}" "$M/out"')
     assert r["rc"] == 0, r
-    assert json.loads(r["stdout"].strip().splitlines()[-1]) == digests_of(world.B)
+    assert json.loads(r["stdout"].strip().splitlines()[-1]) == digests(world.B)
 
 
 @pytest.mark.parametrize("fits", ["half the tensor file", "the tensor file and half the DELTA file"])
@@ -363,6 +356,7 @@ def test_push_of_a_step_the_chain_has(world, tmp_path):
     assert sorted(p.relative_to(R) for p in R.rglob("*.wdb")) == objects
 
 
+@pytest.mark.slow
 def test_mixed_v1_v3_chain_pull_rollback_squash(world, tmp_path):
     """A chain anchor (A) -> v3 (B) -> v1 (C), packed without the DELTA file
     (--exclude): pulled from nothing, rolled back to A by undoing both

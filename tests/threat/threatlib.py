@@ -1,6 +1,7 @@
 """Helpers for the threat-model tests: the real command line in a
 subprocess, with per-user state kept inside the test's temporary directory,
-resource limits and per-process measurements, and the few format operations
+resource limits and per-process measurements, the journal of an in-place
+apply (planted, or left by a real one killed), and the few format operations
 an attacker needs (minisign signatures, chain indexes, bundle indexes),
 written here from the published formats (man/wdiff-format.5, minisign)
 rather than imported from wdiff: these tests must hold whatever the package
@@ -13,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -21,6 +23,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from factory import mutate, rand, tree, write_ckpt
+from kit.cli import argv
 
 #: a command that is not stuck finishes in well under 2 s on these small
 #: inputs (0.2-0.6 s measured on 2 cores, four at once); one still running
@@ -181,6 +186,18 @@ def ok(run: Run) -> Run:
     return run
 
 
+def dead_pid() -> int:
+    """The PID of a process that has exited (until the kernel reuses it)."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def dead_owner() -> str:
+    """The PID-START tag (as wdiff.fsutil.owner_tag writes it) of a process that has exited."""
+    return f"{dead_pid()}-1"
+
+
 def files_over(root: Path, limit: int) -> list[str]:
     """Regular files under ``root`` larger than ``limit`` bytes (junk left behind)."""
     big = []
@@ -289,6 +306,102 @@ def write_index(bundle: Path, head: bytes, index: dict) -> str:
     footer = struct.pack("<QQQ", len(head), len(packed), len(raw)) + _h(packed) + b"WDIFFEND"
     Path(bundle).write_bytes(head + packed + footer)
     return _h(packed).hex()
+
+
+# -- in-place applies: the journal a real one writes (wdiff/ops/apply/inplace.py) ---------------
+
+
+def in_place_pair(root: Path, rng, shard_mib: int) -> tuple[Path, Path, dict, dict]:
+    """A and B as an in-place apply meets them: shard 1 keeps its layout
+    (patched in place; ``shard_mib`` MiB of BF16, enough that a SIGKILL sent
+    when the journal appears lands before the apply ends, and "frozen", an
+    F32 tensor between them: a unit of its own no record touches); shard 2
+    changes (staged); config.json changes (staged), keep.txt stays, old.txt
+    goes. Returns A, B, A's tensors and A's layout (write_ckpt's keywords),
+    for a sibling version."""
+    a = {f"w{i:02d}": rand(rng, "BF16", (512, 1024)) for i in range(shard_mib)}
+    a["frozen"] = rand(rng, "F32", (256, 256))
+    a["small"] = rand(rng, "F32", (100,))
+    a["gone"] = rand(rng, "F32", (10,))
+    b = {k: (v if k == "frozen" else mutate(v, 0.05, rng)) for k, v in a.items()}
+    del b["gone"]
+    b["added"] = rand(rng, "F16", (64, 64))
+    big = ["frozen"] + [f"w{i:02d}" for i in range(shard_mib)]
+    layout_a = {"groups": [big, ["small", "gone"]],
+                "companions": {"config.json": b'{"step": 1}', "keep.txt": b"unchanged", "old.txt": b"removed by the bundle"}}
+    layout_b = {"groups": [big, ["small", "added"]],
+                "companions": {"config.json": b'{"step": 2}', "keep.txt": b"unchanged"}}
+    return Path(write_ckpt(root / "A", a, **layout_a)), Path(write_ckpt(root / "B", b, **layout_b)), a, layout_a
+
+
+def journal_plan(info: dict, base: Path) -> tuple[list[int], dict[str, str], list[str]]:
+    """What inplace._start derives from the bundle (``wdiff info --json``)
+    and the base: the files patched in place, staged, and removed."""
+    base_files = set(tree(base))
+    patch, stage = [], {}
+    for i, f in enumerate(info["files"]):
+        if f["kind"] == "safetensors" and f["source"] == "base":
+            patch.append(i)
+        elif f["kind"] == "file" and f["source"] == "base" and f["path"] in base_files:
+            continue
+        else:
+            stage[str(i)] = f["path"]
+    target = {f["path"] for f in info["files"]}
+    remove = sorted((p for p in base_files if p not in target), key=lambda p: p.encode())
+    return patch, stage, remove
+
+
+def legit_journal(info: dict, bundle: Path, base: Path, phase: str = "patch") -> dict:
+    """The journal a real apply writes right after staging (the same bytes
+    as a SIGKILLed one leaves, but for key order; test_state_dir checks)."""
+    patch, stage, remove = journal_plan(info, base)
+    return {
+        "version": 1,
+        "bundle_id": info["bundle_id"],
+        "bundle_path": os.path.abspath(bundle),
+        "base_fingerprint": info["base_fingerprint"],
+        "target_fingerprint": info["target_fingerprint"],
+        "phase": phase,
+        "patch": patch,
+        "stage": stage,
+        "remove": remove,
+    }
+
+
+def staged_from(target: Path, journal: dict) -> dict[str, bytes]:
+    """The staged files a real apply builds: the target's file i, whole."""
+    return {i: (target / p).read_bytes() for i, p in journal["stage"].items()}
+
+
+def plant(W: Path, journal, stage: dict[str, bytes] | None = None, *, raw: bytes | None = None) -> None:
+    """A journal in DIR ``W`` (``raw`` bytes, or ``journal`` as JSON) and staged files."""
+    txn = W / ".wdiff" / "txn"
+    (txn / "stage").mkdir(parents=True, exist_ok=True)
+    for name, data in (stage or {}).items():
+        (txn / "stage" / name).write_bytes(data)
+    (txn / "journal.json").write_bytes(raw if raw is not None else json.dumps(journal).encode())
+
+
+def interrupt_in_place(A: Path, bundle: Path, W: Path, env: dict, tries: int = 10) -> dict:
+    """A real interrupted in-place apply: ``W`` a fresh copy of ``A``, and
+    `wdiff apply --in-place` SIGKILLed the moment its journal exists (after
+    staging, during patch or commit), in the environment ``env``. Returns
+    the journal it left."""
+    journal = W / ".wdiff" / "txn" / "journal.json"
+    for _ in range(tries):
+        if W.exists():
+            shutil.rmtree(W)
+        shutil.copytree(A, W)
+        p = subprocess.Popen(argv("apply", "-q", bundle, W, "--in-place"), env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while p.poll() is None:
+            if journal.exists():
+                p.send_signal(signal.SIGKILL)
+                break
+        p.wait()
+        if journal.exists():
+            return json.loads(journal.read_bytes())
+    raise AssertionError("could not interrupt a real in-place apply")
 
 
 # -- inotify, to act at the moment a file is opened ------------------------------------------

@@ -5,15 +5,7 @@ control character of it reaches the terminal."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
-
-def run(*args):
-    env = dict(os.environ, NO_COLOR="1")
-    return subprocess.run([sys.executable, "-m", "wdiff", *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=120)
+from kit.cli import run
 
 
 def test_a_file_name_inside_a_checkpoint_is_escaped_once(tmp_path):

@@ -12,8 +12,13 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 from factory import simple_pair, tree
+from kit.trees import write_tree
 from uxkit import Promises, copy_ckpt, json_docs, listing, mode, ok, one_json_doc, weights_tree, wdiff
+
+#: every scenario here is a dozen real commands on a user's directory
+pytestmark = pytest.mark.slow
 
 
 def _untracked(d: Path) -> dict[str, bytes]:
@@ -25,10 +30,7 @@ def _untracked(d: Path) -> dict[str, bytes]:
         ".git/config": b"[core]\n\tbare = false\n",
         ".cache/huggingface/download/model.safetensors.metadata": b"etag\n",
     }
-    for rel, data in files.items():
-        p = d / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
+    write_tree(d, files)
     return files
 
 

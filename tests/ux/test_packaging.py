@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from kit.cli import environment, run
 from uxkit import ROOT, Promises
 
 SOURCES = ["pyproject.toml", "setup.py", "README.md", "wdiff", "man", "completions"]
@@ -53,12 +54,13 @@ def _installed(site: Path, *args, code: str | None = None) -> subprocess.Complet
     """Run the wheel's wdiff, not the source tree's: from an unrelated
     directory, with only the unpacked wheel ahead of the interpreter's own
     site-packages (where the dependencies are)."""
-    env = dict(os.environ, PYTHONPATH=str(site), NO_COLOR="1", COLUMNS="80")
-    env.pop("WDIFF_DEBUG", None)
-    argv = [sys.executable, "-c", code] if code is not None else [sys.executable, "-m", "wdiff", *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, cwd=site.parent)
+    if code is None:
+        return run(*args, env={"PYTHONPATH": site}, cwd=site.parent, timeout=60)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=environment({"PYTHONPATH": site}), cwd=site.parent)
 
 
+@pytest.mark.slow
 def test_the_wheel_carries_docs_types_and_a_working_star_import(wheel):
     site, names = wheel
     with Promises() as p:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from factory import tree
 from uxkit import Promises, one_json_doc, weights_tree, wdiff
 
@@ -26,6 +27,7 @@ def test_a_pull_records_the_version_and_its_files(chain):
     assert sorted(f["path"] for f in _state(d)["files"]) == sorted(tree(chain.B))
 
 
+@pytest.mark.slow
 def test_a_planted_record_is_refused_and_nothing_is_deleted(chain):
     d = chain.pull("d", to="v1")
     outside = chain.tmp / "victim.txt"
@@ -79,6 +81,7 @@ def test_an_untracked_file_where_the_new_version_has_one(chain):
                 "the document names what was discarded; the delta sufficed", r)
 
 
+@pytest.mark.slow
 def test_force_over_a_change_no_delta_carries_restores_from_an_anchor(chain):
     B = tree(chain.B)
     d = chain.pull("d", to="v1")
@@ -97,6 +100,7 @@ def test_force_over_a_change_no_delta_carries_restores_from_an_anchor(chain):
         p.check((one_json_doc(r.out) or {}).get("from_anchor") is True, "it was restored from an anchor", r)
 
 
+@pytest.mark.slow
 def test_force_at_the_head_restores_the_changed_file(chain):
     d = chain.pull("d")
     (d / "config.json").write_bytes(b"edited")
@@ -106,6 +110,7 @@ def test_force_at_the_head_restores_the_changed_file(chain):
     assert r.rc == 0 and weights_tree(d) == tree(chain.B), r
 
 
+@pytest.mark.slow
 def test_atomic_needs_a_link_and_keeps_the_old_target(chain):
     d = chain.pull("d", to="v1")
     r = wdiff("pull", "--atomic", chain.R, d)
@@ -126,6 +131,7 @@ def test_atomic_needs_a_link_and_keeps_the_old_target(chain):
     assert r.rc == 0 and "already" in r.out, r
 
 
+@pytest.mark.slow
 def test_status_reads_the_record_as_pull_does(chain):
     """Files a pull did not put there are not part of the checkpoint for
     status either; a changed tracked file is named, as pull names it."""

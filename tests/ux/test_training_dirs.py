@@ -21,6 +21,7 @@ def _head(remote) -> str | None:
     return log["head"]
 
 
+@pytest.mark.slow
 def test_push_refuses_what_it_cannot_verify(chain):
     with Promises() as p:
         # a shard cut short (a full disk, a killed copy) is not published
@@ -72,6 +73,7 @@ def test_two_models_in_one_directory_are_two_models(tmp_path):
 TRAINER_STATE = ["optimizer.pt", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"]
 
 
+@pytest.mark.slow
 def test_trainer_state_stays_home_unless_asked_for(tmp_path):
     rng = np.random.default_rng(4)
     w = {"lm_head.weight": rand(rng, "BF16", (256, 64)), "model.norm": rand(rng, "F32", (64,))}

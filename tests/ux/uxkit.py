@@ -1,6 +1,7 @@
 """What the user-experience tests share: the real command line in a child
-process, a pseudo-terminal for stderr, JSON documents, and checks that
-collect every broken promise of one scenario before they fail it.
+process (tests/kit's runner, offline, with the common umask), a
+pseudo-terminal for stderr, JSON documents, and checks that collect every
+broken promise of one scenario before they fail it.
 
 Nothing here imports wdiff: these tests drive ``python -m wdiff`` only, so
 they hold whatever the package's insides look like.
@@ -14,65 +15,36 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import textwrap
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from factory import tree
+from kit.cli import Result, argv, environment, run
+from kit.trees import tree
 
 ROOT = Path(__file__).resolve().parents[2]
+#: these tests' environment: changes to the test's (kit.cli.environment)
+UX_ENV = {"HF_HUB_OFFLINE": "1", "WDIFF_THREADS": "2", "WDIFF_NATIVE": None}
+#: the modes the tests read are those of the common umask
+UMASK = 0o022
 
 
-def _env(extra: dict | None = None) -> dict:
-    e = dict(os.environ, COLUMNS="80", NO_COLOR="1", HF_HUB_OFFLINE="1", WDIFF_THREADS="2")
-    for k in ("WDIFF_DEBUG", "WDIFF_TRUSTED_KEYS", "WDIFF_NATIVE"):
-        e.pop(k, None)
-    if extra:
-        e.update(extra)
-    return e
+def _umask():  # runs in the child
+    os.umask(UMASK)
 
 
-def _umask():  # runs in the child: the modes tests need the common umask
-    os.umask(0o022)
-
-
-@dataclass
-class Result:
-    args: tuple
-    rc: int
-    out: str
-    err: str
-
-    @property
-    def text(self) -> str:
-        return self.out + self.err
-
-    def __str__(self) -> str:
-        return (f"$ wdiff {' '.join(map(str, self.args))}\nexit status {self.rc}\n"
-                f"--- stdout\n{self.out[-3000:]}--- stderr\n{self.err[-3000:]}")
-
-
-def cmd(*args) -> list[str]:
-    return [sys.executable, "-m", "wdiff", *map(str, args)]
-
-
-def wdiff(*args, cwd=None, env=None, timeout=120) -> Result:
-    """Run the real command line; stdout and stderr are pipes."""
-    p = subprocess.run(cmd(*args), capture_output=True, env=_env(env), cwd=cwd, timeout=timeout,
-                       stdin=subprocess.DEVNULL, preexec_fn=_umask)
-    return Result(args, p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace"))
+def wdiff(*args, env=None, **kw) -> Result:
+    """Run the real command line (kit.cli.run) in UX_ENV, ``env`` over it;
+    stdout and stderr are pipes."""
+    return run(*args, env={**UX_ENV, **(env or {})}, **{"umask": UMASK, "timeout": 120, **kw})
 
 
 def ok(*args, **kw) -> Result:
     """A setup step that must succeed for the scenario to mean anything."""
-    r = wdiff(*args, **kw)
-    assert r.rc == 0, f"setup step failed:\n{r}"
-    return r
+    return wdiff(*args, want=0, **kw)
 
 
 def with_pty_stderr(*args, stdout_path, cwd=None, timeout=120) -> Result:
@@ -95,13 +67,14 @@ def with_pty_stderr(*args, stdout_path, cwd=None, timeout=120) -> Result:
     reader.start()
     try:
         with open(stdout_path, "wb") as out:
-            p = subprocess.run(cmd(*args), stdout=out, stderr=slave, stdin=subprocess.DEVNULL, cwd=cwd,
-                               env=_env({"TERM": "xterm-256color"}), timeout=timeout, preexec_fn=_umask)
+            p = subprocess.run(argv(*args), stdout=out, stderr=slave, stdin=subprocess.DEVNULL, cwd=cwd,
+                               env=environment({**UX_ENV, "TERM": "xterm-256color"}), timeout=timeout,
+                               preexec_fn=_umask)
     finally:
         os.close(slave)
         reader.join(5)
         os.close(master)
-    return Result(args, p.returncode, Path(stdout_path).read_text("utf-8", "replace"),
+    return Result(p.args, p.returncode, Path(stdout_path).read_text("utf-8", "replace"),
                   bytes(seen).decode("utf-8", "replace"))
 
 
@@ -113,8 +86,8 @@ def interrupted_while_waiting(lock_file: Path, sig: int, *args, cwd=None) -> Res
 
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        p = subprocess.Popen(cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                             env=_env(), cwd=cwd, preexec_fn=_umask)
+        p = subprocess.Popen(argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                             env=environment(UX_ENV), cwd=cwd, preexec_fn=_umask)
         deadline = time.monotonic() + 20
         while not _waits_for_lock(p.pid):
             if p.poll() is not None or time.monotonic() > deadline:
@@ -127,7 +100,7 @@ def interrupted_while_waiting(lock_file: Path, sig: int, *args, cwd=None) -> Res
         o, e = p.communicate(timeout=60)
     finally:
         os.close(fd)
-    return Result(args, p.returncode, o.decode("utf-8", "replace"), e.decode("utf-8", "replace"))
+    return Result(p.args, p.returncode, o.decode("utf-8", "replace"), e.decode("utf-8", "replace"))
 
 
 def _waits_for_lock(pid: int) -> bool:
@@ -168,7 +141,7 @@ def listing(d) -> set[str]:
 
 def weights_tree(d) -> dict[str, bytes]:
     """The checkpoint's own files (factory.tree, without .git/ and .cache/)."""
-    return {k: v for k, v in tree(d).items() if not k.startswith((".git/", ".cache/"))}
+    return tree(d, skip=(".wdiff", ".git", ".cache"))
 
 
 def copy_ckpt(src, dst) -> Path:
