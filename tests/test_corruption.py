@@ -278,6 +278,7 @@ def region_of(kit, i: int) -> str:
 # -- 1. damaged bundles: apply (copy mode) ----------------------------------------------
 
 
+@pytest.mark.slow
 def test_flipped_bytes_are_refused(kit, tmp_path):
     box = Sandbox(kit, tmp_path)
     positions = flip_positions(kit, 3)

@@ -172,6 +172,7 @@ def test_without_the_grace_period_a_running_pull_loses_its_objects(tmp_path):
     pull_exact(remote, "step-10", dirs[10], tmp_path / "running")  # the rerun reads the new chain
 
 
+@pytest.mark.slow
 def test_gc_refuses_a_signed_chain_without_a_key_and_re_signs_with_one(tmp_path):
     cli("keygen", tmp_path / "k")
     key, pub = tmp_path / "k", tmp_path / "k.pub"

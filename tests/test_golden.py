@@ -172,6 +172,7 @@ VARIANTS = [("4", "0")]
 VARIANT_BUNDLES = ["dense.wdb", "struct.wdb", "v3-adam.wdb", "v3-struct.wdb", "v3-rows.wdb"]   # between them every kind of record
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BUNDLES))
 def test_writer_makes_the_committed_bytes(name, ran):
     r, out = ran["pack", name]
@@ -185,6 +186,7 @@ def test_writer_makes_the_committed_bytes(name, ran):
         assert Path(f"{out}.minisig").read_bytes() == (DATA / (name + ".minisig")).read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threads,native", VARIANTS)
 def test_writer_bytes_do_not_depend_on_threads_or_kernels(threads, native, ran):
     """The same bytes with other thread counts, and with the numpy kernels
@@ -228,6 +230,7 @@ def test_versions_are_the_lowest_that_hold_the_codecs():
     assert (DATA / "v3-struct.wdb").stat().st_size < (DATA / "struct.wdb").stat().st_size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BUNDLES))
 def test_reader_accepts_and_describes(name, ran):
     r, _ = ran["info", name]
@@ -242,6 +245,7 @@ def test_reader_accepts_and_describes(name, ran):
     assert set(doc["records"]) == RECORD_KINDS[name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BUNDLES))
 def test_reader_rebuilds_the_committed_target(name, ran):
     r, out = ran["apply", name]
@@ -250,6 +254,7 @@ def test_reader_rebuilds_the_committed_target(name, ran):
     assert tree(out, skip=()) == tree(DATA / CHECKPOINTS[name][1], skip=())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["bundle", "signature"])
 def test_signed_bundle_with_a_flipped_byte_is_refused(what, ran):
     r, out = ran["flipped", what]
@@ -258,12 +263,14 @@ def test_signed_bundle_with_a_flipped_byte_is_refused(what, ran):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_unsigned_bundle_is_refused_with_a_trusted_key(ran):
     r, out = ran["unsigned"]
     assert r.returncode == 4, r.stderr.decode()
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_wrong_base_is_refused(ran):
     r, out = ran["wrong-base"]
     assert r.returncode == 5, r.stderr.decode()
@@ -280,6 +287,7 @@ def test_corrupt_variants_are_what_they_say():
     assert len(flipped) == len(good) and sum(a != b for a, b in zip(flipped, good)) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CORRUPT)
 def test_corrupt_bundle_is_refused(name, ran):
     r, _ = ran["corrupt-info", name]

@@ -15,6 +15,9 @@ import kit.cli
 from factory import simple_pair
 from schemacheck import errors
 
+#: both tests read the documents of some forty commands, run once for the module
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "wdiff" / "cli" / "schemas"
 
@@ -84,7 +87,6 @@ def documents(tmp_path_factory) -> list[tuple[str, int, dict]]:
     return docs
 
 
-@pytest.mark.slow
 def test_every_document_matches_its_schema(documents):
     schemas = _schemas()
     seen = set()

@@ -246,6 +246,7 @@ def test_planted_list_entries_never_remove_what_is_not_ours(env, tmp_path):
     assert os.path.isdir("/etc/") and (tmp_path / "remote").is_dir()
 
 
+@pytest.mark.slow
 def test_a_list_that_is_not_ours_removes_nothing(env, tmp_path):
     """The list replaced by a symlink to a file elsewhere, then by garbage:
     the pull succeeds, removes nothing it cannot vouch for, and the file the

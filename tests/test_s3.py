@@ -272,6 +272,7 @@ def test_stores_whose_library_is_missing_say_which_extra_installs_it():
         assert "wdiff-url-secret" not in r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_signed_chain_on_s3(s3, tmp_path):
     """A signed push and a trusting pull: signatures are small objects of
     unknown size (fetched with a bound), and the remote's record is kept

@@ -19,10 +19,14 @@ from wdiff.remotes import open_remote
 
 #: the kinds behind a real server (the stand-in Hub, moto's S3) take seconds a
 #: test: slow; the development lane keeps the three local ones
-KINDS = ["local", "file-url",
-         *(pytest.param(k, marks=pytest.mark.slow) for k in ("hub-model-xet", "hub-model-lfs", "hub-dataset",
-                                                             "hub-bucket", "s3")),
-         "fsspec-memory"]
+SERVERS = ("hub-model-xet", "hub-model-lfs", "hub-dataset", "hub-bucket", "s3")
+
+
+def kinds(*names) -> list:
+    return [pytest.param(k, marks=pytest.mark.slow) if k in SERVERS else k for k in names]
+
+
+KINDS = kinds("local", "file-url", *SERVERS, "fsspec-memory")
 
 
 class Remote(str):
@@ -440,7 +444,7 @@ def test_fetch_range(remote, versions):
         store.fetch_range(part.path, 0, 10, size=part.size + 1)
 
 
-@pytest.mark.parametrize("remote", ["local", "hub-model-xet", "hub-model-lfs", "hub-bucket", "s3"], indirect=True)
+@pytest.mark.parametrize("remote", kinds("local", "hub-model-xet", "hub-model-lfs", "hub-bucket", "s3"), indirect=True)
 def test_push_after_a_store_by_someone_else(remote, versions, tmp_path):
     """A store between a push's chain read and its publish changes no chain:
     the push still wins (on the Hub it builds on the store's commit)."""
@@ -457,7 +461,7 @@ def test_push_after_a_store_by_someone_else(remote, versions, tmp_path):
     assert open_remote(remote).read_chain()[0] == raw
 
 
-@pytest.mark.parametrize("remote", ["local", "hub-model-xet", "hub-bucket", "s3"], indirect=True)
+@pytest.mark.parametrize("remote", kinds("local", "hub-model-xet", "hub-bucket", "s3"), indirect=True)
 def test_gc_and_staged_commit(remote, versions, tmp_path):
     """gc (bridge, phase 1, phase 2) and many-writers staging through every
     kind of remote."""

@@ -88,7 +88,7 @@ def _check(r: Result, want: int | None) -> Result:
 
 
 def run(*args, env: Mapping[str, object] | None = None, cwd=None, want: int | None = None, script: bool = False,
-          text: bool = True, umask: int | None = None, timeout: float = 300) -> Result:
+        text: bool = True, umask: int | None = None, timeout: float = 300) -> Result:
     """Run ``wdiff ARGS`` in a child process and wait for it.
 
     ``env``: changes to the plain environment (see the module); ``cwd``: the

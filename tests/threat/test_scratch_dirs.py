@@ -42,6 +42,7 @@ def scratches(tmp: Path, what: str) -> list[str]:
     return sorted(n for n in os.listdir(tmp) if n.startswith(f"wdiff-{what}-"))
 
 
+@pytest.mark.slow
 def test_a_killed_commit_leaves_scratch_that_the_next_commit_removes(tmp_path):
     env = user_env(tmp_path / "user")
     tmp = Path(env["TMPDIR"])
@@ -63,6 +64,7 @@ def test_a_killed_commit_leaves_scratch_that_the_next_commit_removes(tmp_path):
     assert scratches(tmp, "commit") == [], str(rerun)
 
 
+@pytest.mark.slow
 def test_only_dead_owners_scratch_of_this_user_goes(tmp_path):
     env = user_env(tmp_path / "user")
     tmp = Path(env["TMPDIR"])

@@ -61,6 +61,7 @@ def test_a_symlinked_record_is_refused(chain):
     assert tree(d) == before
 
 
+@pytest.mark.slow
 def test_an_untracked_file_where_the_new_version_has_one(chain):
     B = tree(chain.B)
     d = chain.pull("d", to="v1")
