@@ -264,7 +264,7 @@ def test_vector_bucket_counts_match_the_portable_ones():
             if not pos.size:
                 continue
             table, bits, listed, _ = _both(conditioned.encode_positions, fn, old, new, pos)[1]
-            for simd in (True, False):  # the scan, which finds the positions itself
+            for simd in (2, 1, 0):  # the scan, which finds the positions itself: every vector path, AVX2, none
                 was = kernels._native.use_simd(simd)
                 try:
                     got = conditioned.encode_csparse(fn, old, new, None)
@@ -282,7 +282,7 @@ def test_vector_bucket_counts_match_the_portable_ones():
                 assert signs == bytes(want[0]) and planes == bytes(want[1])
             for ref in (old, new):
                 got = []
-                for simd in (True, False):
+                for simd in (2, 1, 0):  # every vector path (AVX-512BW too), AVX2 only, none
                     was = kernels._native.use_simd(simd)
                     try:
                         got.append(_both(conditioned.decode_positions, fn, ref, table, bits, pos.size))

@@ -266,7 +266,7 @@ __attribute__((target("avx2"))) void count_words_avx2(const uint8_t *ref, size_t
 {
     const size_t i0 = i;
     const uint32_t nb = (uint32_t)mask + 1;
-    if (mask <= 0xFF && cpu_avx512bw && simd_on)
+    if (mask <= 0xFF && cpu_avx512bw && simd_on >= 2)
         i = count_words_avx512(ref, i, end, shift, mask, lo, c, tb, i0);
     if (mask <= 0xFF) {
         const __m256i msk = _mm256_set1_epi16((short)mask), base = _mm256_set1_epi16((short)lo);

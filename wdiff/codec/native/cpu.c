@@ -7,7 +7,7 @@
 #include "native.h"
 
 #ifdef HAVE_AVX2_SCAN
-int cpu_avx2, cpu_avx512bw, simd_on = 1;
+int cpu_avx2, cpu_avx512bw, simd_on = 2;
 
 void cpu_detect(void)
 {
@@ -28,18 +28,26 @@ const char *cpu_tier(void)
 #endif
 }
 
-/* use_simd(on) -> previous: whether the scan may use the AVX2 kernels
-   where the CPU has them (for tests of the portable ones) */
+/* use_simd(level) -> the previous level: which vector kernels may run where
+   the CPU has them, for the tests of each path: 0 the portable loops, 1 up
+   to AVX2, 2 (or True) every one (AVX-512BW too); False is 0 */
 PyObject *use_simd(PyObject *self, PyObject *args)
 {
-    int on;
-    if (!PyArg_ParseTuple(args, "p", &on))
+    PyObject *on;
+    if (!PyArg_ParseTuple(args, "O", &on))
         return NULL;
+    long level = PyBool_Check(on) ? (on == Py_True ? 2 : 0) : PyLong_AsLong(on);
+    if (level == -1 && PyErr_Occurred())
+        return NULL;
+    if (level < 0 || level > 2) {
+        PyErr_SetString(PyExc_ValueError, "use_simd: level 0, 1 or 2");
+        return NULL;
+    }
 #ifdef HAVE_AVX2_SCAN
-    int was = simd_on;
-    simd_on = on;
-    return PyBool_FromLong(was && cpu_avx2);
+    int was = cpu_avx2 ? simd_on : 0;
+    simd_on = (int)level;
+    return PyLong_FromLong(was);
 #else
-    return Py_NewRef(Py_False);
+    return PyLong_FromLong(0);
 #endif
 }

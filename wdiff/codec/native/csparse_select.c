@@ -117,20 +117,23 @@ typedef struct {
         }                                                                                            \
     } while (0)
 /* the pass; BLOCK(i, len, b) gives the mask of a block */
-#define DEFINE_CSELECT(NAME, W, ATTR, BLOCK, COUNT)                                                  \
+#define DEFINE_CSELECT(NAME, W, ATTR, BLOCK, COUNT, MT, BL, PB, POPC, CTZ, TILE0, LISTMIN)                                                \
     ATTR static int NAME(const uint8_t *ref, size_t n, int shift, uint64_t mask, const uint32_t *mv,   \
                          size_t km, size_t ne, const uint32_t *eb, const uint8_t *ecomp,              \
                          const uint32_t **ip, const uint32_t **ie, uint32_t **dst, uint32_t **dend,   \
                          uint64_t *seen, uint64_t *nx, uint32_t *cnt, uint32_t *sbase, uint32_t *send, \
-                         uint16_t *tags, size_t *staged, uint32_t *mvm, cs_lists_t *ls)               \
+                         uint16_t *tags, size_t *staged, void *mvmv, cs_lists_t *ls,               \
+                         uint8_t *tbuf)                                                         \
     {                                                                                                \
         const uint32_t nb = (uint32_t)mask + 1;                                                      \
+        MT *mvm = mvmv; /* a mover mask per block of 1 << BL words, 1 << PB bits a word */            \
+        (void)tbuf;                                                                                   \
         uint32_t *c0 = cnt, *c1 = cnt + nb, *c2 = cnt + 2 * nb, *c3 = cnt + 3 * nb;                   \
         int over = 0;                                                                                \
         uint32_t *sp = sbase;                                                                         \
         const uint32_t lo = COUNT_WINDOW(W, ref, n, shift, mask);                                     \
         (void)lo;                                                                                     \
-        size_t j = 0, tile = CS_TILE;                                                                 \
+        size_t j = 0, tile = TILE0;                                                                   \
         while (tile < 32 * ne && tile < CS_MAX_TILE) /* many entries: fewer checks */                \
             tile *= 2;                                                                                \
         for (size_t x = 0; x < ne; x++)                                                               \
@@ -140,13 +143,13 @@ typedef struct {
             COUNT(t0, end);                                                                           \
             for (; j < km && mv[j] < end; j++) { /* the tile's movers: mv[j0:j] */                   \
                 c0[BUCKET_AT(W, ref, mv[j], shift, mask)]--; /* wraps back in the sum */              \
-                mvm[(mv[j] - t0) >> 4] |= 1u << (2 * ((mv[j] - t0) & 15));                           \
+                mvm[(mv[j] - t0) >> BL] |= (MT)1 << (((mv[j] - t0) & ((1u << BL) - 1)) << PB);                         \
             }                                                                                         \
             size_t active = 0;                                                                        \
-            for (size_t x = 0; x < ne && active <= CS_LIST_MIN; x++) {                                \
+            for (size_t x = 0; x < ne && active <= LISTMIN; x++) {                                    \
                 active += CS_HAS_WORK(x, CS_TOT(eb[x]));                                              \
             }                                                                                         \
-            if (active > CS_LIST_MIN) {                                                               \
+            if (active > LISTMIN) {                                                                   \
                 CS_LIST_TILE(W);                                                                      \
                 goto next_tile;                                                                       \
             }                                                                                         \
@@ -159,24 +162,24 @@ typedef struct {
                 }                                                                                     \
                 uint64_t r = seen[x]; /* the rank of the lowest word of m */                          \
                 size_t v = 0;                                                                         \
-                uint32_t m;                                                                           \
-                CS_LOAD_BLOCK(BLOCK);                                                                 \
+                MT m;                                                                                 \
+                CS_LOAD_BLOCK(BLOCK, BL);                                                                 \
                 if (!ecomp[x]) {                                                                      \
                     while (nx[x] < tot) {                                                             \
                         const uint64_t want = nx[x];                                                  \
                         for (;;) {                                                                    \
-                            uint32_t s = POPCOUNT32(m);                                               \
+                            uint32_t s = POPC(m);                                                     \
                             if (r + s > want) {                                                       \
                                 for (uint64_t t = want - r; t; t--)                                   \
                                     m &= m - 1;                                                       \
                                 break;                                                                \
                             }                                                                         \
                             r += s;                                                                   \
-                            v += 16;                                                                  \
-                            CS_LOAD_BLOCK(BLOCK);                                                     \
+                            v += 1u << BL;                                                              \
+                            CS_LOAD_BLOCK(BLOCK, BL);                                                     \
                         }                                                                             \
                         if (dst[x] < dend[x])                                                         \
-                            *dst[x]++ = (uint32_t)(t0 + v + (CTZ32(m) >> 1));                         \
+                            *dst[x]++ = (uint32_t)(t0 + v + (CTZ(m) >> PB));                         \
                         else                                                                          \
                             over = 1;                                                                 \
                         m &= m - 1;                                                                   \
@@ -186,10 +189,10 @@ typedef struct {
                 } else {                                                                              \
                     for (; r < tot; r++) {                                                            \
                         while (!m) {                                                                  \
-                            v += 16;                                                                  \
-                            CS_LOAD_BLOCK(BLOCK);                                                     \
+                            v += 1u << BL;                                                              \
+                            CS_LOAD_BLOCK(BLOCK, BL);                                                     \
                         }                                                                             \
-                        const size_t at = t0 + v + (CTZ32(m) >> 1);                                   \
+                        const size_t at = t0 + v + (CTZ(m) >> PB);                                   \
                         m &= m - 1;                                                                   \
                         if (r == nx[x]) {                                                             \
                             nx[x] = ip[x] < ie[x] ? *ip[x]++ : CS_END;                               \
@@ -205,7 +208,7 @@ typedef struct {
             }                                                                                         \
         next_tile:                                                                                    \
             for (size_t q = j0; q < j; q++) /* the mask clean for the next tile */                    \
-                mvm[(mv[q] - t0) >> 4] = 0;                                                           \
+                mvm[(mv[q] - t0) >> BL] = 0;                                                           \
         }                                                                                             \
         for (uint32_t b = 0; b < nb; b++)                                                             \
             c0[b] += c1[b] + c2[b] + c3[b];                                                           \
@@ -216,11 +219,11 @@ typedef struct {
    mask per block of the tile as BLOCK makes them (looking through the
    tile's movers at every block instead made a hostile record of movers
    packed into every tile cost seconds per 256 KiB chunk) */
-#define CS_LOAD_BLOCK(BLOCK)                                                                         \
+#define CS_LOAD_BLOCK(BLOCK, BL)                                                                        \
     do {                                                                                             \
-        m = BLOCK(t0 + v, len - v < 16 ? len - v : 16, b);                                           \
+        m = BLOCK(t0 + v, len - v < (1u << BL) ? len - v : (1u << BL), b);                                        \
         if (j > j0)                                                                                  \
-            m &= ~mvm[v >> 4];                                                                       \
+            m &= ~mvm[v >> BL];                                                                      \
     } while (0)
 #define CS_BLOCK_2(i, len, b) cs_block_2(ref, (i), (len), shift, mask, (b))
 #define CS_BLOCK_4(i, len, b) cs_block_4(ref, (i), (len), shift, mask, (b))
@@ -243,28 +246,76 @@ typedef struct {
 #define CS_COUNT_8(t0, end) CS_COUNT_SCALAR(8)
 #define NO_WINDOW(W, ref, n, shift, mask) 0
 #define COUNT_WINDOW NO_WINDOW
-DEFINE_CSELECT(cselect_2, 2, HOT, CS_BLOCK_2, CS_COUNT_2)
-DEFINE_CSELECT(cselect_4, 4, HOT, CS_BLOCK_4, CS_COUNT_4)
-DEFINE_CSELECT(cselect_8, 8, HOT, CS_BLOCK_8, CS_COUNT_8)
+DEFINE_CSELECT(cselect_2, 2, HOT, CS_BLOCK_2, CS_COUNT_2, uint32_t, 4, 1, POPCOUNT32, CTZ32, CS_TILE, CS_LIST_MIN)
+DEFINE_CSELECT(cselect_4, 4, HOT, CS_BLOCK_4, CS_COUNT_4, uint32_t, 4, 1, POPCOUNT32, CTZ32, CS_TILE, CS_LIST_MIN)
+DEFINE_CSELECT(cselect_8, 8, HOT, CS_BLOCK_8, CS_COUNT_8, uint32_t, 4, 1, POPCOUNT32, CTZ32, CS_TILE, CS_LIST_MIN)
 #undef COUNT_WINDOW
 
 #ifdef HAVE_AVX2_SCAN
-/* two-byte words: a block is one comparison of sixteen lanes */
-__attribute__((target("avx2,bmi,popcnt"))) static inline uint32_t cs_block_avx2(const uint8_t *ref, size_t i,
-                                                                                 size_t len, int shift,
-                                                                                 uint64_t mask, uint32_t b)
+/* Two-byte words, from the tile's bucket bytes: the pass counts each tile
+   with count_words_avx2, which writes every word's bucket less lo to tbuf
+   (exact for the window's sixteen buckets, sixteen or more for any other),
+   so that a block is one comparison of 32 bytes (AVX2) or 64 (AVX-512BW)
+   instead of one of sixteen words, one bit a word; a bucket outside the
+   window (a few words of a chunk) is looked up in the words. A 4 MiB bf16
+   chunk of the benchmark's 1% step: see the commit. */
+#define CS_SPAN 16 /* count_words_avx2's window */
+__attribute__((target("avx2,bmi,popcnt"))) static inline uint32_t cs_block_tb32(const uint8_t *ref, const uint8_t *tb,
+                                                                                 size_t t0, size_t i, size_t len,
+                                                                                 int shift, uint64_t mask,
+                                                                                 uint32_t lo, uint32_t b)
 {
-    if (len < 16)
-        return cs_block_2(ref, i, len, shift, mask, b);
-    __m256i x = _mm256_loadu_si256((const __m256i *)(ref + 2 * i));
-    __m256i k = _mm256_and_si256(x, _mm256_set1_epi16((short)(mask << shift)));
-    __m256i eq = _mm256_cmpeq_epi16(k, _mm256_set1_epi16((short)(b << shift)));
-    return (uint32_t)_mm256_movemask_epi8(eq) & 0x55555555u;
+    uint32_t m = 0;
+    if (b - lo < CS_SPAN) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(tb + (i - t0)));
+        m = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(x, _mm256_set1_epi8((char)(b - lo))));
+        return len < 32 ? m & ((1u << len) - 1) : m;
+    }
+    if (len == 32) { /* from the words: sixteen lanes twice */
+        const __m256i k = _mm256_set1_epi16((short)(mask << shift)), want = _mm256_set1_epi16((short)(b << shift));
+        const __m256i e0 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(ref + 2 * i)), k), want);
+        const __m256i e1 =
+            _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(ref + 2 * i + 32)), k), want);
+        return (uint32_t)_mm256_movemask_epi8(_mm256_permute4x64_epi64(_mm256_packs_epi16(e0, e1), 0xD8));
+    }
+    for (size_t u = 0; u < len; u++)
+        m |= (uint32_t)(BUCKET_AT(2, ref, i + u, shift, mask) == b) << u;
+    return m;
 }
-#define CS_BLOCK_AVX2(i, len, b) cs_block_avx2(ref, (i), (len), shift, mask, (b))
-#define CS_COUNT_AVX2(t0, end) count_words_avx2(ref, (t0), (end), shift, mask, lo, c0, NULL)
+__attribute__((target("avx512f,avx512bw,avx2,bmi,popcnt"))) static inline uint64_t cs_block_tb64(
+    const uint8_t *ref, const uint8_t *tb, size_t t0, size_t i, size_t len, int shift, uint64_t mask, uint32_t lo,
+    uint32_t b)
+{
+    if (b - lo < CS_SPAN) {
+        const __mmask64 keep = len < 64 ? ((uint64_t)1 << len) - 1 : ~(uint64_t)0;
+        return _mm512_mask_cmpeq_epi8_mask(keep, _mm512_loadu_si512((const void *)(tb + (i - t0))),
+                                           _mm512_set1_epi8((char)(b - lo)));
+    }
+    /* from the words, 32 lanes twice, loading none past len */
+    const __mmask32 k0 = len < 32 ? ((uint32_t)1 << len) - 1 : ~(uint32_t)0;
+    const __mmask32 k1 = len <= 32 ? 0 : len < 64 ? ((uint32_t)1 << (len - 32)) - 1 : ~(uint32_t)0;
+    const __m512i k = _mm512_set1_epi16((short)(mask << shift)), want = _mm512_set1_epi16((short)(b << shift));
+    const uint64_t m0 = _mm512_mask_cmpeq_epi16_mask(k0, _mm512_and_si512(_mm512_maskz_loadu_epi16(k0, ref + 2 * i), k), want);
+    const uint64_t m1 =
+        _mm512_mask_cmpeq_epi16_mask(k1, _mm512_and_si512(_mm512_maskz_loadu_epi16(k1, ref + 2 * i + 64), k), want);
+    return m0 | m1 << 32;
+}
+#ifndef CS_TILE_TB32
+#define CS_TILE_TB32 2048
+#define CS_TILE_TB64 4096
+#endif
+#define CS_LIST_MIN_TB32 (2 * CS_LIST_MIN) /* a block covers twice the words, four times: the same bound */
+#define CS_LIST_MIN_TB64 (4 * CS_LIST_MIN)
+#define POPCOUNT64(m) ((uint32_t)__builtin_popcountll(m))
+#define CTZ64(m) ((uint32_t)__builtin_ctzll(m))
+#define CS_BLOCK_TB32(i, len, b) cs_block_tb32(ref, tbuf, t0, (i), (len), shift, mask, lo, (b))
+#define CS_BLOCK_TB64(i, len, b) cs_block_tb64(ref, tbuf, t0, (i), (len), shift, mask, lo, (b))
+#define CS_COUNT_TB(t0, end) count_words_avx2(ref, (t0), (end), shift, mask, lo, c0, tbuf)
 #define COUNT_WINDOW(W, ref, n, shift, mask) count_window_2(ref, n, shift, mask)
-DEFINE_CSELECT(cselect_avx2_2, 2, __attribute__((target("avx2,bmi,popcnt"))), CS_BLOCK_AVX2, CS_COUNT_AVX2)
+DEFINE_CSELECT(cselect_avx2_2, 2, __attribute__((target("avx2,bmi,popcnt"))), CS_BLOCK_TB32, CS_COUNT_TB, uint32_t, 5,
+               0, POPCOUNT32, CTZ32, CS_TILE_TB32, CS_LIST_MIN_TB32)
+DEFINE_CSELECT(cselect_avx512_2, 2, __attribute__((target("avx512f,avx512bw,avx2,bmi,popcnt"))), CS_BLOCK_TB64,
+               CS_COUNT_TB, uint64_t, 6, 0, POPCOUNT64, CTZ64, CS_TILE_TB64, CS_LIST_MIN_TB64)
 #undef COUNT_WINDOW
 #endif
 
@@ -284,7 +335,8 @@ typedef struct {
     uint64_t *elast, *eqmax;       /*   per entry: its last index, its largest quotient */
     uint32_t *tables, *eb, *steps; /*   four count tables, each entry's bucket, the coded indices */
     uint16_t *tags;                /*   the staged words' buckets */
-    uint32_t *mvm;                 /*   a mover mask per 16-word block of the largest tile */
+    uint32_t *mvm;                 /*   a mover mask per 16-word block of the largest tile (or 32, 64) */
+    uint8_t *tb;                   /*   the bucket bytes of a tile, and 64 more */
     uint8_t *ecomp;                /*   per entry: whether it is complemented */
     cs_lists_t lists;
 } selector_t;
@@ -331,7 +383,7 @@ static int carve_scratch(selector_t *s)
     const size_t nb = s->nb, ne = s->ne;
     s->mem = PyMem_Calloc(1, nb * (2 * sizeof(uint32_t *) + 16) + ne * (4 * sizeof(uint32_t *) + 4 * 8 + 4 + 1) +
                                  4 * (size_t)s->coded + 2 * (s->kout - (size_t)s->plain) + 4 * (CS_MAX_TILE / 16) +
-                                 4 * nb + 24 * ne + 4 * CS_MAX_TILE + 64);
+                                 4 * nb + 24 * ne + 4 * CS_MAX_TILE + 64 + CS_MAX_TILE + 64);
     if (!s->mem) {
         PyErr_NoMemory();
         return -1;
@@ -348,6 +400,7 @@ static int carve_scratch(selector_t *s)
     s->lists.words = s->mvm + CS_MAX_TILE / 16;
     s->lists.entry = (int32_t *)(s->lists.words + CS_MAX_TILE);
     s->ecomp = (uint8_t *)(s->lists.entry + nb);
+    s->tb = s->ecomp + ne;
     return 0;
 }
 
@@ -435,10 +488,12 @@ static int run_pass(selector_t *s, const uint8_t *ref, int w, int shift, uint64_
                     uint32_t *sbase, uint32_t *send, size_t *staged)
 {
 #define CS_ARGS ref, s->n, shift, mask, mv, s->km, s->ne, s->eb, s->ecomp, s->ip, s->ie, s->edst, s->edend, s->seen, \
-                s->nx, s->tables, sbase, send, s->tags, staged, s->mvm, &s->lists
+                s->nx, s->tables, sbase, send, s->tags, staged, s->mvm, &s->lists, s->tb
     switch (w) {
     case 2:
 #ifdef HAVE_AVX2_SCAN
+        if (cpu_avx512bw && simd_on >= 2)
+            return cselect_avx512_2(CS_ARGS);
         if (cpu_avx2 && simd_on)
             return cselect_avx2_2(CS_ARGS);
 #endif

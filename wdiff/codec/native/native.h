@@ -235,7 +235,7 @@ __attribute__((target("avx2"))) static inline unsigned changed_16(__m256i x, __m
 
 #ifdef HAVE_AVX2_SCAN
 extern int cpu_avx2, cpu_avx512bw; /* what the CPU has (AVX2 with BMI and POPCNT; AVX-512BW) */
-extern int simd_on;                /* whether the vector kernels may run (use_simd) */
+extern int simd_on;                /* which vector kernels may run (use_simd): 0 none, 1 AVX2, 2 all */
 void cpu_detect(void);
 #endif
 const char *cpu_tier(void);
