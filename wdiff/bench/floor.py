@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import os
 import sys
 
@@ -32,7 +33,7 @@ if __name__ == "__main__":
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     gc.set_threshold(50_000, 10, 10)
 
-import numpy as np  # noqa: F401 - imported for its start-up cost, as every wdiff command does
+importlib.import_module("numpy")  # for its start-up cost: every wdiff command imports it
 
 from ..defaults import DEFAULT_CHUNK
 from ..parallel import default_threads, ordered_map
