@@ -160,7 +160,9 @@ def information_floor(a_dir: str, b_dir: str) -> tuple[int, float]:
 
 def delta_entropy(a_dir: str, b_dir: str) -> tuple[int, float, float]:
     """(changed elements, bytes given the base, bytes with no context): the
-    order-0 information of the delta chunk by chunk (see the module doc)."""
+    order-0 information of the delta chunk by chunk (see the package's doc).
+    A tensor of B that A lacks, or holds with another dtype or size (a
+    given pair's may), has no delta: it is left out."""
     from ..codec.chunk import bucket_function
     from ..codec.conditioned import conditional_entropy
     from ..codec.dtypes import dtype_info, uint_type
@@ -170,7 +172,11 @@ def delta_entropy(a_dir: str, b_dir: str) -> tuple[int, float, float]:
     A, B = scan(a_dir), scan(b_dir)
     k_total, given, free = 0, 0.0, 0.0
     for name, (fb, tb) in B.tensors.items():
+        if name not in A.tensors:
+            continue
         fa, ta = A.tensors[name]
+        if (ta.dtype, ta.nbytes) != (tb.dtype, tb.nbytes):
+            continue
         w = dtype_info(tb.dtype).word
         ut = uint_type(w)
         fn = bucket_function(tb.dtype, w)
