@@ -21,10 +21,10 @@ def in_child(fn: str, *args):
     a child's peak RSS as the kernel reports it includes what it inherited
     from us at fork time."""
     code = (
-        "import json, sys; from wdiff import bench; "
-        f"r = bench._child_{fn}(*json.loads(sys.argv[1])); print(json.dumps(r))"
+        "import json, sys; from wdiff.bench import scenarios; "
+        f"r = scenarios._child_{fn}(*json.loads(sys.argv[1])); print(json.dumps(r))"
     )
-    p = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-c", code, json.dumps(args)], check=False, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(p.stderr)
     return json.loads(p.stdout)

@@ -97,7 +97,7 @@ def _exact(bundle: str, a: str, b: str, work: str) -> None:
 def _row(label: str, a: str, b: str, work: str, zstd: str | None) -> dict:
     import wdiff
 
-    from . import delta_entropy
+    from .scenarios import delta_entropy
 
     k, given, free = delta_entropy(a, b)
     row = {"pair": label, "changed": k, "given": given, "free": free}
