@@ -639,6 +639,57 @@ def test_conditioned_positions_pay_on_an_optimizer_like_step():
     roundtrip(old, new, v2)
 
 
+
+def _encoded_codecs(monkeypatch, old, new):
+    """(what encode_delta chose, the codecs it encoded on the whole chunk,
+    those it tried on the sample)."""
+    whole, sampled = set(), set()
+    real = chunk._Trial._encode
+
+    def spy(self, codec):
+        (whole if self.new.size == new.size else sampled).add(codec)
+        return real(self, codec)
+
+    monkeypatch.setattr(chunk._Trial, "_encode", spy)
+    got = chunk.encode_delta(old, new, LEVEL, version=3, dtype="BF16")
+    monkeypatch.setattr(chunk._Trial, "_encode", real)
+    return got, whole, sampled
+
+
+def test_conditioned_codecs_are_spent_where_the_buckets_pay(monkeypatch):
+    """CSPARSE and CDENSE cost several times their counterparts (MSPARSE,
+    MDENSE): where the base's buckets say nothing of the change (uniform
+    moves at random positions, every word moved by one to three ulps, an
+    unrelated target), they are not encoded in full, and above
+    LOOK_DENSITY not even on the sample; on an optimizer-like step, where
+    small weights change more often, CSPARSE is encoded and chosen. Each
+    pick is within the sample margin of the best of every candidate
+    encoded in full."""
+    rng = np.random.default_rng(31)
+    n = 1 << 18
+    old = floats(rng, n, 2)
+    master = (rng.standard_normal(n) * 0.02).astype(np.float32)
+    bf = lambda x: ((x.view(np.uint32).astype(np.uint64) + 0x7FFF + ((x.view(np.uint32) >> 16) & 1)) >> 16).astype(np.uint16)  # noqa: E731
+    lr = np.float32(1e-6) * np.where(rng.random(n) < 0.5, -1, 1).astype(np.float32)
+    dense = (old.astype(np.int32) + rng.integers(1, 4, n) * np.where(rng.random(n) < 0.5, 1, -1)).astype(np.uint16)
+    cases = {
+        "uniform 1%": (old, step(rng, old, 0.01, "ulp"), None, {CSPARSE}, set()),
+        "uniform 30%": (old, step(rng, old, 0.3, "ulp"), None, {CSPARSE, CDENSE}, {CSPARSE, CDENSE}),
+        "dense": (old, dense, chunk.MDENSE, {CDENSE}, {CDENSE}),
+        "unrelated": (old, floats(rng, n, 2), chunk.RAW, {CDENSE}, {CDENSE}),
+        "optimizer step": (bf(master), bf(master + lr), CSPARSE, set(), set()),
+    }
+    for name, (a, b, want, not_whole, not_sampled) in cases.items():
+        got, whole, sampled = _encoded_codecs(monkeypatch, a, b)
+        assert not (whole & not_whole) and not (sampled & not_sampled), (name, whole, sampled)
+        if want is not None:
+            assert got.codec == want, name
+        every = [chunk.encode_as(c, a, b, LEVEL, bucket=chunk.bucket_function("BF16", 2))
+                 for c in chunk.candidates(np.count_nonzero(a != b) / n, 3, chunk.bucket_function("BF16", 2))]
+        assert got.size <= min(e.size for e in every) * chunk.SAMPLE_MARGIN * 1.01, name
+        roundtrip(a, b, got)
+
+
 # -- hostile records ----------------------------------------------------------------
 
 
