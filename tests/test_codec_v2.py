@@ -669,7 +669,7 @@ def test_conditioned_codecs_are_spent_where_the_buckets_pay(monkeypatch):
     n = 1 << 18
     old = floats(rng, n, 2)
     master = (rng.standard_normal(n) * 0.02).astype(np.float32)
-    bf = lambda x: ((x.view(np.uint32).astype(np.uint64) + 0x7FFF + ((x.view(np.uint32) >> 16) & 1)) >> 16).astype(np.uint16)  # noqa: E731
+    bf = lambda x: ((x.view(np.uint32).astype(np.uint64) + 0x7FFF + ((x.view(np.uint32) >> 16) & 1)) >> 16).astype(np.uint16)
     lr = np.float32(1e-6) * np.where(rng.random(n) < 0.5, -1, 1).astype(np.float32)
     dense = (old.astype(np.int32) + rng.integers(1, 4, n) * np.where(rng.random(n) < 0.5, 1, -1)).astype(np.uint16)
     cases = {
