@@ -21,8 +21,10 @@ version 1 codecs and kept only when strictly smaller.
 every word, and so on: exponent bytes, which compress well, then mantissa
 bytes, which do not. The encoder tries the codecs that can win at the chunk's
 density and keeps the smallest; a large chunk tries in full only those that
-came close to the best on a sample of its words. The choice depends only on
-the data, so the output never depends on thread count or timing. See
+came close to the best on a sample of its words, and the conditioned codecs
+only where the base's buckets say something of the delta
+(:func:`bucket_information`). The choice depends only on the data, so the
+output never depends on thread count or timing. See
 man/wdiff-format.5. This module encodes; the decoder is :mod:`.decode`, the
 codec numbers and primitives are :mod:`.codecs`, and both are re-exported
 here.
