@@ -19,19 +19,20 @@ hashing already take on the machine at hand (on two cores, about 1.2x).
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import os
 import sys
 
+from .. import process
+
 if __name__ == "__main__":
     # Started as a command, the floor starts as wdiff's console script does
-    # (wdiff/cli/__init__.py: run()), before numpy's import: no OpenBLAS
-    # thread pool spinning beside the work (measured: 0.06 s of CPU of the
-    # floor's 0.19 at 8 MB), and the cyclic collector at wdiff's pace. The
-    # package wdiff.bench, imported before this module, imports no numpy.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    gc.set_threshold(50_000, 10, 10)
+    # (wdiff/cli/__init__.py: run(), wdiff/process.py), before numpy's
+    # import: no OpenBLAS thread pool spinning beside the work (measured:
+    # 0.06 s of CPU of the floor's 0.19 at 8 MB), the cyclic collector at
+    # wdiff's pace, the allocator keeping freed buffers. The package
+    # wdiff.bench, imported before this module, imports no numpy.
+    process.setup()
 
 importlib.import_module("numpy")  # for its start-up cost: every wdiff command imports it
 

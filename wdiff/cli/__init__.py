@@ -238,18 +238,11 @@ def _quiet_broken_pipe() -> int:
 
 
 def run() -> None:  # pragma: no cover - thin shim for the console script
-    # wdiff's own threads do the work and it makes no BLAS calls that need
-    # more than one; the pool OpenBLAS starts at numpy's import, a thread
-    # per core, only spins beside them (0.05-0.1 s of CPU per command)
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    # A checkpoint of 20,000 tensors puts a few hundred thousand small
-    # objects in memory for the whole command, and the cyclic collector's
-    # default pace (every 700 allocations) walks them again and again:
-    # 0.1-0.3 s of a diff. wdiff makes few cycles; collecting every 50,000
-    # allocations still bounds what they can hold.
-    import gc
+    # the process's own settings (BLAS threads, the collector's pace, the
+    # allocator), before numpy is imported: see wdiff/process.py
+    from .. import process
 
-    gc.set_threshold(50_000, 10, 10)
+    process.setup()
     code = main()
     if code in (0, 1):
         # Done, every file closed and synced, output flushed: skip the
