@@ -126,6 +126,39 @@ def scratch_dir(what: str):
         shutil.rmtree(path, ignore_errors=True)
 
 
+def make_parents(parent: str) -> list[str]:
+    """Create the missing directories of path ``parent`` (a directory a
+    command is about to create, less its last part); those made, outermost
+    first. When one cannot be made, those made before it are removed and
+    WdiffIOError raised: a refused command leaves no folder behind."""
+    made: list[str] = []
+    p = parent
+    while p and not os.path.lexists(p):
+        made.append(p)
+        p = os.path.dirname(p)
+    made.reverse()
+    for d in made:
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            remove_made(made)
+            raise io_error(d, e) from None
+    return made
+
+
+def remove_made(made: list[str]) -> None:
+    """Remove the directories :func:`make_parents` made (outermost first in
+    ``made``), innermost first, stopping at the first that is not empty
+    (something else was put there meanwhile) or is gone."""
+    for d in reversed(made):
+        try:
+            os.rmdir(d)
+        except OSError:
+            return
+
+
 def write_all(fd: int, data, offset: int) -> None:
     mv = memoryview(data).cast("B")
     while mv:

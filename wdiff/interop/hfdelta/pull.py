@@ -29,7 +29,7 @@ from ...errors import BaseMismatchError, BusyError, FormatError, LocalChangesErr
 from ...format.bundle import BundleReader
 from ...format.journal import Txn
 from ...fsutil import (beside_lock_path, check_output, clear_dead_temps, fsync_dir, io_error, locked_beside,
-                       remove_tree, temp_name)
+                       make_parents, remove_made, remove_tree, temp_name)
 from ...ops.apply.inplace import TrustedBase, apply_in_place
 from ...ops.loadable import problems
 from ...ops.memsource import pack_memory
@@ -99,7 +99,7 @@ def pull_hfdelta(source, directory, *, to: str | None = None, force: bool = Fals
         check_output(directory, [("the source", src.url)])
         check_output(src.url, [("the directory", directory)])
     goal = src.resolve(to)
-    made = _make_parents(os.path.dirname(directory))
+    made = make_parents(os.path.dirname(directory))
     try:
         with locked_beside(beside_lock_path(directory), what=directory):
             clear_dead_temps(directory, "hfseed")
@@ -114,32 +114,10 @@ def pull_hfdelta(source, directory, *, to: str | None = None, force: bool = Fals
                         tidy_state(directory)
                     raise
     except BaseException:
-        for d in reversed(made):  # a refused pull leaves no folder it made
-            try:
-                os.rmdir(d)
-            except OSError:
-                break
+        remove_made(made)  # a refused pull leaves no folder it made
         raise
     reporter.done()
     return res
-
-
-def _make_parents(parent: str) -> list[str]:
-    """Create DIR's missing parents; those made, outermost first."""
-    made = []
-    p = parent
-    while p and not os.path.lexists(p):
-        made.append(p)
-        p = os.path.dirname(p)
-    made.reverse()
-    for d in made:
-        try:
-            os.mkdir(d)
-        except FileExistsError:
-            pass
-        except OSError as e:
-            raise io_error(d, e) from None
-    return made
 
 
 def _replay_run(src: Source, steps: list[Step], base, into, work: str, held: str, reporter: Reporter) -> int:

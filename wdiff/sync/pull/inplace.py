@@ -29,7 +29,7 @@ from ...errors import (BaseMismatchError, BusyError, Interrupted, LocalChangesEr
                         WdiffError, WdiffIOError)
 from ...format.bundle import reading
 from ...format.journal import Txn
-from ...fsutil import beside_lock_path, io_error, locked_beside
+from ...fsutil import beside_lock_path, io_error, locked_beside, make_parents, remove_made
 from ...ops.apply.inplace import apply_in_place
 from ...ops.squash import squash_from
 from ...parallel import default_threads
@@ -111,7 +111,7 @@ def pull(
     chain = read.chain
     goal = chain.resolve(to)  # no versions, or no such version: refused before DIR exists
     parent, name = os.path.split(directory)
-    made = _make_parents(parent)
+    made = make_parents(parent)
     try:
         # the lock sits beside the directory: a pull may swap the directory itself
         with locked_beside(beside_lock_path(directory), what=directory):
@@ -136,29 +136,10 @@ def pull(
                 _tidy(directory, created=created, had_state=had_state)  # still under the lock
                 raise
     except BaseException:
-        _remove_empty(list(reversed(made)))
+        remove_made(made)
         raise
     reporter.done()
     return dataclasses.replace(res, labels=chain.labels())
-
-
-def _make_parents(parent: str) -> list[str]:
-    """Create DIR's missing parent directories; the ones made, outermost first."""
-    made: list[str] = []
-    p = parent
-    while p and not os.path.lexists(p):
-        made.append(p)
-        p = os.path.dirname(p)
-    made.reverse()
-    for d in made:
-        try:
-            os.mkdir(d)
-        except FileExistsError:
-            pass
-        except OSError as e:
-            _remove_empty(list(reversed(made)))
-            raise io_error(d, e) from None
-    return made
 
 
 def _pull_locked(store, chain, keys, directory: str, to, threads: int, reporter: Reporter,
@@ -513,16 +494,7 @@ def _tidy(directory: str, *, created: bool, had_state: bool) -> None:
     if not had_state and os.path.isdir(directory):
         tidy_state(directory)
     if created:
-        _remove_empty([directory])
-
-
-def _remove_empty(dirs: list[str]) -> None:
-    """rmdir each of ``dirs`` in turn (innermost first), stopping at the first that is not empty."""
-    for d in dirs:
-        try:
-            os.rmdir(d)
-        except OSError:
-            return
+        remove_made([directory])
 
 
 def _finish_interrupted(store, chain, keys, journal, directory: str, work: StateDir, threads: int,
