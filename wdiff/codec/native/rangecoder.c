@@ -34,15 +34,32 @@ void rc_init_tables(void)
         rc_rate[i] = 65536u / (uint32_t)(i + 2 < RC_LIMIT ? i + 2 : RC_LIMIT);
 }
 
+/* p after a model's bit at its slowest rate, n = RC_LIMIT - 2: the rate is
+   65536 / RC_LIMIT = 256, so (p * r) >> 16 is p >> 8, and no clamp can
+   bite (p - floor(p / 256) >= 64 for p >= 64, and the same holds for
+   65536 - p on the way up). Both ways are computed and one kept by a
+   mask: a branch on a sign bit is a coin toss. */
+static inline uint32_t rc_adapt_slowest(uint32_t p, int bit)
+{
+    uint32_t mk = 0u - (uint32_t)(bit != 0);
+    return ((p - (p >> 8)) & mk) | ((p + ((65536u - p) >> 8)) & ~mk);
+}
+
+/* after bit: p moves 1/(n + 2) of the way to it, 1/RC_LIMIT at the
+   slowest; both ways kept by a mask, as above */
 static inline void rc_adapt(rc_bit_t *m, int bit)
 {
-    uint32_t p = m->p, r = rc_rate[m->n];
+    if (m->n == RC_LIMIT - 2) {
+        m->p = (uint16_t)rc_adapt_slowest(m->p, bit);
+        return;
+    }
+    uint32_t p = m->p, r = rc_rate[m->n], mk = 0u - (uint32_t)(bit != 0);
     uint32_t down = p - ((p * r) >> 16), up = p + (((65536u - p) * r) >> 16);
-    p = bit ? down : up;
+    p = (down & mk) | (up & ~mk);
     p = p < RC_PMIN ? RC_PMIN : p;
     p = p > 65536u - RC_PMIN ? 65536u - RC_PMIN : p;
     m->p = (uint16_t)p;
-    m->n += m->n < RC_LIMIT - 2;
+    m->n++;
 }
 
 static void rc_reset(rc_bit_t *m, size_t count)
