@@ -17,8 +17,8 @@
  * the sign, zero and one models in registers (locals that no call takes
  * the address of: a byte stored through a pointer may alias anything in
  * memory, and state there is stored and reloaded around every bit), choose
- * by mask wherever a bit is a coin toss, and are compiled once per word
- * size. A run's words are coded by a second loop once the sign and
+ * by mask or cmov wherever a bit is a coin toss, and are compiled once per
+ * word size. A run's words are coded by a second loop once the sign and
  * zero models have reached their slowest rate (their 255th bit), where
  * adapting is a shift and no count is kept. What is left is the branch on
  * each word's magnitude, mispredicted as often as M is not 0.
@@ -34,6 +34,11 @@
 #define RC_INLINE static inline __attribute__((always_inline))
 #else
 #define RC_INLINE static inline
+#endif
+
+/* x86-64 with GNU C asm flag outputs: the range update by cmov (below) */
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__) && !defined(WDIFF_PORTABLE)
+#define RC_CMOV 1
 #endif
 
 typedef struct {
@@ -132,7 +137,19 @@ RC_INLINE void rc_encode(rc_enc_t *e, uint32_t p, int bit)
 {
     uint32_t bound = (e->range >> 16) * p, m = 0u - (uint32_t)(bit != 0);
     e->low += bound & m;
+#ifdef RC_CMOV
+    /* range - bound, or bound for a 0: one cmov after the subtraction,
+       where the masks take two steps (a ternary in C is no faster) */
+    uint32_t range = e->range - bound;
+    __asm__("testl %[m], %[m]\n\t"
+            "cmovzl %[b], %[r]"
+            : [r] "+&r"(range)
+            : [b] "r"(bound), [m] "r"(m)
+            : "cc");
+    e->range = range;
+#else
     e->range = ((e->range - bound) & m) | (bound & ~m);
+#endif
     while (e->range < (1u << 24)) {
         e->range <<= 8;
         rc_shift_low(e);
@@ -167,9 +184,23 @@ RC_INLINE int rc_decode(rc_dec_t *d, uint32_t p)
     /* branch-free: a sign bit is a coin toss, and a mispredicted branch
        costs more than the arithmetic of both ways */
     uint32_t bound = (d->range >> 16) * p;
+#ifdef RC_CMOV
+    /* two cmovs on the compare's flags, where the masks take three more
+       operations after it (and GCC, left to itself, makes a select on a
+       bit that is branched on after a branch) */
+    uint32_t range = d->range - bound, code = d->code - bound, bit;
+    __asm__("cmpl %[b], %[c0]\n\t"
+            "cmovbl %[b], %[r]\n\t"
+            "cmovbl %[c0], %[c]"
+            : [r] "+&r"(range), [c] "+&r"(code), "=@ccae"(bit)
+            : [b] "r"(bound), [c0] "r"(d->code));
+    d->range = range;
+    d->code = code;
+#else
     uint32_t bit = d->code >= bound, m = 0u - bit;
     d->code -= bound & m;
     d->range = ((d->range - bound) & m) | (bound & ~m);
+#endif
     if (d->range < (1u << 24)) {
         d->range <<= 8;
         d->code = (d->code << 8) | rc_get(d);
