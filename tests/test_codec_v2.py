@@ -525,6 +525,120 @@ def test_value_coder_matches_its_python_twin_and_refuses_what_it_cannot_have_wri
         kernels.set_native(was)
 
 
+def _steered(k: int, w: int, runs: list[int], choose) -> tuple[np.ndarray, np.ndarray]:
+    """Signs and magnitudes of k words of w bytes whose every coded bit is
+    choose(p, bound, at): the coder's own arithmetic (rangecoder.py) walked
+    down the binarization, with at the offset of a point that started
+    halfway up the coder's first interval (it moves with the interval)."""
+    from wdiff.codec import rangecoder
+
+    bits, state = 8 * w, {"range": 0xFFFFFFFF, "at": 1 << 31}
+
+    def bit(m) -> int:
+        p = m.p if m is not None else 32768
+        bound = (state["range"] >> 16) * p
+        b = choose(p, bound, state["at"])
+        if b:
+            state["at"] -= bound
+            state["range"] -= bound
+        else:
+            state["range"] = bound
+        while state["range"] < 1 << 24:
+            state["range"] <<= 8
+            state["at"] <<= 8
+        if m is not None:
+            m.adapt(b)
+        return b
+
+    neg, mag, sign = [], [], rangecoder._Bit()
+    for size in runs:
+        m = rangecoder._Model()
+        for _ in range(size):
+            neg.append(bit(sign))
+            if not bit(m.zero):
+                mag.append(0)
+            elif not bit(m.one):
+                mag.append(1)
+            else:
+                L = 2
+                while L < bits - 1 and bit(m.len[L]):
+                    L += 1
+                v = 2 | bit(m.lead[L])
+                for _ in range(L - 2):
+                    v = v << 1 | bit(None)
+                mag.append(v)
+    return np.array(neg, np.uint8), np.array(mag, f"<u{w}")
+
+
+def _coded_both_ways(neg: np.ndarray, mag: np.ndarray, w: int, runs: list[int]) -> bytes:
+    """The C stream of these words: the twin's bytes, and the words back."""
+    from wdiff.codec import rangecoder
+
+    signs, mplanes = np.packbits(neg).tobytes(), kernels.planes(mag.copy()).copy()
+    data = kernels.rc_values_encode(signs, mplanes, w, runs)
+    assert data == rangecoder.encode_values(neg, mag, 8 * w, runs)
+    got = kernels.rc_values_decode(data, mag.size, w, runs)
+    assert not isinstance(got, int) and got[0] == signs and bytes(got[1]) == bytes(mplanes)
+    for bad in (data[:-1], data + b"\0"):
+        assert kernels.rc_values_decode(bad, mag.size, w, runs) == kernels.RC_BAD_STREAM
+    return data
+
+
+def test_value_coder_agrees_with_its_twin_on_long_runs_and_hostile_bit_patterns():
+    """The C loops against rangecoder.py where short streams do not go:
+    runs long enough that every model of the common words reaches its
+    slowest rate, every bit length up to the longest, a carry through a
+    long run of held-back 0xff bytes, bits that each cost about one bit,
+    and streams that outgrow their first buffer."""
+    if not kernels.available():
+        pytest.skip("the C extension is not built") if not os.environ.get("CI") else pytest.fail("no C extension in CI")
+    rng = np.random.default_rng(31)
+    was = kernels.set_native(True)
+    try:
+        for w in (1, 2, 4, 8):
+            k = 3000
+            mag = (rng.geometric(0.55, k) - 1).astype(np.uint64)
+            tail = np.flatnonzero(rng.random(k) < 0.1)  # every bit length, the longest included
+            lead = np.uint64(1) << (rng.permutation(tail.size) % (8 * w - 2) + 1).astype(np.uint64)
+            mag[tail] = lead | (rng.integers(0, 1 << 63, tail.size, dtype=np.uint64) & (lead - np.uint64(1)))
+            mag[:3] = (1 << (8 * w - 1)) - 1
+            mag = np.minimum(mag, np.uint64((1 << (8 * w - 1)) - 1)).astype(f"<u{w}")
+            assert {int(v).bit_length() for v in mag} >= set(range(8 * w))
+            neg = rng.integers(0, 2, k).astype(np.uint8)
+            _coded_both_ways(neg, mag, w, [0, 700, 2, 0, 1500, k - 2202])
+
+        # the coder's interval kept around one point for 3,000 bits, then past
+        # it: the first byte held back, 0x7f, and all the 0xff after it carry
+        def around(seen):
+            def choose(p, bound, at):
+                seen["bits"] += 1
+                if seen["past"]:
+                    return int(p < 32768)
+                seen["past"] = seen["bits"] >= 3000 and at < bound
+                return int(at >= bound or seen["past"])
+
+            return choose
+
+        for w in (1, 2):
+            seen = {"bits": 0, "past": False}
+            neg, mag = _steered(1500, w, [1500], around(seen))
+            data = _coded_both_ways(neg, mag, w, [1500])
+            assert seen["past"] and data[:16] == b"\0\x80" + bytes(14)
+
+        # every bit the less likely one, each model kept near a coin toss
+        neg, mag = _steered(3000, 2, [1000, 2000], lambda p, bound, at: int(p >= 32768))
+        _coded_both_ways(neg, mag, 2, [1000, 2000])
+
+        # words that do not compress: the stream outgrows its first buffer
+        # (the planes' size and 64 bytes, with 256 kept free for a word)
+        for w in (1, 8):
+            mag = rng.integers(0, 1 << (8 * w - 1), 3000, dtype=np.uint64).astype(f"<u{w}")
+            data = _coded_both_ways(rng.integers(0, 2, 3000).astype(np.uint8), mag, w, [3000])
+            assert len(data) > mag.nbytes + 64 - 256
+    finally:
+        kernels.set_native(was)
+
+
 def test_value_coder_reaches_the_entropy_of_a_skewed_alphabet():
     """What the coder is for: magnitudes of an optimizer step (geometric,
     mostly 0) and near-random signs cost within 3% of their order-0 entropy,
