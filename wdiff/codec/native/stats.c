@@ -297,6 +297,20 @@ static int bf16_halves(void)
     return known;
 }
 
+/* HSUM16 of the sixteen lanes of v in four vector steps, each adding the
+   lanes 1, 2, 4 and then 8 apart: lane 0 ends as ((v0 + v1) + (v2 + v3)) +
+   ..., the very sums of HSUM16 in the same order (a float sum does not
+   depend on which of its two terms comes first). A group's two sums cost
+   about 60 scalar instructions taken lane by lane, 16 this way. */
+__attribute__((target("avx512f"))) static inline float hsum16(__m512 v)
+{
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));            /* lanes 1 apart */
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));            /* 2 apart */
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));      /* 4 apart */
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));      /* 8 apart */
+    return _mm512_cvtss_f32(v);
+}
+
 /* stats_bf16 where the CPU has AVX-512BW: the same sixteen lanes, each
    doing the same float operations in the same order, so that every output
    is bit for bit what stats_bf16 gives, in fewer instructions. GCC's
@@ -307,8 +321,10 @@ static int bf16_halves(void)
    high half of its lane, a zero to the low half), the largest |d| is a
    vpmaxsd of its bits (non-negative floats order as their bits, as in
    stats_bf16), and the equal words one compare of the raw words whose mask
-   is counted on the scalar side. Measured here, 4 MiB inputs with 1% of
-   the words changed: 19 GB/s for the clone, 34 GB/s for this. */
+   is counted on the scalar side; the lanes of a group are summed by
+   hsum16. Measured here, 4 MiB inputs with 1% of the words changed: 19 GB/s
+   for the clone, 34 GB/s for this with the lanes summed one by one, 36 with
+   hsum16. */
 #if STATS_GROUP_BF16 % 32
 #error "stats_bf16_512 takes groups of whole 64-byte loads"
 #endif
@@ -343,10 +359,7 @@ __attribute__((target("avx512f,avx512bw,avx2,popcnt"))) static void stats_bf16_5
             }
             gsame += (uint64_t)__builtin_popcount(_mm512_cmpeq_epi16_mask(x, y));
         }
-        float la[16], ld[16];
-        _mm512_storeu_ps(la, acc_a);
-        _mm512_storeu_ps(ld, acc_d);
-        float sa = HSUM16(la), sd = HSUM16(ld); /* in stats_bf16's order */
+        float sa = hsum16(acc_a), sd = hsum16(acc_d);
         if (!isfinite(sa + sd)) {
             stats_words(a + i * 2, b + i * 2, G, 2, F_BF16, NULL, st);
             continue;
