@@ -237,18 +237,21 @@ def test_diff_stats_agree_on_weights(pair):
 
 
 @settings(max_examples=200, deadline=None)
-@given(weight_pairs(), st.integers(0, 700))
-def test_bf16_statistics_bit_for_bit_at_every_simd_level(pair, extra):
+@given(weight_pairs(), st.integers(0, 700), st.integers(0, 20_000), st.integers(0, 3000))
+def test_bf16_statistics_bit_for_bit_at_every_simd_level(pair, extra, start, dense):
     """The bf16 statistics of the AVX-512BW kernel (where the CPU has it)
     and of the vector clones below it (use_simd(1)) are the same floats,
     bit for bit, not only within the twin's tolerance: a diff's output does
-    not depend on the CPU. ``extra`` groups of 512 words of the weights
-    repeated make runs longer than the vector groups."""
+    not depend on the CPU. The weights are repeated (``extra``) to make runs
+    of several vector groups, and every word of ``dense`` of them from
+    ``start`` is changed: the kernel takes groups with few changes in two
+    passes and the others in one, and goes from one way to the other."""
     dtype, a, b = pair
     if dtype != "BF16":
         return
     a, b = np.tile(a, 1 + extra // 100), np.tile(b, 1 + extra // 100)
     a, b = np.concatenate([a, a[:extra]]), np.concatenate([b, b[:extra]])
+    b[start : start + dense] = a[start : start + dense] ^ 1
     spans = np.array([[0, a.size // 3], [a.size // 3, a.size]], dtype=np.int64)
     got = []
     for level in (2, 1):
