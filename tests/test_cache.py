@@ -81,3 +81,25 @@ def test_cache_can_be_turned_off(pair, tmp_path, monkeypatch):
     monkeypatch.setenv("WDIFF_CACHE_DIR", "none")
     manifest.compute(scan(A), threads=1, use_cache=True)
     assert not (tmp_path / "cache").exists()
+
+
+def test_the_cache_is_pruned_when_it_grows_past_its_limit_only(pair, tmp_path, monkeypatch):
+    """Past MAX_ENTRIES, storing a new entry prunes the oldest; replacing
+    entries already there (a diff of files seen before) adds none, so the
+    cache is not listed for them, even when it is over the limit."""
+    A, B = pair
+    monkeypatch.setattr(cache, "MAX_ENTRIES", 10)
+    root = tmp_path / "cache"
+    root.mkdir()
+    for i in range(12):  # over the limit, older than anything stored below
+        (root / f"{i:032x}.mc").write_bytes(b"old")
+        os.utime(root / f"{i:032x}.mc", ns=(i, i))
+    manifest.compute(scan(A), threads=1)  # two new entries: pruned to 9 (90% of the limit)
+    entries = sorted(os.listdir(root))
+    assert len(entries) == 9 and all(cache.lookup(f) is not None for f in scan(A).files)
+    for i in range(5):
+        (root / f"{100 + i:032x}.mc").write_bytes(b"old")
+    manifest.compute(scan(A), threads=1)  # the same two entries replaced: nothing pruned
+    assert len(os.listdir(root)) == 14 and all(cache.lookup(f) is not None for f in scan(A).files)
+    manifest.compute(scan(B), threads=1)  # two more: pruned again
+    assert len(os.listdir(root)) == 9 and all(cache.lookup(f) is not None for f in scan(B).files)

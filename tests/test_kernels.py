@@ -236,6 +236,33 @@ def test_diff_stats_agree_on_weights(pair):
         assert x == pytest.approx(y, rel=1e-5, abs=1e-30)
 
 
+@settings(max_examples=200, deadline=None)
+@given(weight_pairs(), st.integers(0, 700), st.integers(0, 20_000), st.integers(0, 3000))
+def test_bf16_statistics_bit_for_bit_at_every_simd_level(pair, extra, start, dense):
+    """The bf16 statistics of the AVX-512BW kernel (where the CPU has it)
+    and of the vector clones below it (use_simd(1)) are the same floats,
+    bit for bit, not only within the twin's tolerance: a diff's output does
+    not depend on the CPU. The weights are repeated (``extra``) to make runs
+    of several vector groups, and every word of ``dense`` of them from
+    ``start`` is changed: the kernel takes groups with few changes in two
+    passes and the others in one, and goes from one way to the other."""
+    dtype, a, b = pair
+    if dtype != "BF16":
+        return
+    a, b = np.tile(a, 1 + extra // 100), np.tile(b, 1 + extra // 100)
+    a, b = np.concatenate([a, a[:extra]]), np.concatenate([b, b[:extra]])
+    b[start : start + dense] = a[start : start + dense] ^ 1
+    spans = np.array([[0, a.size // 3], [a.size // 3, a.size]], dtype=np.int64)
+    got = []
+    for level in (2, 1):
+        was = kernels._native.use_simd(level)
+        try:
+            got.append(kernels.diff_stats(a, b, "BF16") + kernels.diff_stats(a, b, "BF16", spans))
+        finally:
+            kernels._native.use_simd(was)
+    assert repr(got[0]) == repr(got[1])  # repr: NaN equals NaN, and -0.0 is not 0.0
+
+
 def test_bf16_difference_is_taken_in_float32():
     """A relative change of 2^16 or more is not exact in float32: both
     kernels round it the same way."""

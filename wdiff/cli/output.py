@@ -11,7 +11,6 @@ import re
 import sys
 import time
 
-from ..format.chain import version_name
 from ..paths import printable
 from ..progress import Reporter, size_text
 
@@ -117,6 +116,8 @@ def version(fp: bytes | None, labels: dict | None = None, *, none: str = "nothin
     (dea9c1b2c3d4)``); the fingerprint alone otherwise."""
     if fp is None:
         return none
+    from ..format.chain import version_name  # here: the chain's module is ~5 ms of every command's start
+
     label = (labels or {}).get(fp)
     return version_name(fp, {fp: name(label, 80)} if label else None)
 

@@ -23,21 +23,10 @@ from ..errors import FormatError
 from ..paths import MAX_DEPTH, printable, validate_relpath
 from ..store.hashing import BLOCK_SIZE, DIGEST_SIZE, fingerprint, hexd, tensor_file_digest, unhex
 from ..store.header import MAX_TENSORS
+from .versions import CODEC_V2, FILE_DELTAS, MAX_VERSION, SCOPED_NAMES, VERSION
 
 MAGIC = b"\x89WDIFF\r\n"
 END_MAGIC = b"WDIFFEND"
-VERSION = 1
-#: the newest version this wdiff reads and writes; it writes the lowest one
-#: whose rules give the bundle it means (see man/wdiff-format.5, CHANGES)
-MAX_VERSION = 3
-#: from this version on, tensor names are scoped by their file's directory
-SCOPED_NAMES = 2
-#: from this version on, a companion file may be rebuilt from the base's file
-#: at the same path by DELTA records (target source "delta")
-FILE_DELTAS = 3
-#: from this version on, CHUNK records may use the codecs of codec v2
-#: (modular differences, base-conditioned positions: codecs 5 to 10)
-CODEC_V2 = 3
 FORMAT_NAME = "wdiff-bundle"
 
 PREAMBLE = struct.Struct("<8sII")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..format.records import SCOPED_NAMES, VERSION
+from ..format.versions import SCOPED_NAMES, VERSION
 from ..progress import Reporter
 from ..store import cache, manifest
 from ..store.checkpoint import KIND_TENSORS, Checkpoint, FileEntry, is_file_arg, scan

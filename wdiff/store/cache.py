@@ -107,13 +107,15 @@ def lookup(entry: FileEntry) -> list[bytes] | None:
         return None
 
 
-def store(entry: FileEntry, blocks: list[bytes], *, prune: bool = True) -> None:
+def store(entry: FileEntry, blocks: list[bytes], *, prune: bool = True) -> bool:
     """Remember ``entry``'s block digests. Failures are ignored: a cache.
-    ``prune=False`` leaves pruning to the caller, which stores many entries
-    and prunes once (listing the cache per entry is quadratic)."""
+    Returns whether the cache holds one entry more (not one replaced): only
+    then can it have passed its limit. ``prune=False`` leaves pruning to the
+    caller, which stores many entries and prunes once (listing the cache per
+    entry is quadratic)."""
     root = cache_dir()
     if root is None:
-        return
+        return False
     key = _key(entry)
     try:
         os.makedirs(root, exist_ok=True)
@@ -121,14 +123,16 @@ def store(entry: FileEntry, blocks: list[bytes], *, prune: bool = True) -> None:
                 "blocks": [len(b) // 16 for b in blocks]}
         body = MAGIC + json.dumps(meta, sort_keys=True).encode() + b"\n" + b"".join(blocks)
         path = os.path.join(root, _name(key))
+        added = not os.path.exists(path)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
             f.write(body + xxhash.xxh3_128_digest(body))
         os.replace(tmp, path)
     except OSError:
-        return
-    if prune:
+        return False
+    if prune and added:
         _prune(root)
+    return added
 
 
 def prune() -> None:
@@ -178,8 +182,10 @@ def fill(ckpt: Checkpoint, digests: Digests) -> set[str]:
 def remember(ckpt: Checkpoint, digests: Digests, *, skip: set[str] = frozenset()) -> None:
     """Store in the manifest cache every file of ``ckpt`` that ``digests``
     covers completely (what a data pass or a hash pass just read); the
-    cache is pruned once, at the end."""
-    stored = False
+    cache is pruned once, at the end, if it grew. (A diff or pack of files
+    seen before replaces their entries: no listing of a cache of thousands
+    of entries, twice a command.)"""
+    added = False
     for f in ckpt.files:
         if f.path in skip:
             continue
@@ -187,10 +193,8 @@ def remember(ckpt: Checkpoint, digests: Digests, *, skip: set[str] = frozenset()
             blocks = [digests.tensors.get(t.name) for t in f.header.tensors]
             if any(b is None or len(b) != 16 * n_blocks(t.nbytes) for b, t in zip(blocks, f.header.tensors)):
                 continue
-            store(f, [bytes(b) for b in blocks], prune=False)
-            stored = True
+            added |= store(f, [bytes(b) for b in blocks], prune=False)
         elif f.path in digests.files:
-            store(f, [digests.files[f.path]], prune=False)
-            stored = True
-    if stored:
+            added |= store(f, [digests.files[f.path]], prune=False)
+    if added:
         prune()

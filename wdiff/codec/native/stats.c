@@ -296,6 +296,137 @@ static int bf16_halves(void)
                   __builtin_cpu_supports("avx512cd"));
     return known;
 }
+
+/* HSUM16 of the sixteen lanes of a and of d (a group's two sums), in four
+   vector steps that each add the lanes 1, 2, 4 and then 8 apart: lane 0
+   ends as ((a0 + a1) + (a2 + a3)) + ..., the very sums of HSUM16 in the
+   same order (a float sum does not depend on which of its two terms comes
+   first), and lane 2 as d's. About 60 scalar instructions taken lane by
+   lane, 9 this way. */
+__attribute__((target("avx512f"))) static inline void hsum16x2(__m512 a, __m512 d, float *sa, float *sd)
+{
+    /* 1 apart: each 128 bits (a0 + a1, a2 + a3, d0 + d1, d2 + d3) */
+    __m512 v = _mm512_add_ps(_mm512_shuffle_ps(a, d, 0x88), _mm512_shuffle_ps(a, d, 0xDD));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));       /* 2 apart */
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1)); /* 4 apart */
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E)); /* 8 apart */
+    *sa = _mm512_cvtss_f32(v);
+    *sd = _mm_cvtss_f32(_mm_permute_ps(_mm512_castps512_ps128(v), 0x02));
+}
+
+/* stats_bf16 where the CPU has AVX-512BW: the same sixteen lanes, each
+   doing the same float operations in the same order, so that every output
+   is bit for bit what stats_bf16 gives, in fewer instructions. GCC's
+   x86-64-v4 clone of stats_bf16 widens each side's sixteen words in five
+   (two 256-bit halves put together) and a shift, keeps the largest |d| in
+   a compare and a blend, and counts equal words in three. Here one 64-byte
+   load of each side is widened to float bits in two vpermw (a word to the
+   high half of its lane, a zero to the low half), the largest |d| is a
+   vpmaxsd of its bits (non-negative floats order as their bits, as in
+   stats_bf16), the changed words are one compare of the raw words whose
+   mask is counted on the scalar side, and the lanes of a group are summed
+   by hsum16x2.
+
+   A group with few changed words (an optimizer step: about 1% of them)
+   is taken in two passes: the squares of a and the compare over every run
+   of 32 words, then d in the runs with a change alone. That is all d adds
+   to: where the words are equal d is 0 (its square adds nothing to a
+   lane's sum, |d| nothing to its largest), unless a holds an infinity or
+   a NaN, and then the sum of a's squares is not finite either and the
+   group is done again word by word, as in one pass. Whether the last
+   group had at most SPARSE_CHUNKS runs with a change chooses the next
+   one's way, so that a dense change costs what one pass costs.
+
+   Measured here, 4 MiB runs of adam1's words (0.74% changed): 19 GB/s for
+   the clone, 34 GB/s in one pass with the lanes summed one by one, 36 with
+   them summed in vectors, 38 with the two passes, 39 with hsum16x2 (0%
+   changed: 36 in one pass, 53 in two; 3% to 100%: the same either way). */
+#if STATS_GROUP_BF16 % 32
+#error "stats_bf16_512 takes groups of whole 64-byte loads"
+#endif
+#ifndef SPARSE_CHUNKS
+#define SPARSE_CHUNKS (STATS_GROUP_BF16 / 64) /* half of a group's runs of 32 words */
+#endif
+#define AVX512_STATS __attribute__((target("avx512f,avx512bw,avx2,popcnt")))
+/* the 32 words at A and B: the squares of d added to acc_d (and of a to
+   acc_a, where SQUARES_OF_A), the largest |d|'s bits kept in gtop */
+#define BF16_RUN(A, B, SQUARES_OF_A)                                                          \
+    do {                                                                                      \
+        __m512i x_ = _mm512_loadu_si512(A), y_ = _mm512_loadu_si512(B);                      \
+        for (int h_ = 0; h_ < 2; h_++) { /* words 0..15, then 16..31, as stats_bf16 takes them */ \
+            __m512i u_ = _mm512_maskz_permutexvar_epi16(odd, h_ ? hi : lo, x_);              \
+            __m512i v_ = _mm512_maskz_permutexvar_epi16(odd, h_ ? hi : lo, y_);              \
+            __m512 fa_ = _mm512_castsi512_ps(u_);                                             \
+            __m512 d_ = _mm512_sub_ps(_mm512_castsi512_ps(v_), fa_);                          \
+            if (SQUARES_OF_A)                                                                 \
+                acc_a = _mm512_add_ps(acc_a, _mm512_mul_ps(fa_, fa_));                        \
+            acc_d = _mm512_add_ps(acc_d, _mm512_mul_ps(d_, d_));                              \
+            gtop = _mm512_max_epi32(gtop, _mm512_and_si512(_mm512_castps_si512(d_), abs));   \
+        }                                                                                     \
+    } while (0)
+AVX512_STATS static void stats_bf16_512(const uint8_t *a, const uint8_t *b, size_t n, stats_t *st)
+{
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff);
+    /* lane l of the low half takes word l, of the high half word 16 + l */
+    const __m512i lo = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
+                                        7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    const __mmask32 odd = 0xAAAAAAAAu; /* the high word of each lane; the low one is zeroed */
+    __m512i top = _mm512_setzero_si512();
+    size_t i = 0, covered = 0;
+    uint64_t equal = 0;
+    const size_t G = STATS_GROUP_BF16;
+    int sparse = 1;
+    for (; i + G <= n; i += G) {
+        __m512 acc_a = _mm512_setzero_ps(), acc_d = _mm512_setzero_ps();
+        __m512i gtop = _mm512_setzero_si512();
+        uint64_t changed = 0;
+        size_t runs = 0; /* runs of 32 words with a change */
+        if (sparse) {
+            uint32_t listed[STATS_GROUP_BF16 / 32];
+            for (size_t j = 0; j < G; j += 32) {
+                __m512i x = _mm512_loadu_si512(a + 2 * (i + j)), y = _mm512_loadu_si512(b + 2 * (i + j));
+                __m512 f0 = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(odd, lo, x));
+                __m512 f1 = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(odd, hi, x));
+                acc_a = _mm512_add_ps(acc_a, _mm512_mul_ps(f0, f0));
+                acc_a = _mm512_add_ps(acc_a, _mm512_mul_ps(f1, f1));
+                __mmask32 ne = _mm512_cmpneq_epi16_mask(x, y);
+                changed += (uint64_t)__builtin_popcount(ne);
+                listed[runs] = (uint32_t)j; /* kept only where the run has a change: no branch */
+                runs += ne != 0;
+            }
+            for (size_t r = 0; r < runs; r++)
+                BF16_RUN(a + 2 * (i + listed[r]), b + 2 * (i + listed[r]), 0);
+        } else {
+            for (size_t j = 0; j < G; j += 32) {
+                BF16_RUN(a + 2 * (i + j), b + 2 * (i + j), 1);
+                __mmask32 ne = _mm512_cmpneq_epi16_mask(_mm512_loadu_si512(a + 2 * (i + j)),
+                                                        _mm512_loadu_si512(b + 2 * (i + j)));
+                changed += (uint64_t)__builtin_popcount(ne);
+                runs += ne != 0;
+            }
+        }
+        sparse = runs <= SPARSE_CHUNKS;
+        float sa, sd;
+        hsum16x2(acc_a, acc_d, &sa, &sd);
+        if (!isfinite(sa + sd)) {
+            stats_words(a + i * 2, b + i * 2, G, 2, F_BF16, NULL, st);
+            continue;
+        }
+        st->sum_a2 += sa;
+        st->sum_d2 += sd;
+        top = _mm512_max_epi32(top, gtop);
+        equal += G - changed;
+        covered += G;
+    }
+    int32_t bits = _mm512_reduce_max_epi32(top);
+    float mx;
+    memcpy(&mx, &bits, sizeof mx);
+    add_groups(st, mx, covered, equal);
+    stats_words(a + i * 2, b + i * 2, n - i, 2, F_BF16, NULL, st);
+}
+#undef BF16_RUN
+#undef AVX512_STATS
 #endif
 
 static void stats_range(const uint8_t *pa, const uint8_t *pb, size_t n, int w, int kind, const double *tab,
@@ -304,6 +435,10 @@ static void stats_range(const uint8_t *pa, const uint8_t *pb, size_t n, int w, i
 #ifdef WDIFF_VECTORS
     if (kind == F_BF16) {
 #if defined(HOT512_CLONES)
+        if (cpu_avx512bw && simd_on >= 2) { /* use_simd(1): the clone, for the tests */
+            stats_bf16_512(pa, pb, n, st);
+            return;
+        }
         if (bf16_halves()) {
             stats_bf16_halves(pa, pb, n, st);
             return;
