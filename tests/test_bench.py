@@ -94,3 +94,34 @@ def test_thread_counts():
     for bad in ("0", "two", "1,,2"):
         with pytest.raises(Exception, match="thread count|at least 1"):
             thread_counts(bad)
+
+
+@pytest.mark.slow
+def test_paired_rounds_give_each_command_and_the_three_ratios(tmp_path):
+    """``python -m wdiff.bench.paired A B``: the six commands in turn, each
+    one's CPU per GB and the bars' ratios, A and B left as they were."""
+    from wdiff.bench.scenarios import make_base, make_variant
+
+    a, b = tmp_path / "A", tmp_path / "B"
+    make_variant(str(b), make_base(str(a), 4 << 20, 2), "rl1")
+    before = {d: snapshot(d, modes=True) for d in (a, b)}
+    p = subprocess.run([sys.executable, "-m", "wdiff.bench.paired", str(a), str(b), "--rounds", "2"],
+                       check=False, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [line.split(" | ") for line in p.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [r[0].strip("| ") for r in rows] == ["read + hash (floor)", "diff", "pack --format 1", "pack",
+                                               "apply of the v1 bundle", "apply"]
+    gb = (_bytes(a) + _bytes(b)) / 1e9
+    for r in rows:
+        assert float(r[1]) > 0 and float(r[2]) == pytest.approx(float(r[1]) / gb, rel=0.01, abs=0.002)
+    ratios = {r[0].strip("| "): r[3].strip(" |") for r in rows}
+    assert ratios["diff"].endswith("x read + hash (floor)") and ratios["pack"].endswith("x pack --format 1")
+    assert ratios["apply"].endswith("x apply of the v1 bundle") and not ratios["read + hash (floor)"]
+    assert {d: snapshot(d, modes=True) for d in (a, b)} == before
+
+
+def test_paired_stops_at_a_command_that_fails(tmp_path):
+    from wdiff.bench import paired
+
+    with pytest.raises(SystemExit, match="failed: .*no-such"):
+        paired.cpu_of([sys.executable, "-c", "import sys; sys.stderr.write('no-such thing'); sys.exit(2)"])

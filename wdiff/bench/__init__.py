@@ -60,6 +60,9 @@ are read (a folder in them is refused). The entropies are computed unless
 
 ``python -m wdiff.bench fanout`` measures one push and 16 pullers at once
 instead (directory and S3 remotes): see wdiff/bench/fanout.py.
+``python -m wdiff.bench.paired A B`` measures the CPU of the floor, diff,
+pack and apply in interleaved rounds, for ratios that the minutes between
+this table's rows do not blur: see wdiff/bench/paired.py.
 
 Scenarios:
   adam0.5 .. adam20  an optimizer step: an fp32 master (A's bf16 values plus
