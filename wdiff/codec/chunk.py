@@ -397,8 +397,12 @@ LOOK_SLACK = 1.0
 #: where a conditioned codec and its counterpart come within the margin of
 #: each other on the sample, the conditioned one is encoded in full too
 #: only when the buckets say at least this fraction of the counterpart's
-#: size (uniform changes: about 0.1%; an optimizer step: tens of percent)
-LOOK_NOTHING = 0.01
+#: size. Where they say nothing the look still finds a little, the noise of
+#: counting on a sample: at most 0.29% of MSPARSE's or MDENSE's size over
+#: every chunk of the benchmark's uniform changes (rl1, rl3, dense, the
+#: frozen layers), 0.02-0.1% on most; where CDENSE won by 0.6%, an fp32
+#: tensor scaled by 0.999, 0.57%; an optimizer step, tens of percent
+LOOK_NOTHING = 0.004
 #: the look counts at most about this many changed words of the sample
 #: (every n-th word where it holds more: 1.8 ms instead of 0.3 for a
 #: sample of a dense 4 MiB bf16 chunk)
