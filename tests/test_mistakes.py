@@ -16,7 +16,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import pytest
 
 from factory import mutate, rand, simple_pair, tree, write_ckpt
 from kit.cli import run as kit_run
+from kit.cli import run_pty_stderr
 
 USAGE, NOT_FOUND, BASE_MISMATCH = 2, 3, 5
 
@@ -58,9 +58,12 @@ def _env(extra: dict | None = None) -> dict:
     return {k: v for k, v in env.items() if v is not None}
 
 
+#: what every command here runs with, over kit.cli's plain environment
+_WDIFF_ENV = {"COLUMNS": "100", "HF_HUB_OFFLINE": "1", "WDIFF_THREADS": "2", "HF_TOKEN": None, "HF_ENDPOINT": None}
+
+
 def wdiff(*args, cwd, env: dict | None = None) -> Run:
-    r = kit_run(*args, cwd=cwd, env={"COLUMNS": "100", "HF_HUB_OFFLINE": "1", "WDIFF_THREADS": "2", "HF_TOKEN": None,
-                                     "HF_ENDPOINT": None, **(env or {})})
+    r = kit_run(*args, cwd=cwd, env={**_WDIFF_ENV, **(env or {})})
     return Run(args, r.rc, r.out, r.err)
 
 
@@ -405,29 +408,8 @@ def test_pull_names_the_directory_as_status_does(ws):
 
 def _on_pty(*args, cwd) -> Run:
     """stderr on a pseudo-terminal (progress bars are drawn there), stdout a pipe."""
-    master, slave = os.openpty()
-    seen = bytearray()
-
-    def drain():
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            seen.extend(data)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    try:
-        p = subprocess.run([sys.executable, "-m", "wdiff", *map(str, args)], stdout=subprocess.PIPE, stderr=slave,
-                           stdin=subprocess.DEVNULL, cwd=cwd, env=_env({"TERM": "xterm-256color"}), timeout=300)
-    finally:
-        os.close(slave)
-        reader.join(5)
-        os.close(master)
-    return Run(args, p.returncode, p.stdout.decode(), "\n".join(screen(bytes(seen).decode("utf-8", "replace"))))
+    r = run_pty_stderr(*args, cwd=cwd, env={**_WDIFF_ENV, "TERM": "xterm-256color"})
+    return Run(args, r.rc, r.out, "\n".join(screen(r.err)))
 
 
 def screen(raw: str) -> list[str]:

@@ -109,6 +109,43 @@ def run(*args, env: Mapping[str, object] | None = None, cwd=None, want: int | No
     return _check(Result(cmd, p.returncode, out, err), want)
 
 
+def run_pty_stderr(*args, env: Mapping[str, object] | None = None, cwd=None, stdout=subprocess.PIPE,
+                   umask: int | None = None, timeout: float = 300) -> Result:
+    """Run ``wdiff ARGS`` with stderr on a pseudo-terminal (as at a shell
+    prompt: progress is drawn there) and ``stdout`` a pipe, or a file
+    object (as with ``> report.txt``: the Result's stdout is then empty).
+    stderr comes back as the terminal received it (str, escapes and all);
+    ``env``, ``cwd``, ``umask`` and ``timeout`` as for :func:`run`."""
+    import threading
+
+    cmd = argv(*args)
+    preexec = None if umask is None else (lambda: os.umask(umask))
+    master, slave = os.openpty()
+    seen = bytearray()
+
+    def drain():
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            seen.extend(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        p = subprocess.run(cmd, check=False, stdout=stdout, stderr=slave, stdin=subprocess.DEVNULL, cwd=cwd,
+                           env=environment(env), timeout=timeout, preexec_fn=preexec)
+    finally:
+        os.close(slave)
+        reader.join(5)
+        os.close(master)
+    out = p.stdout.decode("utf-8", "replace") if p.stdout is not None else ""
+    return Result(cmd, p.returncode, out, bytes(seen).decode("utf-8", "replace"))
+
+
 def ok(*args, **kw) -> Result:
     """:func:`run` that must succeed (exit status 0)."""
     return run(*args, want=0, **kw)

@@ -16,13 +16,12 @@ import signal
 import stat
 import subprocess
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from kit.cli import Result, argv, environment, run
+from kit.cli import Result, argv, environment, run, run_pty_stderr
 from kit.trees import tree
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,32 +49,10 @@ def ok(*args, **kw) -> Result:
 def with_pty_stderr(*args, stdout_path, cwd=None, timeout=120) -> Result:
     """Run with stderr on a pseudo-terminal (as at a shell prompt) and
     stdout redirected to ``stdout_path`` (as with ``> report.txt``)."""
-    master, slave = os.openpty()
-    seen = bytearray()
-
-    def drain():
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            seen.extend(data)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    try:
-        with open(stdout_path, "wb") as out:
-            p = subprocess.run(argv(*args), stdout=out, stderr=slave, stdin=subprocess.DEVNULL, cwd=cwd,
-                               env=environment({**UX_ENV, "TERM": "xterm-256color"}), timeout=timeout,
-                               preexec_fn=_umask)
-    finally:
-        os.close(slave)
-        reader.join(5)
-        os.close(master)
-    return Result(p.args, p.returncode, Path(stdout_path).read_text("utf-8", "replace"),
-                  bytes(seen).decode("utf-8", "replace"))
+    with open(stdout_path, "wb") as out:
+        r = run_pty_stderr(*args, stdout=out, cwd=cwd, env={**UX_ENV, "TERM": "xterm-256color"}, umask=UMASK,
+                           timeout=timeout)
+    return Result(r.args, r.returncode, Path(stdout_path).read_text("utf-8", "replace"), r.stderr)
 
 
 def interrupted_while_waiting(lock_file: Path, sig: int, *args, cwd=None) -> Result:
