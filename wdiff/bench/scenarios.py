@@ -158,40 +158,49 @@ def information_floor(a_dir: str, b_dir: str) -> tuple[int, float]:
     return k_total, bits / 8
 
 
-def delta_entropy(a_dir: str, b_dir: str) -> tuple[int, float, float]:
-    """(changed elements, bytes given the base, bytes with no context): the
-    order-0 information of the delta chunk by chunk (see the package's doc).
-    A tensor of B that A lacks, or holds with another dtype or size (a
-    given pair's may), has no delta: it is left out."""
+def changed_chunks(a_dir: str, b_dir: str, chunk: int, *, same_shape: bool = False):
+    """The chunks of ``chunk`` bytes of each tensor that B and A both hold,
+    with the same dtype and size (``same_shape``: and shape), where a word
+    changed: (dtype, bucket function or None, A's words, B's words, the
+    changed words' count), tensor by tensor in B's order. The yardstick of
+    the entropies here and of wdiff.bench.sections."""
     from ..codec.chunk import bucket_function
-    from ..codec.conditioned import conditional_entropy
     from ..codec.dtypes import dtype_info, uint_type
-    from ..defaults import DEFAULT_CHUNK
     from ..store.checkpoint import scan
 
     A, B = scan(a_dir), scan(b_dir)
-    k_total, given, free = 0, 0.0, 0.0
     for name, (fb, tb) in B.tensors.items():
         if name not in A.tensors:
             continue
         fa, ta = A.tensors[name]
-        if (ta.dtype, ta.nbytes) != (tb.dtype, tb.nbytes):
+        if (ta.dtype, ta.nbytes) != (tb.dtype, tb.nbytes) or (same_shape and ta.shape != tb.shape):
             continue
         w = dtype_info(tb.dtype).word
         ut = uint_type(w)
         fn = bucket_function(tb.dtype, w)
-        n = tb.nbytes // w
-        step = DEFAULT_CHUNK // w
+        n, step = tb.nbytes // w, chunk // w
         for off in range(0, n, step):
             m = min(step, n - off)
             a = np.fromfile(fa.abspath, dtype=ut, count=m, offset=fa.header.data_start + ta.start + w * off)
             b = np.fromfile(fb.abspath, dtype=ut, count=m, offset=fb.header.data_start + tb.start + w * off)
             k = int(np.count_nonzero(a != b))
-            if not k:
-                continue
-            k_total += k
-            given += sum(conditional_entropy(fn, a, b)) if fn else sum(conditional_entropy(None, a, b))
-            free += sum(conditional_entropy(None, a, b))
+            if k:
+                yield tb.dtype, fn, a, b, k
+
+
+def delta_entropy(a_dir: str, b_dir: str) -> tuple[int, float, float]:
+    """(changed elements, bytes given the base, bytes with no context): the
+    order-0 information of the delta chunk by chunk (see the package's doc).
+    A tensor of B that A lacks, or holds with another dtype or size (a
+    given pair's may), has no delta: it is left out."""
+    from ..codec.conditioned import conditional_entropy
+    from ..defaults import DEFAULT_CHUNK
+
+    k_total, given, free = 0, 0.0, 0.0
+    for _, fn, a, b, k in changed_chunks(a_dir, b_dir, DEFAULT_CHUNK):
+        k_total += k
+        given += sum(conditional_entropy(fn, a, b)) if fn else sum(conditional_entropy(None, a, b))
+        free += sum(conditional_entropy(None, a, b))
     return k_total, given / 8, free / 8
 
 

@@ -24,13 +24,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-import numpy as np
-
 from ..codec import conditioned
-from ..codec.chunk import CSPARSE, bucket_function, encode_as
-from ..codec.dtypes import dtype_info, uint_type
+from ..codec.chunk import CSPARSE, encode_as
 from ..format import records as fmt
-from ..store.checkpoint import scan
+from .scenarios import changed_chunks
 
 #: the chunk the benchmark's entropy is counted over (its yardstick: fixed,
 #: whatever chunk a pack uses)
@@ -40,44 +37,27 @@ CHUNK = 4 << 20
 def sections(a_dir: str, b_dir: str) -> dict:
     """Totals over the pair: changed elements, movers, records, and bits of
     each part and of the two entropies."""
-    A, B = scan(a_dir), scan(b_dir)
     t = dict(changed=0, movers=0, records=0, table=0.0, mover_bits=0.0, positions=0.0, values=0.0,
              e_positions=0.0, e_values=0.0)
-    for name, (fb, tb) in B.tensors.items():
-        if name not in A.tensors:
-            continue
-        fa, ta = A.tensors[name]
-        if (ta.dtype, ta.shape) != (tb.dtype, tb.shape):
-            continue
-        w = dtype_info(tb.dtype).word
-        fn = bucket_function(tb.dtype, w)
+    for _, fn, a, b, k in changed_chunks(a_dir, b_dir, CHUNK, same_shape=True):
         if fn is None:
             continue
-        ut = uint_type(w)
-        n, step = tb.nbytes // w, CHUNK // w
-        for off in range(0, n, step):
-            m = min(step, n - off)
-            a = np.fromfile(fa.abspath, dtype=ut, count=m, offset=fa.header.data_start + ta.start + w * off)
-            b = np.fromfile(fb.abspath, dtype=ut, count=m, offset=fb.header.data_start + tb.start + w * off)
-            k = int(np.count_nonzero(a != b))
-            if not k:
-                continue
-            enc = encode_as(CSPARSE, a, b, 1, bucket=fn)
-            table, bits, values = enc.parts
-            k_m, at = conditioned.read_varint(table, 0)
-            r_m, at = conditioned.read_varint(table, at)
-            unary_m, _ = conditioned.read_varint(table, at)
-            movers = 8 * unary_m + k_m * r_m
-            ep, ev = conditioned.conditional_entropy(fn, a, b)
-            t["changed"] += k
-            t["movers"] += k_m
-            t["records"] += 1
-            t["table"] += 8 * len(table)
-            t["mover_bits"] += movers
-            t["positions"] += 8 * len(bits) - movers
-            t["values"] += 8 * len(values)
-            t["e_positions"] += ep
-            t["e_values"] += ev
+        enc = encode_as(CSPARSE, a, b, 1, bucket=fn)
+        table, bits, values = enc.parts
+        k_m, at = conditioned.read_varint(table, 0)
+        r_m, at = conditioned.read_varint(table, at)
+        unary_m, _ = conditioned.read_varint(table, at)
+        movers = 8 * unary_m + k_m * r_m
+        ep, ev = conditioned.conditional_entropy(fn, a, b)
+        t["changed"] += k
+        t["movers"] += k_m
+        t["records"] += 1
+        t["table"] += 8 * len(table)
+        t["mover_bits"] += movers
+        t["positions"] += 8 * len(bits) - movers
+        t["values"] += 8 * len(values)
+        t["e_positions"] += ep
+        t["e_values"] += ev
     return t
 
 
